@@ -1,0 +1,27 @@
+"""Artifacts (versioned, manifest-checked stage outputs) and the workspace that holds them."""
+
+from rdpp_cli.artifacts.manifest import (
+    MANIFEST,
+    SCHEMA,
+    Artifact,
+    atomic_write_bytes,
+    atomic_write_json,
+    is_complete,
+    read_artifact,
+    sha256_file,
+    write_manifest,
+)
+from rdpp_cli.artifacts.workspace import (
+    GROUPS,
+    finish,
+    list_artifacts,
+    prepare_output,
+    resolve_input,
+    workspace_dir,
+)
+
+__all__ = [
+    "MANIFEST", "SCHEMA", "Artifact", "atomic_write_bytes", "atomic_write_json", "is_complete",
+    "read_artifact", "sha256_file", "write_manifest", "GROUPS", "finish", "list_artifacts",
+    "prepare_output", "resolve_input", "workspace_dir",
+]

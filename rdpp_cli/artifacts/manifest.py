@@ -1,0 +1,222 @@
+"""Artifact manifests: what a stage wrote, from what, with which settings.
+
+An artifact is a directory with ``manifest.json``, written last and atomically. A directory without
+a manifest is incomplete and is never read. See docs/artifacts.md.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rdpp_cli import __version__
+from rdpp_cli.errors import RdppError
+
+SCHEMA = 1
+MANIFEST = "manifest.json"
+KINDS = ("rdpp.data", "rdpp.model", "rdpp.samples", "rdpp.scores")
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, rename over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A complete artifact on disk (its manifest has been read and checked)."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    @property
+    def config(self) -> dict:
+        return self.manifest.get("config", {})
+
+    @property
+    def created(self) -> str:
+        return self.manifest.get("created", "")
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.manifest.get("inputs", [])
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def manifest_sha256(self) -> str:
+        return sha256_file(self.path / MANIFEST)
+
+    def file(self, name: str) -> Path:
+        """Path of a listed file, after the cheap check that it exists with the recorded size."""
+        entry = self.manifest.get("files", {}).get(name)
+        p = self.path / name
+        if entry is None:
+            raise RdppError(f"{self.path / MANIFEST} lists no file '{name}'; rebuild this artifact")
+        if not p.exists():
+            raise RdppError(f"{p} is missing (listed in its manifest); rebuild this artifact")
+        if p.stat().st_size != entry["bytes"]:
+            raise RdppError(
+                f"{p} has {p.stat().st_size} bytes but its manifest says {entry['bytes']}: "
+                "the file changed after the artifact was written; rebuild it"
+            )
+        return p
+
+    def verify(self) -> None:
+        """Full check: every listed file's size and sha256 (reads every byte)."""
+        for name, entry in self.manifest.get("files", {}).items():
+            p = self.file(name)
+            if entry.get("hash_of", "file") == "file":
+                actual = sha256_file(p)
+            else:
+                from rdpp_cli.artifacts import content_hash
+
+                actual = content_hash.recompute(p, entry["hash_of"])
+            if actual != entry["sha256"]:
+                raise RdppError(
+                    f"{p}: sha256 {actual[:12]}… does not match the manifest ({entry['sha256'][:12]}…); "
+                    "the file was modified; rebuild this artifact"
+                )
+
+    def input_of_kind(self, kind: str) -> dict | None:
+        for inp in self.inputs:
+            if inp.get("kind") == kind:
+                return inp
+        return None
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_manifest(
+    out_dir: Path,
+    kind: str,
+    config: dict,
+    inputs: list[Artifact] = (),
+    precomputed: dict[str, dict] | None = None,
+    summary: dict | None = None,
+) -> Artifact:
+    """Finish an artifact: hash its files and write ``manifest.json`` atomically, last.
+
+    ``precomputed`` maps a file name to ``{"sha256": ..., "hash_of": ...}`` for files hashed while
+    they were written (large HDF5 files); every other regular file in ``out_dir`` (recursively,
+    skipping hidden temp files) is hashed here. ``summary`` holds headline numbers for ``rdpp ls``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown artifact kind {kind!r}")
+    out_dir = Path(out_dir)
+    precomputed = precomputed or {}
+    files: dict[str, dict] = {}
+    for p in sorted(out_dir.rglob("*")):
+        rel = p.relative_to(out_dir).as_posix()
+        if not p.is_file() or rel == MANIFEST or any(part.startswith(".") for part in Path(rel).parts):
+            continue
+        if rel in precomputed:
+            entry = {"sha256": precomputed[rel]["sha256"], "bytes": p.stat().st_size,
+                     "hash_of": precomputed[rel].get("hash_of", "file")}
+        else:
+            entry = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        files[rel] = entry
+    manifest = {
+        "kind": kind,
+        "schema": SCHEMA,
+        "rdpp_version": __version__,
+        "created": now_utc(),
+        "config": _jsonable(config),
+        "inputs": [
+            {"kind": a.kind, "path": str(a.path.resolve()), "name": a.name, "manifest_sha256": a.manifest_sha256}
+            for a in inputs
+        ],
+        "files": files,
+    }
+    if summary:
+        manifest["summary"] = _jsonable(summary)
+    atomic_write_json(out_dir / MANIFEST, manifest)
+    return Artifact(out_dir, manifest)
+
+
+def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -> Artifact:
+    """Open an artifact, checking that it is complete, of the expected kind and a known schema."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    kinds = (kind,) if isinstance(kind, str) else kind
+    want = f"an artifact of kind {' or '.join(kinds)}" if kinds else "an rdpp artifact"
+    if not path.exists():
+        raise RdppError(f"{path} does not exist; expected {want}")
+    if not path.is_dir():
+        raise RdppError(f"{path} is a file; expected {want} (a directory with manifest.json)")
+    if not mpath.exists():
+        raise RdppError(
+            f"{path} has no manifest.json: it is not {want}, or a stage writing it did not finish; "
+            "rerun the stage that makes it"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RdppError(f"{mpath} is not valid JSON ({e}); rerun the stage that makes it") from None
+    if not isinstance(manifest, dict) or "kind" not in manifest or "schema" not in manifest:
+        raise RdppError(f"{mpath} is not an rdpp manifest (no kind/schema); expected {want}")
+    if kinds and manifest["kind"] not in kinds:
+        raise RdppError(f"{path} is a {manifest['kind']} artifact; expected {want}")
+    if not isinstance(manifest["schema"], int) or manifest["schema"] > SCHEMA:
+        raise RdppError(
+            f"{mpath} has schema {manifest['schema']}, newer than this rdpp ({__version__}) reads "
+            f"(schema {SCHEMA}); upgrade rdpp"
+        )
+    return Artifact(path, manifest)
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if hasattr(obj, "value"):  # enums
+        return obj.value
+    return str(obj)

@@ -1,0 +1,1 @@
+"""Thin Typer wrappers: parse options, call the plain function that does the work."""

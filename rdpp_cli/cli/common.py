@@ -1,0 +1,107 @@
+"""What every command shares: ``--config`` files, the workspace options, one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.markup import escape
+
+from rdpp_cli.console import err_console
+from rdpp_cli.errors import RdppError
+
+WORKSPACE_YAML = "rdpp.yaml"
+
+ConfigOpt = typer.Option(
+    None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
+    dir_okay=False,
+)
+WorkspaceOpt = typer.Option(
+    None, "--workspace", help="Workspace folder holding every artifact [default: $RDPP_WORKSPACE or ./runs].",
+)
+ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
+
+
+def load_config_file(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise RdppError(f"config file {path} does not exist; pass an existing JSON or YAML file to --config")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RdppError(f"config file {path} could not be parsed ({first}); fix its syntax") from None
+    if not isinstance(data, dict):
+        raise RdppError(f"config file {path} must hold a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _workspace_defaults(workspace: Path | None, section: str) -> dict:
+    from rdpp_cli.artifacts.workspace import workspace_dir
+
+    path = workspace_dir(workspace) / WORKSPACE_YAML
+    if not path.is_file():
+        return {}
+    data = load_config_file(path)
+    sec = data.get(section) or data.get(section.replace("_", "-")) or {}
+    if not isinstance(sec, dict):
+        raise RdppError(f"{path}: section '{section}' must be a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in sec.items()}
+
+
+def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
+    """The command's options after merging, lowest to highest priority:
+    defaults < ``<workspace>/rdpp.yaml`` section ``section`` < ``--config FILE`` < flags typed.
+
+    Returns every option except ``config``; values from files are converted with the option's own
+    Click type, so a path stays a path.
+    """
+    params = dict(ctx.params)
+    config_path = params.pop("config", None)
+    layered = _workspace_defaults(params.get("workspace"), section)
+    if config_path:
+        layered.update(load_config_file(config_path))
+    known = {p.name: p for p in ctx.command.params}
+    for key, value in layered.items():
+        if key not in params or key == "config":
+            where = config_path or WORKSPACE_YAML
+            raise RdppError(
+                f"{where}: unknown option '{key}' for `rdpp {ctx.command_path.split(' ', 1)[-1]}`; "
+                f"known: {', '.join(sorted(k for k in params))}"
+            )
+        source = ctx.get_parameter_source(key)
+        if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+            continue
+        param = known[key]
+        try:
+            params[key] = param.type_cast_value(ctx, value) if value is not None else None
+        except click.BadParameter as e:
+            raise RdppError(f"{config_path or WORKSPACE_YAML}: bad value for '{key}': {e.message}") from None
+    return params
+
+
+def stage(fn):
+    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RdppError as e:
+            err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
+            raise typer.Exit(130) from None
+
+    return wrapper

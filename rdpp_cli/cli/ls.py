@@ -1,0 +1,51 @@
+"""`rdpp ls`: the workspace's artifacts as a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rdpp_cli.artifacts import list_artifacts, workspace_dir
+from rdpp_cli.cli.common import WorkspaceOpt, stage
+from rdpp_cli.console import console
+
+# The settings worth a glance, per kind (everything is in each manifest's config).
+_KEY_SETTINGS = {
+    "rdpp.data": ("source", "backbone", "att_size", "images"),
+    "rdpp.model": ("stage", "preset", "reward", "m", "baseline", "epochs"),
+    "rdpp.samples": ("method", "n", "split", "beam", "temperature"),
+    "rdpp.scores": ("split", "self_cider_variant"),
+}
+
+
+def ls(workspace: Path | None = None) -> Table:
+    """Every complete artifact in the workspace with its settings, headline numbers and lineage."""
+    root = workspace_dir(workspace)
+    arts = list_artifacts(root)
+    table = Table(title=f"artifacts in {root}", title_justify="left")
+    for col in ("artifact", "kind", "created", "settings", "headline", "from"):
+        table.add_column(col, overflow="fold")
+    for a in arts:
+        cfg = a.config
+        settings = " ".join(f"{k}={cfg[k]}" for k in _KEY_SETTINGS.get(a.kind, ()) if cfg.get(k) is not None)
+        summary = a.manifest.get("summary", {})
+        headline = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
+        lineage = ", ".join(f"{Path(i['path']).parent.name}/{i.get('name', Path(i['path']).name)}" for i in a.inputs)
+        table.add_row(f"{a.path.parent.name}/{a.name}", a.kind.removeprefix("rdpp."), a.created[:19].replace("T", " "),
+                      settings, headline, lineage or "-")
+    return table
+
+
+@stage
+def command(workspace: Path = WorkspaceOpt) -> None:
+    """List the workspace's artifacts: kind, created, settings, headline metrics, lineage.
+
+    Example: rdpp ls --workspace runs
+    """
+    table = ls(workspace)
+    if table.row_count == 0:
+        console.print(f"no artifacts in {workspace_dir(workspace)} yet; start with `rdpp prepro toy`")
+    else:
+        console.print(table)

@@ -1,0 +1,83 @@
+"""Shared rich console, progress bars and summary tables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+# Tables go to stdout; progress and notes go to stderr so stdout stays parseable.
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class RateColumn(TextColumn):
+    """Items per second with a unit, e.g. ``123.4 images/s``."""
+
+    def __init__(self, unit: str = "it") -> None:
+        super().__init__("")
+        self.unit = unit
+
+    def render(self, task):  # type: ignore[override]
+        from rich.text import Text
+
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.1f} {self.unit}/s", style="progress.data.speed")
+
+
+def progress(unit: str = "it", transient: bool = False) -> Progress:
+    """A progress bar for long loops: ``with progress("images") as p: t = p.add_task("extract", total=n)``.
+
+    Disabled (no output) when RDPP_NO_PROGRESS=1, e.g. in tests that capture stderr.
+    """
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        RateColumn(unit),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=err_console,
+        transient=transient,
+        disable=os.environ.get("RDPP_NO_PROGRESS") == "1",
+    )
+
+
+def summary_table(title: str, rows: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Table:
+    """A two-column key/value table, printed at the end of every stage."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    items = rows.items() if isinstance(rows, Mapping) else rows
+    for key, value in items:
+        table.add_row(str(key), _fmt(value))
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def note(message: str) -> None:
+    """A visible one-line note on stderr (e.g. 'SPICE skipped: ...')."""
+    err_console.print(f"[yellow]note:[/yellow] {message}")
+
+
+def info(message: str) -> None:
+    err_console.print(message)
