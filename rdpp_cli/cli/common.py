@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.markup import escape
 
@@ -80,13 +79,14 @@ def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
                 f"known: {', '.join(sorted(k for k in params))}"
             )
         source = ctx.get_parameter_source(key)
-        if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             continue
         param = known[key]
         try:
             params[key] = param.type_cast_value(ctx, value) if value is not None else None
-        except click.BadParameter as e:
-            raise RdppError(f"{config_path or WORKSPACE_YAML}: bad value for '{key}': {e.message}") from None
+        except Exception as e:  # the Click type's BadParameter (Click is vendored by newer Typer)
+            msg = getattr(e, "message", None) or str(e)
+            raise RdppError(f"{config_path or WORKSPACE_YAML}: bad value for '{key}': {msg}") from None
     return params
 
 
