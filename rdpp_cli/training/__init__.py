@@ -1,0 +1,1 @@
+"""rdpp training."""
