@@ -83,7 +83,7 @@ def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
             continue
         param = known[key]
         try:
-            params[key] = param.type_cast_value(ctx, value) if value is not None else None
+            params[key] = param.process_value(ctx, value) if value is not None else None
         except Exception as e:  # the Click type's BadParameter (Click is vendored by newer Typer)
             msg = getattr(e, "message", None) or str(e)
             raise RdppError(f"{config_path or WORKSPACE_YAML}: bad value for '{key}': {msg}") from None
