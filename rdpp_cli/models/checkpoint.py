@@ -1,0 +1,108 @@
+"""Model checkpoints: weights + constructor arguments + vocabulary, loadable with weights_only=True.
+
+A checkpoint is a plain dict ``{"model_class": "Att2in", "model_config": {...}, "state_dict": {...},
+"vocab": [words], **extra}`` (extra: epoch, val_cider, ...), so a model artifact is usable on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+
+MODEL_CLASSES = {"Att2in": (Att2in, Att2inConfig)}
+
+
+def _plain(obj: Any) -> Any:
+    """Only what ``torch.load(weights_only=True)`` accepts: dicts, lists, tensors, numbers, strings."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, (str, int)) else str(k)): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):  # numpy arrays
+        return obj.tolist()
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (plain types only)")
+
+
+def save_checkpoint(path: Path | str, model: Att2in, vocab: list[str], **extra: Any) -> None:
+    """Write the checkpoint atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
+    if len(vocab) != model.config.vocab_size:
+        raise ValueError(f"vocab has {len(vocab)} words but the model's vocab_size is {model.config.vocab_size}")
+    ckpt = {
+        "model_class": type(model).__name__,
+        "model_config": dataclasses.asdict(model.config),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "vocab": list(vocab),
+        **_plain(extra),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
+    """The checkpoint dict (weights_only); RdppError when missing, corrupt or not an rdpp checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise RdppError(f"checkpoint {path} does not exist; train a model with `rdpp train-xe`")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # pickle errors, truncated zip, ...
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise RdppError(f"checkpoint {path} cannot be read ({first}); it is corrupt or not a torch checkpoint; "
+                        "retrain or restore it") from None
+    if not isinstance(ckpt, dict) or not {"model_class", "model_config", "state_dict", "vocab"} <= ckpt.keys():
+        raise RdppError(f"checkpoint {path} is not an rdpp model checkpoint (needs model_class, model_config, "
+                        "state_dict, vocab)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> Att2in:
+    name = ckpt["model_class"]
+    if name not in MODEL_CLASSES:
+        raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows {', '.join(MODEL_CLASSES)}")
+    cls, cfg_cls = MODEL_CLASSES[name]
+    fields = {f.name for f in dataclasses.fields(cfg_cls)}
+    cfg = cfg_cls(**{k: v for k, v in ckpt["model_config"].items() if k in fields})
+    model = cls(cfg)
+    try:
+        model.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise RdppError(f"{where}: weights do not fit its model_config ({first}); the checkpoint is corrupt") from None
+    return model
+
+
+def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[Att2in, list[str], dict]:
+    """(model in eval mode on ``device``, its vocabulary, the raw checkpoint dict)."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = model_from_checkpoint(ckpt, where=str(path))
+    if len(ckpt["vocab"]) != model.config.vocab_size:
+        raise RdppError(f"checkpoint {path}: vocab has {len(ckpt['vocab'])} words but the model expects "
+                        f"{model.config.vocab_size}; the checkpoint is corrupt")
+    return model.to(device).eval(), list(ckpt["vocab"]), ckpt
