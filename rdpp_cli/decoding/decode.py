@@ -1,0 +1,262 @@
+"""Caption decoding over any model with ``encode / expand / init_state / step``.
+
+Methods (``DecodeConfig.method``):
+
+- ``greedy``   the arg-max word at every step;
+- ``random``   multinomial sampling from softmax(log p / temperature);
+- ``topk``     sampling among the ``top_k`` most probable words (after temperature);
+- ``nucleus``  sampling from the smallest set of words whose probability reaches ``top_p``;
+- ``beam``     beam search of width ``beam`` (optionally length-normalised: score / len**alpha);
+- ``dbs``      diverse beam search (Vijayakumar et al., 2018): ``groups`` groups of ``beam`` beams;
+               at each step group g's candidates lose ``diversity_lambda`` per earlier group that
+               chose the same word at that step (Hamming diversity).
+
+Everything is batched over images *and* over the n captions (or beams) of each image: the images
+are encoded once and the encoding is shared by the image's rows (``model.expand``), never copied.
+Rows of the decoding batch are ordered image-major (row b*n + j is image b); beam search reorders
+rows only within an image, so the shared encoding stays valid.
+
+Output layout, shared by all methods (and matching ``sequence_logprobs(model(fc, att, tokens), tokens)``):
+
+- ``tokens``  (B, n, T) word ids, 0-padded after the caption; T = the longest caption in the batch
+  (≥ 1, ≤ max_len). Valid as ``seqs`` for ``model.forward``.
+- ``logprobs`` (B, n, T + 1): the model's log-probability (temperature 1, no top-k/top-p
+  truncation) of each word, and of the EOS at position ``lengths``; 0 elsewhere.
+- ``lengths`` (B, n) number of words (EOS excluded).
+- ``seq_logprob`` (B, n) = logprobs.sum(-1), the caption's log-probability including its EOS.
+
+A caption that reaches ``max_len`` words is ended there: the EOS is forced at step max_len and its
+log-probability counted, so every returned caption is a complete sequence of the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+METHODS = ("greedy", "beam", "random", "topk", "nucleus", "dbs")
+
+
+@dataclass
+class DecodeConfig:
+    method: str = "greedy"  # greedy | beam | random | topk | nucleus | dbs
+    n: int = 1  # captions per image (beam/dbs: the n best of the final beams; n <= beam*groups)
+    max_len: int = 16  # most words per caption
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    beam: int = 3  # beams (per group for dbs)
+    groups: int = 1  # dbs groups
+    diversity_lambda: float = 0.5
+    length_norm: float = 0.0  # beam ranking: score / len**alpha (len counts the EOS)
+
+    def check(self) -> "DecodeConfig":
+        """Raise ValueError with one clear line when the settings make no sense."""
+        if self.method not in METHODS:
+            raise ValueError(f"unknown decoding method '{self.method}'; use one of {', '.join(METHODS)}")
+        if self.n < 1:
+            raise ValueError(f"--n must be at least 1 (got {self.n})")
+        if self.max_len < 1:
+            raise ValueError(f"--max-len must be at least 1 (got {self.max_len})")
+        if self.method in ("random", "topk", "nucleus") and not self.temperature > 0:
+            raise ValueError(f"--temperature must be > 0 (got {self.temperature}); use --method greedy for 0")
+        if self.method == "topk" and self.top_k < 1:
+            raise ValueError(f"--method topk needs --top-k ≥ 1 (got {self.top_k})")
+        if self.method == "nucleus" and not 0 < self.top_p <= 1:
+            raise ValueError(f"--method nucleus needs 0 < --top-p ≤ 1 (got {self.top_p})")
+        if self.method in ("beam", "dbs"):
+            if self.beam < 1 or self.groups < 1:
+                raise ValueError(f"--beam and --groups must be ≥ 1 (got {self.beam}, {self.groups})")
+            width = self.beam * (self.groups if self.method == "dbs" else 1)
+            if self.n > width:
+                raise ValueError(f"--n {self.n} is more than the {width} beams of --method {self.method}; "
+                                 f"raise --beam{' or --groups' if self.method == 'dbs' else ''} or lower --n")
+            if self.length_norm < 0:
+                raise ValueError(f"--length-norm must be ≥ 0 (got {self.length_norm})")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Decoded:
+    tokens: Tensor  # (B, n, T) int64, 0-padded after the caption, T <= max_len
+    logprobs: Tensor  # (B, n, T + 1) per-token log-probs of the words and the EOS (0 where masked)
+    lengths: Tensor  # (B, n) number of words (EOS excluded)
+    seq_logprob: Tensor  # (B, n) sum of token log-probs including the EOS step
+
+
+@torch.no_grad()
+def decode(model, fc: Tensor | None, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
+           generator: torch.Generator | None = None) -> Decoded:
+    """Decode ``cfg.n`` captions for each of the B images of ``(fc, att)``.
+
+    The model's mode is left as it is (in train mode its dropout is active; RL sampling does that).
+    ``generator`` (on the model's device) makes sampling reproducible; dropout draws from torch's
+    global RNG.
+    """
+    cfg.check()
+    enc = model.encode(fc, att, att_mask)
+    B = att.shape[0]
+    if cfg.method in ("beam", "dbs"):
+        groups = cfg.groups if cfg.method == "dbs" else 1
+        lam = cfg.diversity_lambda if cfg.method == "dbs" else 0.0
+        return _beam_search(model, enc, B, cfg, groups, lam)
+    if cfg.method == "greedy":  # every copy is the same caption: decode once, repeat
+        out = _sample(model, enc, B, 1, cfg, generator)
+        return _repeat(out, cfg.n)
+    return _sample(model, model.expand(enc, cfg.n), B, cfg.n, cfg, generator)
+
+
+def _device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")
+
+
+# -- sampling (greedy, random, top-k, nucleus) ----------------------------------------------------
+
+def _choose(lp: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) -> Tensor:
+    """Next word ids (N,) from log-probs lp (N, V+1) by the configured rule."""
+    if cfg.method == "greedy":
+        return lp.argmax(-1)
+    logits = lp / cfg.temperature
+    if cfg.method == "topk":
+        k = min(cfg.top_k, logits.shape[-1])
+        vals, idx = logits.topk(k, dim=-1)
+        if k == 1:
+            return idx[:, 0]
+        pick = torch.multinomial(torch.softmax(vals, -1), 1, generator=generator)
+        return idx.gather(1, pick).squeeze(1)
+    probs = torch.softmax(logits, -1)
+    if cfg.method == "nucleus" and cfg.top_p < 1:
+        sp, si = probs.sort(-1, descending=True)
+        keep = (sp.cumsum(-1) - sp) < cfg.top_p  # the smallest prefix reaching top_p (never empty)
+        keep[:, 0] = True
+        sp = sp * keep
+        pick = torch.multinomial(sp, 1, generator=generator)
+        return si.gather(1, pick).squeeze(1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator) -> Decoded:
+    N = B * n
+    device = _device(model)
+    state = model.init_state(N)
+    it = torch.zeros(N, dtype=torch.long, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    tokens = torch.zeros(N, cfg.max_len, dtype=torch.long, device=device)
+    logps = torch.zeros(N, cfg.max_len + 1, device=device)
+    for t in range(cfg.max_len + 1):
+        lp, state = model.step(it, enc, state)
+        lp = lp.float()
+        it = _choose(lp, cfg, generator) if t < cfg.max_len else torch.zeros_like(it)  # EOS forced at the end
+        it = it.masked_fill(done, 0)
+        logps[:, t] = lp.gather(1, it.unsqueeze(1)).squeeze(1).masked_fill(done, 0.0)
+        if t < cfg.max_len:
+            tokens[:, t] = it
+        done = done | (it == 0)
+        if bool(done.all()):
+            break
+    lengths = (tokens > 0).long().cumprod(1).sum(1)  # words before the first EOS
+    return _pack(tokens.view(B, n, -1), logps.view(B, n, -1), lengths.view(B, n))
+
+
+def _pack(tokens: Tensor, logps: Tensor, lengths: Tensor) -> Decoded:
+    """Trim to the longest caption and zero everything after each caption's EOS."""
+    T = max(int(lengths.max()), 1) if lengths.numel() else 1
+    pos = torch.arange(tokens.shape[-1], device=tokens.device)
+    tokens = tokens * (pos < lengths.unsqueeze(-1))
+    pos1 = torch.arange(logps.shape[-1], device=tokens.device)
+    logps = logps * (pos1 <= lengths.unsqueeze(-1))
+    tokens, logps = tokens[..., :T].contiguous(), logps[..., :T + 1].contiguous()
+    return Decoded(tokens, logps, lengths, logps.sum(-1))
+
+
+def _repeat(d: Decoded, n: int) -> Decoded:
+    if n == 1:
+        return d
+    return Decoded(*(x.repeat_interleave(n, 1) for x in (d.tokens, d.logprobs, d.lengths, d.seq_logprob)))
+
+
+# -- beam search and diverse beam search ----------------------------------------------------------
+
+def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> Decoded:
+    """Batched (diverse) beam search: rows are (image, group, beam); finished beams stay in their
+    beam with a frozen score (they can only be extended by padding at no cost).
+
+    Beams are ranked by ``aug``: the sum of log-probs minus the diversity penalties they paid
+    (as self-critical.pytorch and Vijayakumar et al.'s code accumulate them), divided by
+    ``len ** length_norm``; the log-probs reported are the model's own.
+    """
+    K, L = cfg.beam, cfg.max_len
+    R = G * K
+    device = _device(model)
+    enc = model.expand(enc, R)
+    h, c = model.init_state(B * R)
+    it = torch.zeros(B * R, dtype=torch.long, device=device)
+    aug = torch.zeros(B, G, K, device=device)  # ranking score: log-probs minus diversity penalties
+    aug[:, :, 1:] = float("-inf")  # at t = 0 all beams of a group are the same: keep one
+    done = torch.zeros(B, G, K, dtype=torch.bool, device=device)
+    length = torch.zeros(B, G, K, device=device)  # tokens so far, the EOS included
+    tokens = torch.zeros(B, G, K, L, dtype=torch.long, device=device)
+    logps = torch.zeros(B, G, K, L + 1, device=device)  # the model's log-prob of each chosen token
+    ar_b = torch.arange(B, device=device)
+    for t in range(L + 1):
+        lp, (h, c) = model.step(it, enc, (h, c))
+        lp = lp.float().view(B, G, K, -1)
+        V1 = lp.shape[-1]
+        if t == L:  # force the EOS
+            lp = torch.cat([lp[..., :1], torch.full_like(lp[..., 1:], float("-inf"))], -1)
+        # finished beams continue with padding only, at no cost
+        pad = torch.full((V1,), float("-inf"), device=device)
+        pad[0] = 0.0
+        lp = torch.where(done.unsqueeze(-1), pad, lp)
+        norm = torch.where(done, length, length + 1).unsqueeze(-1).pow(cfg.length_norm) if cfg.length_norm else None
+        counts = torch.zeros(B, 1, V1, device=device)  # words picked by earlier groups at this step
+        parents, words, augs = [], [], []
+        for g in range(G):
+            cand = aug[:, g].unsqueeze(-1) + lp[:, g]  # (B, K, V1)
+            if lam and g:
+                cand = cand - lam * counts * (~done[:, g]).unsqueeze(-1)
+            rank = cand / norm[:, g] if norm is not None else cand
+            best = rank.reshape(B, K * V1).topk(K, dim=-1).indices  # (B, K)
+            parent, word = best // V1, best % V1
+            parents.append(parent)
+            words.append(word)
+            augs.append(cand.reshape(B, K * V1).gather(1, best))
+            if lam and g < G - 1:
+                live = (~done[:, g].gather(1, parent)).float()
+                counts.scatter_add_(2, word.unsqueeze(1), live.unsqueeze(1))
+        parent = torch.stack(parents, 1)  # (B, G, K)
+        word = torch.stack(words, 1)
+        aug = torch.stack(augs, 1)
+        step_lp = lp.view(B, G, K * V1).gather(2, parent * V1 + word)
+        was_done = done.gather(2, parent)
+        length = length.gather(2, parent) + (~was_done).float()
+        tokens = tokens.gather(2, parent.unsqueeze(-1).expand_as(tokens))
+        logps = logps.gather(2, parent.unsqueeze(-1).expand_as(logps))
+        if t < L:
+            tokens[..., t] = word
+        logps[..., t] = step_lp.masked_fill(was_done, 0.0)
+        done = was_done | (word == 0)
+        rows = (parent + torch.arange(G, device=device).view(1, G, 1) * K
+                + ar_b.view(B, 1, 1) * R).view(-1)  # the parent's row in the flat state
+        h, c = h.index_select(0, rows), c.index_select(0, rows)
+        it = word.view(-1)
+        if bool(done.all()):
+            break
+    final = aug / length.clamp(min=1).pow(cfg.length_norm) if cfg.length_norm else aug
+    lengths = (tokens > 0).long().cumprod(-1).sum(-1)
+    # order: best first within each group; across groups round-robin (best of every group first)
+    order = final.argsort(-1, descending=True)  # (B, G, K)
+    pick = lambda x: x.gather(2, order.view(B, G, K, *([1] * (x.dim() - 3))).expand_as(x))  # noqa: E731
+    tokens, logps, lengths = pick(tokens), pick(logps), pick(lengths)
+    tokens = tokens.transpose(1, 2).reshape(B, R, -1)[:, :cfg.n]  # (rank, group) order
+    logps = logps.transpose(1, 2).reshape(B, R, -1)[:, :cfg.n]
+    lengths = lengths.transpose(1, 2).reshape(B, R)[:, :cfg.n]
+    return _pack(tokens, logps, lengths)

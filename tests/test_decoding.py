@@ -1,0 +1,261 @@
+"""Decoding: every method against greedy / each other on small seeded models, and hand-set cases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rdpp_cli.decoding import DecodeConfig, decode
+from rdpp_cli.models import Att2in, config_from_preset, save_checkpoint, sequence_logprobs
+
+V = 15
+
+
+def model(seed=0, scale=1.0):
+    """A small random Att2in; ``scale`` multiplies the output layer (peakier distributions)."""
+    torch.manual_seed(seed)
+    m = Att2in(config_from_preset("small", V, 4, 6, 8, rnn_size=24, input_encoding_size=12,
+                                  att_hid_size=12, drop_prob_lm=0.0)).eval()
+    with torch.no_grad():
+        m.logit.weight.mul_(scale)
+        m.logit.bias.mul_(scale)
+        m.logit.bias[0] -= 1.0  # EOS a bit less likely, so captions have a few words
+    return m
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for the CPU)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def feats():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(12, 5, 6, generator=g)
+
+
+# A trained toy captioner: 18 images (colour × shape × size), 5 differently worded references each,
+# so it has realistic peaked distributions, EOS, and several good captions per image.
+WORDS = "a there is that red green blue circle square star small big".split()
+
+
+def _toy_data():
+    g = torch.Generator().manual_seed(0)
+    proto = torch.randn(8, 6, generator=g)
+    imgs = [(c, s, z) for c in range(3) for s in range(3) for z in range(2)]
+    att = torch.zeros(len(imgs), 4, 6)
+    seqs = torch.zeros(len(imgs), 5, 7, dtype=torch.long)
+    for i, (c, s, z) in enumerate(imgs):
+        att[i, 0], att[i, 1], att[i, 2] = proto[c], proto[3 + s], proto[6 + z]
+        att[i, 3] = 0.1 * torch.randn(6, generator=g)
+        C, S, Z = 5 + c, 8 + s, 11 + z  # word ids (1-based)
+        for j, cap in enumerate(([1, C, S], [1, Z, C, S], [2, 3, 1, C, S], [1, S, 4, 3, C], [1, Z, S, 4, 3, C])):
+            seqs[i, j, :len(cap)] = torch.tensor(cap)
+    return att, seqs
+
+
+@pytest.fixture(scope="module")
+def toy():
+    att, seqs = _toy_data()
+    torch.manual_seed(0)
+    m = Att2in(config_from_preset("small", len(WORDS), 4, 6, 7, rnn_size=32, input_encoding_size=16,
+                                  att_hid_size=16, drop_prob_lm=0.0))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(150):
+        tok, mask = sequence_logprobs(m(None, att, seqs), seqs)
+        loss = -tok.sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5  # close to the entropy of 5 equally likely wordings (log 5 / ~5 tokens)
+    return m.eval(), att
+
+
+def words(ids) -> str:
+    return " ".join(WORDS[i - 1] for i in ids if i)
+
+
+def run(m, att, gen_seed=0, **kw):
+    return decode(m, None, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
+
+
+def test_outputs_are_valid_sequences_of_the_model(feats):
+    m = model(scale=3.0)
+    for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
+        d = run(m, feats, method=method, n=4, top_k=4, top_p=0.7, beam=4, groups=2, max_len=6)
+        B, n, T = d.tokens.shape
+        assert (B, n) == (12, 4) and 1 <= T <= 6 and d.logprobs.shape == (12, 4, T + 1)
+        # tokens are 0 exactly from position `lengths` on
+        pos = torch.arange(T)
+        assert torch.equal(d.tokens > 0, pos < d.lengths.unsqueeze(-1)), method
+        # the recorded log-probs are the model's: teacher forcing the tokens gives the same numbers
+        tok, mask = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
+        assert torch.equal(mask.view(B, n, T + 1).sum(-1), (d.lengths + 1).float()), method
+        assert torch.allclose(d.seq_logprob, d.logprobs.sum(-1)), method
+
+
+def test_greedy_by_hand_and_max_len():
+    """A model whose step is a fixed table: greedy must follow it; max_len forces the EOS."""
+
+    class Table:
+        # next word = (it + 1) % 4 with prob 0.7, EOS only after word 3
+        def encode(self, fc, att, mask=None):
+            return att
+
+        def expand(self, enc, n):
+            return enc.repeat_interleave(n, 0)
+
+        def init_state(self, N):
+            return torch.zeros(N)
+
+        def step(self, it, enc, state):
+            lp = torch.full((it.shape[0], 5), 0.075).log()
+            lp[torch.arange(it.shape[0]), (it + 1) % 4] = torch.tensor(0.7).log()
+            return lp, state
+
+    att = torch.zeros(2, 1, 1)
+    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=10))
+    assert d.tokens[0, 0].tolist() == [1, 2, 3]
+    assert d.lengths.tolist() == [[3], [3]]
+    assert d.seq_logprob[0, 0].item() == pytest.approx(4 * torch.tensor(0.7).log().item(), rel=1e-6)
+    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=2))
+    assert d.tokens[0, 0].tolist() == [1, 2]
+    # the EOS forced after 2 words costs its own log-prob, log 0.075
+    assert d.logprobs[0, 0].tolist() == pytest.approx([torch.tensor(x).log().item() for x in (0.7, 0.7, 0.075)])
+
+
+def test_beam_width_1_top_k_1_nucleus_p0_and_cold_temperature_equal_greedy(toy):
+    m, feats = toy
+    g = run(m, feats, method="greedy", max_len=8)
+    refs = _toy_data()[1]
+    for i in range(feats.shape[0]):  # the toy model learned its captions: greedy says one of them
+        assert g.tokens[i, 0].tolist() + [0] * (7 - g.tokens.shape[-1]) in refs[i].tolist()
+    for kw in (dict(method="beam", beam=1), dict(method="topk", top_k=1), dict(method="nucleus", top_p=1e-9),
+               dict(method="random", temperature=1e-4), dict(method="dbs", beam=1, groups=1)):
+        d = run(m, feats, max_len=8, **kw)
+        assert torch.equal(d.tokens, g.tokens), kw
+        assert torch.allclose(d.seq_logprob, g.seq_logprob), kw
+    # n copies of greedy are the same caption
+    g3 = run(m, feats, method="greedy", n=3, max_len=8)
+    assert torch.equal(g3.tokens[:, 1], g.tokens[:, 0]) and torch.equal(g3.tokens[:, 2], g.tokens[:, 0])
+
+
+def _pad(t, T=8):
+    return torch.nn.functional.pad(t, (0, T - t.shape[-1]))
+
+
+def test_temperature_to_zero_approaches_greedy(toy):
+    m, feats = toy
+    g = run(m, feats, method="greedy", max_len=8)
+    agree = []
+    for temp in (2.0, 1.0, 0.3, 0.1, 1e-3):
+        d = run(m, feats, method="random", n=20, temperature=temp, max_len=8)
+        agree.append((_pad(d.tokens) == _pad(g.tokens)).all(-1).float().mean().item())
+    assert agree[0] < 0.2 and agree[1] < 0.4 and agree[-1] == 1.0
+    assert agree == sorted(agree)
+
+
+@pytest.mark.parametrize("which", ["toy", "random"])
+def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
+    m, feats = toy if which == "toy" else (model(seed=3, scale=1.5), feats)
+    g = run(m, feats, method="greedy", max_len=8)
+    for width in (2, 3, 5):
+        b = run(m, feats, method="beam", beam=width, n=width, max_len=8)
+        assert (b.seq_logprob[:, 0] >= g.seq_logprob[:, 0] - 1e-5).all(), width
+        # beams come best first
+        assert (b.seq_logprob[:, :-1] >= b.seq_logprob[:, 1:] - 1e-6).all()
+    assert (b.seq_logprob[:, 0] > g.seq_logprob[:, 0] + 1e-3).any()  # and it does find better ones
+
+
+def test_beam_length_normalisation_prefers_longer_captions(feats):
+    m = model(seed=3, scale=1.5)
+    plain = run(m, feats, method="beam", beam=4, max_len=8)
+    normed = run(m, feats, method="beam", beam=4, max_len=8, length_norm=1.0)
+    assert normed.lengths.float().mean() >= plain.lengths.float().mean()
+    # ranking by mean log-prob per token: the chosen caption is no worse by that measure
+    per_tok = lambda d: d.seq_logprob / (d.lengths + 1)  # noqa: E731
+    assert (per_tok(normed) >= per_tok(plain) - 1e-5).all()
+
+
+def _distinct(d):
+    caps = [[tuple(row[:n].tolist()) for row, n in zip(d.tokens[i], d.lengths[i])] for i in range(d.tokens.shape[0])]
+    distinct = sum(len(set(c)) for c in caps)
+    bigrams = sum(len({(c[j], c[j + 1]) for c in cs for j in range(len(c) - 1)}) for cs in caps)
+    return distinct, bigrams
+
+
+def test_diverse_beam_search_gives_more_distinct_captions(toy):
+    m, feats = toy
+    B = feats.shape[0]
+    G, K = 3, 2
+    same = run(m, feats, method="dbs", groups=G, beam=K, n=G * K, diversity_lambda=0.0, max_len=8)
+    div = run(m, feats, method="dbs", groups=G, beam=K, n=G * K, diversity_lambda=3.0, max_len=8)
+    # λ = 0: every group is the same beam search of width K
+    assert _distinct(same)[0] == B * K
+    assert _distinct(div)[0] > _distinct(same)[0]
+    assert _distinct(div)[1] > _distinct(same)[1]  # and more distinct bigrams
+    # the reported log-probs are the model's, not the penalised ranking scores
+    tok, _ = sequence_logprobs(m(None, feats, div.tokens), div.tokens)
+    assert torch.allclose(tok.view_as(div.logprobs), div.logprobs, atol=1e-5)
+    # the first group of DBS is plain beam search of width K
+    b = run(m, feats, method="beam", beam=K, n=K, max_len=8)
+    assert torch.equal(div.tokens[:, 0, :b.tokens.shape[-1]], b.tokens[:, 0])
+
+
+def test_same_seed_same_samples(toy):
+    m, feats = toy
+    for method in ("random", "topk", "nucleus"):
+        a = run(m, feats, gen_seed=7, method=method, n=5, top_k=5, top_p=0.9)
+        b = run(m, feats, gen_seed=7, method=method, n=5, top_k=5, top_p=0.9)
+        c = run(m, feats, gen_seed=8, method=method, n=5, top_k=5, top_p=0.9)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+        assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_top_k_and_nucleus_stay_in_their_sets(feats):
+    m = model(scale=2.0)
+    d = run(m, feats, method="topk", top_k=2, n=20, max_len=1)
+    lp0 = m.step(torch.zeros(12, dtype=torch.long), m.encode(None, feats), m.init_state(12))[0]
+    top2 = lp0.topk(2, -1).indices
+    first = d.tokens[:, :, 0]
+    assert ((first.unsqueeze(-1) == top2.unsqueeze(1)).any(-1)).all()
+    assert len(set(first.flatten().tolist())) > 1
+    # nucleus with p below every image's top-word probability: the top word alone
+    p_top = lp0.exp().max(-1).values
+    d = run(m, feats, method="nucleus", top_p=float(p_top.min().detach()) - 1e-4, n=20, max_len=1)
+    assert (d.tokens[:, :, 0] == lp0.argmax(-1, keepdim=True)).all()
+
+
+def test_bad_settings_one_line():
+    for kw, msg in ((dict(method="magic"), "unknown decoding method"), (dict(n=0), "at least 1"),
+                    (dict(method="beam", beam=2, n=3), "more than the 2 beams"),
+                    (dict(method="topk", top_k=0), "top-k"), (dict(method="nucleus", top_p=0), "top-p"),
+                    (dict(method="random", temperature=0), "temperature")):
+        with pytest.raises(ValueError, match=msg):
+            DecodeConfig(**kw).check()
+
+
+def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
+    m = model(scale=2.0)
+    save_checkpoint(tmp_path / "best.pt", m, [f"w{i}" for i in range(V)])
+    torch.save(feats, tmp_path / "att.pt")
+    want = run(m, feats, method="greedy", max_len=8).tokens.tolist()
+    code = (
+        "import json, sys, torch\n"
+        "from rdpp_cli.models import load_model\n"
+        "from rdpp_cli.decoding import DecodeConfig, decode\n"
+        f"m, vocab, _ = load_model({str(tmp_path / 'best.pt')!r})\n"
+        f"att = torch.load({str(tmp_path / 'att.pt')!r})\n"
+        "print(json.dumps(decode(m, None, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == want
