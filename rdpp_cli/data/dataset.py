@@ -132,7 +132,8 @@ class DataArtifact:
             else:
                 rng = rng or np.random.default_rng(0)
                 rows = s + (rng.choice(n, k, replace=n < k))
-            out[b] = labels[np.sort(rows)] if n >= k else labels[rows]
+            block = labels[s:e]  # one contiguous read; h5py cannot index unsorted or repeated rows
+            out[b] = block[np.sort(rows) - s] if n >= k else block[rows - s]
         return out
 
     @property
