@@ -25,12 +25,14 @@ TEMPLATES = ["a {c} {s}", "a {s} that is {c}", "{c} {s}", "a {c} {s} on a plain 
 
 
 def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int = 4, grid: int = 4,
-                    dim: int = 16, seed: int = 0, extra_captions: dict[int, int] | None = None) -> Path:
+                    dim: int = 16, seed: int = 0, extra_captions: dict[int, int] | None = None,
+                    templates: list[str] | None = None) -> Path:
     """A small data artifact whose captions follow from the features (colour, shape).
 
     Image i shows ``COLOURS[i % 4]`` and ``SHAPES[(i // 4) % 3]``; its att grid has the colour's and
-    the shape's one-hot codes in a random cell plus noise; five references from ``TEMPLATES``
-    (``extra_captions[i] = k`` gives image i k more, repeats of the first template).
+    the shape's one-hot codes in a random cell plus noise; its references come from ``templates``
+    (default: the five ``TEMPLATES``; ``extra_captions[i] = k`` gives image i k more, repeats of the
+    first template).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -48,7 +50,7 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
         cell = rng.integers(R)
         att[i, cell, COLOURS.index(c)] += 1.0
         att[i, cell, 4 + SHAPES.index(s)] += 1.0
-        sents = [t.format(c=c, s=s) for t in TEMPLATES]
+        sents = [t.format(c=c, s=s) for t in (templates or TEMPLATES)]
         sents += [sents[0]] * (extra_captions or {}).get(i, 0)
         starts.append(len(labels))
         for sent in sents:

@@ -1,0 +1,151 @@
+"""Device choice and the few torch.distributed operations the training loop needs.
+
+One process needs no launcher. Under ``torchrun --nproc-per-node N -m rdpp_cli ...`` (which sets
+``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) ``setup`` joins the process
+group: NCCL when training on CUDA (process ``LOCAL_RANK`` uses GPU ``LOCAL_RANK``), gloo on CPU.
+Every helper here is a no-op with one process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from rdpp_cli.errors import RdppError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+_runtime: Runtime | None = None
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; RdppError when
+    CUDA is asked for and there is none."""
+    name = str(device).strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RdppError(f"--device {device} was asked for but torch sees no CUDA GPU "
+                            "(torch.cuda.is_available() is False); use --device cpu or --device auto")
+        dev = torch.device(name)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise RdppError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible; "
+                            "pick another index")
+        return dev
+    raise RdppError(f"--device {device} is not a device; use auto, cpu or cuda")
+
+
+def setup(device: str | torch.device = "auto") -> Runtime:
+    """The process's rank, world size and device; joins the process group under torchrun.
+
+    Idempotent: a second call returns the first call's runtime.
+    """
+    global _runtime
+    if _runtime is not None:
+        return _runtime
+    dev = resolve_device(device)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        _runtime = Runtime(0, 1, 0, dev)
+        return _runtime
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if dev.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise RdppError(f"process {local_rank} of torchrun has no GPU ({torch.cuda.device_count()} visible); "
+                            "use --nproc-per-node at most the number of GPUs")
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    _runtime = Runtime(dist.get_rank(), dist.get_world_size(), local_rank, dev)
+    return _runtime
+
+
+def runtime() -> Runtime:
+    """The runtime set up by ``setup`` (one CPU process when nobody called it)."""
+    return _runtime if _runtime is not None else Runtime(0, 1, 0, torch.device("cpu"))
+
+
+def teardown() -> None:
+    global _runtime
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _runtime = None
+
+
+def barrier() -> None:
+    if runtime().distributed:
+        dist.barrier()
+
+
+def broadcast_object(obj: T) -> T:
+    """Rank 0's ``obj`` on every rank."""
+    if not runtime().distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    rt = runtime()
+    if not rt.distributed:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
+    """Sum each value over the ranks (float64; every rank must pass the same keys)."""
+    rt = runtime()
+    if not rt.distributed or not values:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                     device=rt.device if rt.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and give its result to every rank; an RdppError it raises is
+    raised on every rank (so no rank waits forever for a failed one)."""
+    if not runtime().distributed:
+        return fn()
+    result: tuple[str, Any] = ("ok", None)
+    if runtime().is_main:
+        try:
+            result = ("ok", fn())
+        except RdppError as e:
+            result = ("error", str(e))
+    kind, value = broadcast_object(result)
+    if kind == "error":
+        raise RdppError(value)
+    return value

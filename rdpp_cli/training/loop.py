@@ -1,0 +1,385 @@
+"""The training engine shared by ``rdpp train-xe`` and ``rdpp finetune``.
+
+A stage builds its model, claims its output folder and hands the rest to ``run_training`` with a
+*step function* that turns one batch into a loss::
+
+    def step_fn(model, batch: Batch) -> Tensor | tuple[Tensor, dict[str, float]]:
+        # model: the network in train mode, DistributedDataParallel-wrapped under torchrun. Call it
+        #   for everything that needs gradients (teacher-forced log-probs); use ``unwrap(model)`` for
+        #   no-grad work such as sampling captions with rdpp_cli.decoding.decode.
+        # batch: rdpp_cli.data.loader.Batch on the training device (index, fc, att, att_mask,
+        #   labels (B, seq_per_img, L), epoch, batch).
+        # returns the scalar loss to minimise (a mean over this process's batch) and optionally
+        #   numbers to log; "loss" is shown in the progress bar, every key is averaged per epoch
+        #   (weighted by images) into metrics.csv.
+
+    artifact = run_training(stage="xe", model=model, data=data, out_dir=out_dir, cfg=TrainConfig(...),
+                            step_fn=step_fn, inputs=[data.artifact], manifest_config=config)
+
+``run_training`` does the rest, identically for every stage:
+
+- epochs of seeded, resumable batches (``data.loader.CaptionBatches``), Adam, gradient clipping
+  (by value, self-critical.pytorch's default, or by norm), step LR decay every k epochs;
+- a progress bar with the loss and images/s; validation after every epoch: greedy decoding of the
+  val split (or its first ``val_images``) scored with CIDEr-D under the data artifact's training
+  df, plus whatever ``epoch_metrics_fn(model, batch) -> {name: per-image values}`` adds;
+- ``checkpoints/best.pt`` (best val CIDEr-D), ``checkpoints/last.pt`` and the resume state
+  ``checkpoints/last_state.pt`` after every epoch and every ``save_every_steps`` steps;
+  ``metrics.csv`` (one row per epoch: epoch, step, loss and other logs, val_cider, lr, time,
+  images_per_s);
+- exact resume: when ``out_dir`` holds a resume state (an interrupted run, see
+  ``prepare_output``), training continues from it, restoring weights, optimizer, scheduler,
+  loader position, running epoch sums and every process's RNG states, so a resumed CPU run ends
+  with the weights an uninterrupted one would have;
+- DDP under torchrun: each process trains on its share of every batch; validation images are
+  shared out and the scores summed; rank 0 alone writes files and prints;
+- finally the manifest (kind ``rdpp.model``; config with ``stage`` and ``model_config``; the
+  inputs; summary ``val_cider``, ``epochs``) and a summary table.
+
+The model must follow Att2in's interface (``config`` dataclass, ``forward`` for teacher forcing, the
+decoding methods ``rdpp_cli.decoding.decode`` uses) and be built identically on every process
+(seed before building it). Call ``claim_output`` instead of ``prepare_output`` so that only rank 0
+claims the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from rdpp_cli.artifacts import Artifact, atomic_write_bytes, finish, prepare_output, read_artifact, write_manifest
+from rdpp_cli.console import console, info, note, progress, summary_table
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.loader import Batch, CaptionBatches
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.training import distributed as D
+from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
+
+StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
+EpochMetricsFn = Callable[[nn.Module, Batch], dict[str, Any]]
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.csv"
+
+
+@dataclass
+class TrainConfig:
+    """Settings of the shared loop (a stage adds its own, e.g. the reward, in its manifest config)."""
+
+    epochs: int = 30
+    batch_size: int = 50  # images per optimizer step, all processes together
+    seq_per_img: int = 5  # captions per image in a batch
+    lr: float = 4e-4
+    grad_clip: float = 0.1  # 0 = no clipping
+    grad_clip_mode: str = "value"  # "value" (self-critical.pytorch's clamp) or "norm" (global L2 norm)
+    lr_decay_every: int = 3  # epochs; 0 = constant LR
+    lr_decay_rate: float = 0.8
+    weight_decay: float = 0.0
+    val_images: int | None = None  # None = the whole val split; 0 = no validation
+    val_batch_size: int = 100
+    save_every_steps: int = 0  # also save last.pt + resume state every K steps (0 = per epoch only)
+    seed: int = 123
+    device: str = "auto"
+    num_workers: int = 0  # DataLoader worker processes reading batches
+    resume: bool = True  # continue from out_dir's resume state when there is one
+
+    def check(self) -> None:
+        """RdppError for settings that cannot work (before anything is written)."""
+        for name in ("epochs", "batch_size", "seq_per_img", "val_batch_size"):
+            if getattr(self, name) < 1:
+                raise RdppError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if not self.lr > 0:
+            raise RdppError(f"--lr must be positive (got {self.lr})")
+        if self.grad_clip < 0:
+            raise RdppError(f"--grad-clip must be 0 (off) or positive (got {self.grad_clip})")
+        if self.grad_clip_mode not in ("value", "norm"):
+            raise RdppError(f"--grad-clip-mode must be 'value' or 'norm' (got {self.grad_clip_mode!r})")
+        if self.lr_decay_every < 0 or not 0 < self.lr_decay_rate <= 1:
+            raise RdppError("--lr-decay-every must be ≥ 0 and --lr-decay-rate in (0, 1] "
+                            f"(got {self.lr_decay_every}, {self.lr_decay_rate})")
+        if self.val_images is not None and self.val_images < 0:
+            raise RdppError(f"--val-images must be ≥ 0 (got {self.val_images})")
+        if self.save_every_steps < 0 or self.num_workers < 0:
+            raise RdppError("--save-every-steps and --workers must be ≥ 0")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel wrapper (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+def claim_output(out: Path | str | None, **kwargs) -> Path:
+    """``artifacts.prepare_output`` on rank 0 only; every process gets the folder (or its error)."""
+    return Path(D.on_main(lambda: str(prepare_output(out, **kwargs))))
+
+
+def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
+    """Rows of the images validated after each epoch: the val split, or its first ``val_images``."""
+    if val_images == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = data.split_indices("val")
+    return idx if val_images is None else idx[:val_images]
+
+
+def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, batch_size: int = 100,
+                 device: torch.device | str = "cpu", cider=None,
+                 epoch_metrics_fn: EpochMetricsFn | None = None) -> dict[str, float]:
+    """Sums over ``images`` of the greedy caption's CIDEr-D (training df) and of any extra metric.
+
+    Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
+    theirs up). The model is put in eval mode and back.
+    """
+    from rdpp_cli.decoding.decode import DecodeConfig, decode
+    from rdpp_cli.metrics.cider import CiderD, DocFreq
+
+    cider = cider or CiderD(DocFreq.from_h5(data.cider_df_path))
+    m = unwrap(model)
+    was_training = m.training
+    m.eval()
+    sums: dict[str, float] = {"val_cider": 0.0, "_n": 0.0}
+    try:
+        if len(images):
+            batches = CaptionBatches(data, images=images, batch_size=batch_size, shuffle=False, seq_per_img=0)
+            for batch in batches.epoch(0):
+                batch = batch.to(device)
+                with torch.no_grad():
+                    dec = decode(m, batch.fc, batch.att, DecodeConfig(method="greedy"), att_mask=batch.att_mask)
+                    hyps = dec.tokens[:, 0].cpu().numpy()
+                    sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
+                    if epoch_metrics_fn is not None:
+                        for k, v in epoch_metrics_fn(m, batch).items():
+                            v = v.detach().cpu().numpy() if isinstance(v, Tensor) else np.asarray(v)
+                            sums[k] = sums.get(k, 0.0) + float(v.sum())
+                sums["_n"] += batch.size
+    finally:
+        m.train(was_training)
+    return sums
+
+
+def _merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def _clip(model: nn.Module, cfg: TrainConfig) -> None:
+    if cfg.grad_clip <= 0:
+        return
+    params = [p for p in model.parameters() if p.grad is not None]
+    if cfg.grad_clip_mode == "value":
+        torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+    else:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+
+
+def _split_step(out) -> tuple[Tensor, dict[str, float]]:
+    if isinstance(out, Tensor):
+        return out, {"loss": float(out.detach())}
+    loss, logs = out
+    logs = {k: float(v) for k, v in logs.items()}
+    logs.setdefault("loss", float(loss.detach()))
+    return loss, logs
+
+
+def _write_metrics(path: Path, history: list[dict]) -> None:
+    if history:
+        atomic_write_bytes(path, pd.DataFrame(history).to_csv(index=False).encode())
+
+
+def run_training(
+    *,
+    stage: str,
+    model: nn.Module,
+    data: DataArtifact,
+    out_dir: Path,
+    cfg: TrainConfig,
+    step_fn: StepFn,
+    inputs: list[Artifact],
+    manifest_config: dict,
+    epoch_metrics_fn: EpochMetricsFn | None = None,
+    summary: dict[str, Any] | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> Artifact:
+    """Train ``model`` on ``data``'s train split into ``out_dir`` (claimed by ``claim_output``).
+
+    ``manifest_config``: the stage's resolved options (recorded with ``stage`` and
+    ``model_config``). ``summary``: extra headline numbers for the manifest and the final table.
+    ``after_step(step)``: called after every optimizer step (and its checkpoint, when one is due);
+    tests raise from it to simulate a crash. Returns the finished model artifact (on every rank).
+    """
+    cfg.check()
+    rt = D.setup(cfg.device)
+    out_dir = Path(out_dir)
+    ckpt_dir = out_dir / CHECKPOINTS
+    state_path = ckpt_dir / STATE_FILE
+    vocab = list(data.words)
+    core = model
+    core.to(rt.device)
+    loader = CaptionBatches(data, "train", batch_size=cfg.batch_size, seq_per_img=cfg.seq_per_img, seed=cfg.seed,
+                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers)
+    val_all = validation_images(data, cfg.val_images)
+    val_share = np.array_split(val_all, rt.world_size)[rt.rank]
+    cider = None
+    if len(val_all):
+        from rdpp_cli.metrics.cider import CiderD, DocFreq
+
+        cider = CiderD(DocFreq.from_h5(data.cider_df_path))
+
+    optimizer = torch.optim.Adam(core.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = (torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_decay_every, gamma=cfg.lr_decay_rate)
+                 if cfg.lr_decay_every > 0 else None)
+    # Training randomness (dropout, sampling) per process; the caller seeded the model's init.
+    seed_everything(cfg.seed + rt.rank)
+
+    epoch0, batch0, step, elapsed0 = 0, 0, 0, 0.0
+    history: list[dict] = []
+    sums: dict[str, float] = {}
+    best, best_epoch, last_val = -math.inf, 0, None
+    if state_path.exists() and cfg.resume:
+        st = load_state(state_path)
+        core.load_state_dict(st["model"])
+        optimizer.load_state_dict(st["optimizer"])
+        if scheduler is not None and st.get("scheduler") is not None:
+            scheduler.load_state_dict(st["scheduler"])
+        epoch0, batch0, step = int(st["epoch"]), int(st["batch"]), int(st["step"])
+        elapsed0 = float(st["elapsed"])
+        history, sums = list(st["history"]), dict(st["sums"])
+        best, best_epoch, last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
+        if len(st["rng"]) == rt.world_size:
+            set_rng_state(st["rng"][rt.rank])
+        elif rt.is_main:
+            note(f"resume state is from {len(st['rng'])} process(es), this run has {rt.world_size}: "
+                 "RNG streams restart (the result will not equal an uninterrupted run)")
+        if rt.is_main:
+            info(f"resuming {out_dir} at epoch {epoch0 + 1}, batch {batch0} (step {step})")
+            _write_metrics(out_dir / METRICS, history)
+    elif state_path.exists() and rt.is_main:
+        note(f"--no-resume: starting {out_dir} over; its earlier state will be overwritten")
+
+    if rt.distributed:
+        net: nn.Module = nn.parallel.DistributedDataParallel(
+            core, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    else:
+        net = core
+    t0 = time.perf_counter()
+
+    def elapsed() -> float:
+        return elapsed0 + time.perf_counter() - t0
+
+    def save_last(epoch: int, batch: int) -> None:
+        rngs = D.all_gather_object(rng_state())  # every process's RNG streams (a collective)
+        if not rt.is_main:
+            return
+        save_state(state_path, {
+            "model": {k: v.detach().cpu() for k, v in core.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "epoch": epoch, "batch": batch, "step": step, "elapsed": elapsed(),
+            "history": history, "sums": sums, "best": best, "best_epoch": best_epoch, "last_val": last_val,
+            "rng": rngs, "world_size": rt.world_size, "stage": stage,
+        })
+        save_checkpoint(ckpt_dir / "last.pt", core, vocab, epoch=epoch, step=step, stage=stage,
+                        val_cider=last_val)
+
+    if rt.is_main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    bar = progress("images")
+    bar.disable = bar.disable or not rt.is_main
+    with bar:
+        for epoch in range(epoch0, cfg.epochs):
+            lr_now = optimizer.param_groups[0]["lr"]
+            done = min(batch0 * cfg.batch_size, loader.images_per_epoch)
+            task = bar.add_task(f"{stage} epoch {epoch + 1}/{cfg.epochs}", total=loader.images_per_epoch,
+                                completed=done, info="")
+            t_epoch, images_run = time.perf_counter(), 0
+            for batch in loader.epoch(epoch, batch0):
+                net.train()
+                batch = batch.to(rt.device)
+                loss, logs = _split_step(step_fn(net, batch))
+                (loss * batch.weight if batch.weight != 1.0 else loss).backward()
+                _clip(core, cfg)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                for k, v in logs.items():
+                    sums[k] = sums.get(k, 0.0) + v * batch.size
+                sums["_images"] = sums.get("_images", 0.0) + batch.size
+                images_run += batch.global_images
+                bar.update(task, advance=batch.global_images, info=f"loss {logs['loss']:.3f}")
+                if cfg.save_every_steps and step % cfg.save_every_steps == 0 and batch.batch + 1 < len(loader):
+                    save_last(epoch, batch.batch + 1)
+                if after_step is not None:
+                    after_step(step)
+            epoch_seconds = time.perf_counter() - t_epoch
+            total = _merge_sums(D.all_gather_object(sums))
+            n_img = total.pop("_images", 0.0) or 1.0
+            row: dict[str, Any] = {"epoch": epoch + 1, "step": step}
+            row.update({k: v / n_img for k, v in total.items()})
+            if len(val_all):
+                bar.update(task, info="validating")
+                val = _merge_sums(D.all_gather_object(greedy_cider(
+                    core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device, cider=cider,
+                    epoch_metrics_fn=epoch_metrics_fn)))
+                n_val = val.pop("_n")
+                row.update({k: v / n_val for k, v in val.items()})
+                last_val = row["val_cider"]
+            if scheduler is not None:
+                scheduler.step()
+            row.update({"lr": lr_now, "time": round(elapsed(), 3),
+                        "images_per_s": round(images_run / epoch_seconds, 3) if epoch_seconds > 0 else None})
+            history.append(row)
+            improved = last_val is not None and last_val > best
+            if improved or not len(val_all):
+                best, best_epoch = (last_val if last_val is not None else best), epoch + 1
+                if rt.is_main:
+                    save_checkpoint(ckpt_dir / "best.pt", core, vocab, epoch=epoch + 1, step=step, stage=stage,
+                                    val_cider=last_val)
+            bar.update(task, info=f"loss {row.get('loss', float('nan')):.3f}"
+                       + (f"  val CIDEr-D {last_val:.3f}" if last_val is not None else ""))
+            sums, batch0 = {}, 0
+            save_last(epoch + 1, 0)
+            if rt.is_main:
+                _write_metrics(out_dir / METRICS, history)
+
+    if rt.is_main:
+        model_config = dataclasses.asdict(core.config) if dataclasses.is_dataclass(getattr(core, "config", None)) else {}
+        head: dict[str, Any] = {"epochs": cfg.epochs}
+        if best > -math.inf:
+            head["val_cider"] = best
+        head.update(summary or {})
+        write_manifest(out_dir, "rdpp.model", {**manifest_config, "stage": stage, "model_config": model_config},
+                       inputs=inputs, summary=head)
+        finish(out_dir)
+        last = history[-1] if history else {}
+        rows: list[tuple[str, Any]] = [
+            ("artifact", out_dir),
+            ("trained on", f"{data.path}  ({len(loader.images)} train images, {cfg.seq_per_img} captions each)"),
+            ("epochs / steps", f"{cfg.epochs} / {step}"),
+            ("train loss (last epoch)", last.get("loss", "-")),
+        ]
+        if best > -math.inf:
+            rows += [("val CIDEr-D (best)", f"{best:.4f} (epoch {best_epoch}, {len(val_all)} val images, greedy)"),
+                     ("val CIDEr-D (last)", last.get("val_cider", "-"))]
+        rows += [(k, v) for k, v in (summary or {}).items()]
+        ips = [r["images_per_s"] for r in history if r.get("images_per_s")]
+        rows += [("time", f"{elapsed():.1f} s"),
+                 ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
+                  + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
+                 ("checkpoints", f"{ckpt_dir}/best.pt, last.pt"),
+                 ("metrics", out_dir / METRICS)]
+        console.print(summary_table(f"rdpp {stage}: done", rows))
+    D.barrier()
+    return read_artifact(out_dir, "rdpp.model")
