@@ -6,6 +6,7 @@ import typer
 
 from rdpp_cli import __version__
 from rdpp_cli.cli import ls
+from rdpp_cli.cli import train_xe
 
 app = typer.Typer(
     name="rdpp",
@@ -19,6 +20,7 @@ app = typer.Typer(
 
 # name -> (module with `command` or `app`). Add a row only when the command works.
 app.command("ls")(ls.command)
+app.command("train-xe")(train_xe.command)
 
 
 def _version(value: bool) -> None:
