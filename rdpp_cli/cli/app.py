@@ -6,6 +6,7 @@ import typer
 
 from rdpp_cli import __version__
 from rdpp_cli.cli import ls
+from rdpp_cli.cli import prepro
 from rdpp_cli.cli import train_xe
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
 
 # name -> (module with `command` or `app`). Add a row only when the command works.
 app.command("ls")(ls.command)
+app.add_typer(prepro.app, name="prepro")
 app.command("train-xe")(train_xe.command)
 
 

@@ -1,0 +1,235 @@
+"""``features.h5``: written block by block as features are computed, hashed while written, resumable.
+
+``FeatureWriter`` owns the file. Rows are written in blocks of ``block`` images (the batch size);
+after each block the rows, the block's digest (``_digests`` dataset) and the number of finished rows
+(attr ``_done``) are flushed together, so a run that dies (Ctrl-C, crash, lost machine) resumes at
+the first unfinished block when the same command runs again, and the file's content hash
+(``artifacts.content_hash``) is finished from the stored digests without re-reading anything.
+
+``extract_features`` runs a backbone over image files through a DataLoader (``workers`` processes
+decode images; memory does not grow with the number of images).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from rdpp_cli.artifacts import content_hash
+from rdpp_cli.console import info, progress
+from rdpp_cli.data.backbones import Backbone
+from rdpp_cli.errors import RdppError
+
+DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+class FeatureWriter:
+    """Write ``fc`` (N, D), ``att`` (N, R, D) and optional ``att_len`` (N,) row-block by row-block.
+
+    ``FeatureWriter(path, image_ids, fc_dim=D, regions=R, dtype="float16", block=B, attrs={...})``
+    opens an unfinished file with the same layout and resumes at ``writer.done``; anything else at
+    ``path`` is replaced. ``write(fc, att, att_len)`` appends the next block (exactly ``block`` rows
+    except the last). ``finish()`` returns the manifest's precomputed hash entry.
+    """
+
+    def __init__(self, path: Path, image_ids: np.ndarray, *, fc_dim: int, regions: int, dtype: str = "float16",
+                 block: int, attrs: dict | None = None, with_att_len: bool = False):
+        if dtype not in DTYPES:
+            raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
+        self.path = Path(path)
+        self.image_ids = np.asarray(image_ids, dtype=np.int64)
+        self.n, self.fc_dim, self.regions, self.block = len(self.image_ids), int(fc_dim), int(regions), int(block)
+        self.dtype = np.dtype(DTYPES[dtype])
+        self.with_att_len = with_att_len
+        self.attrs = {"dtype": dtype, **(attrs or {}), "_block": self.block}
+        self.names = ["fc", "att"] + (["att_len"] if with_att_len else []) + ["image_ids"]
+        self.f = self._open()
+        self.done = int(self.f.attrs["_done"])
+
+    # -- opening / resuming ------------------------------------------------------------------
+    def _layout_matches(self, f: h5py.File) -> bool:
+        try:
+            same = (f["fc"].shape == (self.n, self.fc_dim) and f["att"].shape == (self.n, self.regions, self.fc_dim)
+                    and f["fc"].dtype == self.dtype and ("att_len" in f) == self.with_att_len
+                    and np.array_equal(f["image_ids"][:], self.image_ids)
+                    and all(_attr_eq(f.attrs.get(k), v) for k, v in self.attrs.items())
+                    and f["_digests"].shape == (self.nblocks, 32))
+            done = int(f.attrs.get("_done", -1))
+            return same and 0 <= done <= self.n and (done % self.block == 0 or done == self.n)
+        except (KeyError, OSError, ValueError):
+            return False
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.n // self.block)
+
+    def _open(self) -> h5py.File:
+        if self.path.exists():
+            try:
+                f = h5py.File(self.path, "r+")
+            except OSError:
+                f = None
+            if f is not None and self._layout_matches(f):
+                if 0 < int(f.attrs["_done"]) < self.n:
+                    info(f"resuming feature extraction at image {int(f.attrs['_done']):,} of {self.n:,}")
+                return f
+            if f is not None:
+                f.close()
+            self.path.unlink()
+        f = h5py.File(self.path, "w")
+        r, d = self.regions, self.fc_dim
+        f.create_dataset("fc", (self.n, d), dtype=self.dtype, chunks=(1, d) if self.n else None)
+        f.create_dataset("att", (self.n, r, d), dtype=self.dtype, chunks=(1, r, d) if self.n else None)
+        if self.with_att_len:
+            f.create_dataset("att_len", (self.n,), dtype=np.int32)
+        f.create_dataset("image_ids", data=self.image_ids)
+        f.create_dataset("_digests", (self.nblocks, 32), dtype=np.uint8)
+        for k, v in self.attrs.items():
+            f.attrs[k] = v
+        f.attrs["_done"] = 0
+        f.flush()
+        return f
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(self, fc, att, att_len=None) -> None:
+        """Append the next block of rows and flush it together with its digest and the row count."""
+        fc = np.asarray(fc, dtype=self.dtype)
+        att = np.asarray(att, dtype=self.dtype)
+        k = fc.shape[0]
+        s = self.done
+        if k != min(self.block, self.n - s) or att.shape != (k, self.regions, self.fc_dim):
+            raise ValueError(f"block of {k} rows at {s}: expected {min(self.block, self.n - s)} rows of "
+                             f"att ({self.regions}, {self.fc_dim})")
+        arrays = [fc, att]
+        self.f["fc"][s:s + k] = fc
+        self.f["att"][s:s + k] = att
+        if self.with_att_len:
+            lens = np.asarray(att_len, dtype=np.int32)
+            self.f["att_len"][s:s + k] = lens
+            arrays.append(lens)
+        arrays.append(self.image_ids[s:s + k])
+        self.f["_digests"][s // self.block] = np.frombuffer(content_hash.block_digest(arrays), dtype=np.uint8)
+        self.done = s + k
+        self.f.attrs["_done"] = self.done
+        self.f.flush()
+
+    def finish(self) -> dict:
+        """Close the file; the precomputed hash entry for ``write_manifest``."""
+        if self.done != self.n:
+            raise RuntimeError(f"features.h5 has {self.done} of {self.n} rows")
+        digests = [bytes(d) for d in self.f["_digests"][:]]
+        self.close()
+        return {"sha256": content_hash.combine(digests), "hash_of": content_hash.spec(self.names, self.block)}
+
+    def close(self) -> None:
+        if self.f:
+            self.f.close()
+            self.f = None
+
+
+def _attr_eq(stored, wanted) -> bool:
+    if isinstance(stored, bytes):
+        stored = stored.decode()
+    if isinstance(stored, np.generic):
+        stored = stored.item()
+    return stored == wanted
+
+
+class ImageFiles(Dataset):
+    """Images resized to S×S as normalised (3, S, S) float tensors; a file that cannot be decoded
+    comes back flagged (never raised inside a worker) so the main process can name it."""
+
+    def __init__(self, paths: Sequence[Path], image_size: int, mean=None, std=None):
+        self.paths, self.size = list(paths), image_size
+        self.mean = None if mean is None else torch.tensor(mean).view(3, 1, 1)
+        self.std = None if std is None else torch.tensor(std).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        try:
+            with Image.open(self.paths[i]) as im:
+                im = im.convert("RGB")
+                if im.size != (self.size, self.size):
+                    im = im.resize((self.size, self.size), Image.BILINEAR)
+                x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+        except Exception as e:  # PIL raises many kinds for broken files
+            return torch.zeros(3, self.size, self.size), i, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return x, i, ""
+
+
+def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> None:
+    """Every image file exists and has an image header (PIL reads only the header): fails with one
+    line naming the first bad file, before anything is written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for p in paths:
+        if not p.is_file():
+            raise RdppError(f"image file {p} is missing (from the caption file, under --images-root {images_root}); "
+                            "pass the folder that holds the images")
+
+    def bad(p: Path) -> str | None:
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(p) as im:
+                im.size  # header only
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            return f"{p} is not an image ({type(e).__name__}); replace or remove it from the caption file"
+        return None
+
+    with progress("images") as bar, ThreadPoolExecutor(max(1, workers)) as pool:
+        task = bar.add_task("check images", total=len(paths), info="")
+        for msg in pool.map(bad, paths, chunksize=256):
+            if msg:
+                raise RdppError(msg)
+            bar.advance(task)
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RdppError(f"--device {device} asked for but no CUDA GPU is available; use --device cpu or auto")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise RdppError(f"--device {device} is not a device; use auto, cpu or cuda") from None
+
+
+def extract_features(writer: FeatureWriter, paths: Sequence[Path], backbone: Backbone, *,
+                     device: str = "auto", workers: int = 0) -> None:
+    """Run ``backbone`` over ``paths[writer.done:]`` in batches of ``writer.block`` and write each
+    batch as it comes (the first unfinished block onward, so a rerun resumes)."""
+    dev = pick_device(device)
+    module = backbone.module.to(dev).eval()
+    start = writer.done
+    data = ImageFiles(paths[start:], backbone.image_size, backbone.mean, backbone.std)
+    loader = DataLoader(data, batch_size=writer.block, shuffle=False, num_workers=workers,
+                        pin_memory=dev.type == "cuda", persistent_workers=False)
+    threads = torch.get_num_threads()
+    if backbone.threads:
+        torch.set_num_threads(backbone.threads)
+    try:
+        with progress("images") as bar, torch.inference_mode():
+            task = bar.add_task(f"extract {backbone.name}", total=len(paths), completed=start, info="")
+            for x, idx, errors in loader:
+                for i, err in zip(idx.tolist(), errors):
+                    if err:
+                        raise RdppError(f"image file {paths[start + i]} could not be decoded ({err}); "
+                                        "replace it or remove it from the caption file, then rerun to resume")
+                fc, att = module(x.to(dev, non_blocking=True))
+                writer.write(fc.float().cpu().numpy(), att.float().cpu().numpy())
+                bar.advance(task, len(idx))
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,245 @@
+"""``rdpp prepro coco``: Karpathy JSON + images -> data artifact (vocab, captions, features, df).
+
+Everything that can be wrong with the input (caption file, image files, backbone, weights, imported
+features) is checked by ``plan_prepro`` before the output folder is claimed; ``write_data_artifact``
+then writes vocab.json, captions.h5 and cider_df.h5 (small, rewritten atomically on every run) and
+features.h5 (large, resumable), then the manifest. ``rdpp prepro toy`` runs the same two steps on
+the generated set. File formats: docs/architecture.md; decisions: docs/data.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from rdpp_cli.artifacts import Artifact, finish, prepare_output, write_manifest
+from rdpp_cli.console import console, info, progress, summary_table
+from rdpp_cli.data import vocab as V
+from rdpp_cli.data.backbones import Backbone, build_backbone
+from rdpp_cli.data.dataset_paths import find_images_root, find_karpathy_json
+from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, extract_features, pick_device
+from rdpp_cli.data.importers import FeatureSource
+from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
+from rdpp_cli.errors import RdppError
+
+KIND = "rdpp.data"
+
+
+@dataclass
+class PreproPlan:
+    """Checked inputs of a data artifact: what ``write_data_artifact`` turns into files."""
+
+    records: list[ImageRecord]
+    karpathy_json: Path
+    word_count_threshold: int
+    max_length: int
+    dtype: str
+    batch_size: int
+    workers: int
+    device: str
+    images_root: Path | None = None
+    image_paths: list[Path] = field(default_factory=list)
+    backbone: Backbone | None = None
+    features_from: FeatureSource | None = None
+
+
+def plan_prepro(
+    karpathy_json: Path | None,
+    images_root: Path | None = None,
+    *,
+    word_count_threshold: int = 5,
+    max_length: int = 16,
+    restval_to_train: bool = True,
+    backbone: str = "resnet101",
+    att_size: int = 14,
+    weights: Path | None = None,
+    pretrained: bool = True,
+    device: str = "auto",
+    batch_size: int = 32,
+    workers: int = 4,
+    dtype: str = "float16",
+    features_from: Path | None = None,
+    image_size: int | None = None,
+) -> PreproPlan:
+    """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing."""
+    if word_count_threshold < 0:
+        raise RdppError(f"--word-count-threshold {word_count_threshold} must be 0 or more")
+    if max_length < 1:
+        raise RdppError(f"--max-length {max_length} must be at least 1")
+    if batch_size < 1:
+        raise RdppError(f"--batch-size {batch_size} must be at least 1")
+    if workers < 0:
+        raise RdppError(f"--workers {workers} must be 0 or more")
+    if dtype not in DTYPES:
+        raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
+    json_path = find_karpathy_json(karpathy_json)
+    records = load_karpathy(json_path, restval_to_train=restval_to_train, need_files=features_from is None)
+    splits = Counter(r.split for r in records)
+    if not splits.get("train"):
+        raise RdppError(f"{json_path} has no training images (split train or restval); the vocabulary is built from them")
+    plan = PreproPlan(records, json_path, word_count_threshold, max_length, dtype, batch_size, workers, device)
+    if features_from is not None:
+        plan.features_from = FeatureSource(features_from, [r.image_id for r in records])
+        return plan
+    pick_device(device)
+    plan.backbone = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights,
+                                   pretrained=pretrained)
+    plan.images_root = find_images_root(images_root, json_path, records[0].relpath)
+    plan.image_paths = [plan.images_root / r.relpath for r in records]
+    check_images(plan.image_paths, plan.images_root, workers=max(1, workers))
+    return plan
+
+
+def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title: str = "rdpp prepro") -> Artifact:
+    """Write every file of the data artifact into the claimed ``out_dir`` and its manifest."""
+    out_dir = Path(out_dir)
+    recs = plan.records
+    captions = [c for r in recs for c in r.captions]
+    words = V.build_vocab((c for r in recs if r.split == "train" for c in r.captions), plan.word_count_threshold)
+    w2i = V.word_to_id(words)
+    labels, lengths = V.encode_all(captions, w2i, plan.max_length)
+    counts = np.array([len(r.captions) for r in recs], dtype=np.int64)
+    label_end = np.cumsum(counts)
+    label_start = label_end - counts
+    image_ids = np.array([r.image_id for r in recs], dtype=np.int64)
+
+    from rdpp_cli.artifacts import atomic_write_json
+
+    atomic_write_json(out_dir / "vocab.json", {"words": words})
+    _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
+                                                                          label_end, image_ids, recs, captions))
+    train_rows = [i for i, r in enumerate(recs) if r.split == "train"]
+    df, num_docs = V.document_frequencies(
+        (labels[k, :lengths[k]].tolist() for k in range(label_start[i], label_end[i])) for i in train_rows)
+    _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: V.write_cider_df(tmp, df, num_docs))
+
+    features_hash, feat_desc = _write_features(out_dir / "features.h5", plan, image_ids)
+
+    splits = Counter(r.split for r in recs)
+    summary = {"images": len(recs), "captions": len(captions), "vocab": len(words),
+               **{s: splits.get(s, 0) for s in ("train", "val", "test")}}
+    artifact = write_manifest(out_dir, KIND, config, precomputed={"features.h5": features_hash}, summary=summary)
+    finish(out_dir)
+    unk = V.unk_rate(labels, lengths, w2i[V.UNK])
+    console.print(summary_table(title, [
+        ("artifact", out_dir),
+        ("images", f"{len(recs):,} (train {splits.get('train', 0):,} · val {splits.get('val', 0):,} · "
+                   f"test {splits.get('test', 0):,})"),
+        ("captions", f"{len(captions):,} (max length {plan.max_length}, "
+                     f"{float((lengths >= plan.max_length).mean()):.1%} clipped)"),
+        ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk:.2%} of tokens)"),
+        ("features", feat_desc),
+        ("cider df", f"{len(df):,} n-grams over {num_docs:,} training images"),
+    ]))
+    return artifact
+
+
+def _write_h5_atomic(path: Path, write) -> None:
+    """``write(tmp_path)`` then rename over ``path``: a reader never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:
+    with h5py.File(path, "w") as f:
+        _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, captions)
+
+
+def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:
+    kw = {"track_times": False}
+    f.create_dataset("labels", data=labels, **kw)
+    f.create_dataset("lengths", data=lengths, **kw)
+    f.create_dataset("label_start", data=label_start.astype(np.int64), **kw)
+    f.create_dataset("label_end", data=label_end.astype(np.int64), **kw)
+    f.create_dataset("image_ids", data=image_ids, **kw)
+    f.create_dataset("split", data=np.array([r.split.encode() for r in recs], dtype="S5"), **kw)
+    f.create_dataset("raw", data=np.array([" ".join(c) for c in captions], dtype=object),
+                     dtype=h5py.string_dtype("utf-8"), **kw)
+
+
+def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tuple[dict, str]:
+    if plan.features_from is not None:
+        src = plan.features_from
+        writer = FeatureWriter(path, image_ids, fc_dim=src.dim, regions=src.regions, dtype=plan.dtype,
+                               block=plan.batch_size, with_att_len=src.varying,
+                               attrs={"backbone": f"imported:{src.path.name}", "att_size": 0, "source": str(src.path)})
+        try:
+            with progress("images") as bar:
+                task = bar.add_task("import features", total=writer.n, completed=writer.done, info="")
+                for fc, att, lens in src.batches(writer.done, writer.block):
+                    writer.write(fc, att, lens if src.varying else None)
+                    bar.advance(task, len(fc))
+            digest = writer.finish()
+        finally:
+            writer.close()
+        regions = f"up to {src.regions} regions (att_len)" if src.varying else f"{src.regions} regions"
+        return digest, f"imported from {src.path}: {regions} × {src.dim} ({plan.dtype})"
+    bb = plan.backbone
+    writer = FeatureWriter(path, image_ids, fc_dim=bb.dim, regions=bb.att_size ** 2, dtype=plan.dtype,
+                           block=plan.batch_size,
+                           attrs={"backbone": bb.name, "att_size": bb.att_size, "image_size": bb.image_size,
+                                  "weights": bb.weights})
+    try:
+        if writer.done < writer.n:
+            extract_features(writer, plan.image_paths, bb, device=plan.device, workers=plan.workers)
+        digest = writer.finish()
+    finally:
+        writer.close()
+    return digest, (f"{bb.name} ({bb.weights}) on {bb.image_size}×{bb.image_size} images: fc {bb.dim}, "
+                    f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})")
+
+
+def prepro_coco(
+    karpathy_json: Path | None = None,
+    images_root: Path | None = None,
+    out: Path | None = None,
+    *,
+    workspace: Path | None = None,
+    force: bool = False,
+    word_count_threshold: int = 5,
+    max_length: int = 16,
+    restval_to_train: bool = True,
+    backbone: str = "resnet101",
+    att_size: int = 14,
+    weights: Path | None = None,
+    pretrained: bool = True,
+    device: str = "auto",
+    batch_size: int = 32,
+    workers: int = 4,
+    dtype: str = "float16",
+    features_from: Path | None = None,
+    image_size: int | None = None,
+) -> Artifact:
+    """COCO (Karpathy splits) -> a data artifact: ``<workspace>/data/coco-v<k>`` or ``out``.
+
+    Rerunning the same command after an interruption resumes the feature extraction.
+    """
+    plan = plan_prepro(karpathy_json, images_root, word_count_threshold=word_count_threshold,
+                       max_length=max_length, restval_to_train=restval_to_train, backbone=backbone,
+                       att_size=att_size, weights=weights, pretrained=pretrained, device=device,
+                       batch_size=batch_size, workers=workers, dtype=dtype, features_from=features_from,
+                       image_size=image_size)
+    bb = plan.backbone
+    config = {
+        "source": "coco", "karpathy_json": str(plan.karpathy_json),
+        "images_root": str(plan.images_root) if plan.images_root else None,
+        "word_count_threshold": word_count_threshold, "max_length": max_length,
+        "restval_to_train": restval_to_train,
+        "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
+        "image_size": bb.image_size if bb else None, "weights": str(weights) if weights else None,
+        "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": workers,
+        "dtype": dtype, "features_from": str(features_from) if features_from else None,
+    }
+    out_dir = prepare_output(out, workspace=workspace, group="data", name="coco", kind=KIND, config=config,
+                             force=force)
+    info(f"writing the data artifact to [bold]{out_dir}[/bold]")
+    return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")
