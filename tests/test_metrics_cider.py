@@ -354,3 +354,14 @@ def test_bad_inputs_raise():
         cd.score(["a"], [["a"]], ref_index=[3])
     with pytest.raises(TypeError):
         CiderD(DocFreq([[1, 0, 0, 0]], [1.0], 2)).score(["a"], [["a"]])  # no word list for strings
+
+
+def test_tiny_and_empty_inputs():
+    cd = CiderD()
+    # rows shorter than 4 positions hold no 3- or 4-grams; "a" vs "a": only unigrams, 10 * 1 / 4
+    np.testing.assert_allclose(cd.score(["a"], [["a"]]), [0.0])  # corpus df: "a" in every document, idf 0
+    df = DocFreq([[1, 0, 0, 0]], [1.0], num_docs=2, words=["a", "b"])
+    np.testing.assert_allclose(CiderD(df).score(["a", "", "b"], [["a"], ["a"], [""]]), [2.5, 0.0, 0.0])
+    np.testing.assert_allclose(CiderD(df).pairwise([["a", "b"]]), [[[2.5, 0.0], [0.0, 2.5]]])
+    np.testing.assert_allclose(CiderD(df).pairwise(np.zeros((2, 3, 4), np.int64)), np.zeros((2, 3, 3)))
+    assert cd.score([], []).shape == (0,)

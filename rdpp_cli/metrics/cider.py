@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -556,7 +557,7 @@ def _row_grams(flat: np.ndarray, base: int) -> tuple[np.ndarray, int]:
     rows = np.full((G, N_ORDER, L), _SENT, np.int64)
     nz = flat != 0
     key, valid = flat, nz
-    for n in range(N_ORDER):
+    for n in range(min(N_ORDER, L)):
         if n:
             key = key[:, :-1] * base + flat[:, n:]
             valid = valid[:, :-1] & nz[:, n:]
@@ -619,7 +620,7 @@ def _sorted_rows(flat: np.ndarray, slot: np.ndarray, base: int, sb: int
     rows = np.full((G, N_ORDER, L), _SENT, np.int64)
     slots = None if pack else np.zeros((G, N_ORDER, L), np.int64)
     key, valid = flat, nz
-    for n in range(N_ORDER):
+    for n in range(min(N_ORDER, L)):  # a row shorter than n holds no n-gram
         if n:
             key = key[:, :-1] * base + flat[:, n:]
             valid = valid[:, :-1] & nz[:, n:]
@@ -640,6 +641,66 @@ def _sorted_rows(flat: np.ndarray, slot: np.ndarray, base: int, sb: int
     return rows[ok], np.take_along_axis(slots, order, -1)[ok], np.cumsum(ok.sum(-1).ravel())
 
 
+@dataclass
+class Postings:
+    """The n-grams of rows of captions (a row = an image's captions in slots), as postings: one
+    caption's count of one n-gram. Postings are ordered by (row, n-gram, slot), where a row is
+    ``image * 4 + (n - 1)``; the postings of one n-gram in one row form a contiguous "gram" group.
+    """
+
+    row: np.ndarray  # (P,) image * 4 + (n - 1)
+    slot: np.ndarray  # (P,) caption slot within the image
+    count: np.ndarray  # (P,) float64 occurrences of the n-gram in that caption
+    gram: np.ndarray  # (P,) index of the posting's gram group
+    gram_start: np.ndarray  # (Q,) first posting of each gram group
+    gram_key: np.ndarray  # (Q,) the n-gram's key (base ``base`` digits of ids, maybe relabelled)
+    base: int
+    relabel: np.ndarray | None  # relabelled id -> original id, when ids had to be relabelled
+
+
+def _postings(flat: np.ndarray, slot: np.ndarray, S: int, base: int) -> Postings:
+    relabel = None
+    if base > _MAX_BASE:
+        flat, relabel, base = _relabel(flat)
+        if base > _MAX_BASE:
+            raise ValueError("more than 55,107 distinct words in one group of captions")
+    sb = max(1, (S - 1).bit_length())
+    keys, slots, row_end = _sorted_rows(flat, slot, base, sb)
+    nocc = keys.size
+    if nocc == 0:
+        e = np.zeros(0, np.int64)
+        return Postings(e, e, np.zeros(0), e, e, e, base, relabel)
+    # a posting starts where (key, slot) changes or a new row (image, n) begins
+    bound = np.empty(nocc, bool)
+    bound[0] = True
+    np.logical_or(keys[1:] != keys[:-1], slots[1:] != slots[:-1], out=bound[1:])
+    bound[row_end[:-1][row_end[:-1] < nocc]] = True
+    pstart = np.flatnonzero(bound)
+    pcount = np.diff(np.append(pstart, nocc)).astype(np.float64)
+    pkey, pslot = keys[pstart], slots[pstart]
+    prow = np.searchsorted(row_end, pstart, side="right")  # row (image, n) of each posting
+    gnew = np.empty(len(pkey), bool)
+    gnew[0] = True
+    np.logical_or(pkey[1:] != pkey[:-1], prow[1:] != prow[:-1], out=gnew[1:])
+    gstart = np.flatnonzero(gnew)
+    return Postings(prow, pslot, pcount, np.cumsum(gnew) - 1, gstart, pkey[gstart], base, relabel)
+
+
+def ngram_postings(captions: Any) -> tuple[Postings, int, int]:
+    """Postings of B images with M captions each ((B, M, T) ids, or B lists of M strings or id
+    lists); returns ``(postings, B, M)``. For statistics over an image's captions (Div-n, mBLEU)."""
+    table = _WordTable() if _has_strings(captions) else None
+    caps, counts = _sets_from(captions, table, "captions")
+    B = len(counts)
+    M = int(counts.max()) if B else 0
+    if B and (counts != M).any():
+        raise ValueError("every image needs the same number of captions")
+    base = max(caps.max_id() + 1, table.next if table is not None else 0, 2)
+    slot_index = np.arange(B * M, dtype=np.int64).reshape(B, M)
+    flat, slot, _ = _layout(caps, slot_index)
+    return _postings(flat, slot, max(M, 1), base), B, M
+
+
 def _pair_scores(flat: np.ndarray, slot: np.ndarray, S: int, k: int, base: int, idf_of,
                  sigma: float, clipped: bool, vs_refs: bool, vs_self: bool
                  ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -655,41 +716,22 @@ def _pair_scores(flat: np.ndarray, slot: np.ndarray, S: int, k: int, base: int, 
     first), so each hypothesis posting pairs with a contiguous range of postings, and only
     n-grams that two captions share are ever touched.
     """
-    relabel = None
-    if base > _MAX_BASE:
-        flat, relabel, base = _relabel(flat)
-        if base > _MAX_BASE:
-            raise ValueError("more than 55,107 distinct words in one group of captions")
     G = flat.shape[0]
     m = S - k
     n_ref, n_self = (G * m * k if vs_refs else 0), (G * m * m if vs_self else 0)
-    sb = max(1, (S - 1).bit_length())
-    keys, slots, row_end = _sorted_rows(flat, slot, base, sb)
-    nocc = keys.size
+    post = _postings(flat, slot, S, base)
+    nocc = post.count.size
     if nocc == 0:
         acc = np.zeros(n_ref + n_self)
     else:
-        # a posting starts where (key, slot) changes or a new row (group, n) begins
-        bound = np.empty(nocc, bool)
-        bound[0] = True
-        np.logical_or(keys[1:] != keys[:-1], slots[1:] != slots[:-1], out=bound[1:])
-        bound[row_end[:-1][row_end[:-1] < nocc]] = True
-        pstart = np.flatnonzero(bound)
-        pcount = np.diff(np.append(pstart, nocc)).astype(np.float64)
-        pkey, pslot = keys[pstart], slots[pstart]
-        prow = np.searchsorted(row_end, pstart, side="right")  # row (g, n) of each posting
+        pcount, pslot, prow, gid, gstart = post.count, post.slot, post.row, post.gram, post.gram_start
+        P = len(pcount)
         pg = prow // N_ORDER
-        P = len(pkey)
-        gnew = np.empty(P, bool)
-        gnew[0] = True
-        np.logical_or(pkey[1:] != pkey[:-1], prow[1:] != prow[:-1], out=gnew[1:])
-        gstart = np.flatnonzero(gnew)
-        gid = np.cumsum(gnew) - 1
-        w = idf_of(pkey[gstart], base, relabel)[gid]  # idf of each posting's n-gram
+        w = idf_of(post.gram_key, post.base, post.relabel)[gid]  # idf of each posting's n-gram
         cw = pcount * w
         nrm = np.sqrt(np.bincount(prow * S + pslot, weights=cw * cw, minlength=G * N_ORDER * S))
         hyp = np.flatnonzero(pslot >= k) if k else np.arange(P)
-        parts_a, parts_lo, parts_ln, parts_off = [], [], [], []
+        parts_a, parts_lo, parts_ln = [], [], []
         if vs_refs:
             rcount = np.bincount(gid[pslot < k], minlength=len(gstart))
             parts_a.append(hyp)
