@@ -7,8 +7,8 @@
   pretrained weights exist (see docs/data.md for why it beats a random CNN there).
 
 Weights: ``--weights PATH`` (a local state_dict), else the ImageNet weights if they are already in
-torch's hub cache, else an error asking for ``--weights`` or ``--no-pretrained`` (random init):
-nothing is downloaded.
+torch's hub cache, else an error asking for ``--weights`` or ``--no-pretrained`` (random init, from
+a fixed seed so that reruns and resumed runs use the same model): nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -154,8 +154,10 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
         state, source = _load_state(cached, name), "imagenet (hub cache)"
     import warnings
 
-    with warnings.catch_warnings():
+    # a fixed seed: random-init features are reproducible, so a resumed run continues with the same model
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")  # googlenet/inception warn about their init scheme
+        torch.manual_seed(0)
         model = torchvision.models.get_model(name, weights=None)
     if state is not None:
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -167,7 +169,6 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
     trunk = nn.Sequential(*[m for n, m in model.named_children()
                             if n not in _HEAD_NAMES and not n.lower().startswith("aux")])
     module = ConvGrid(trunk, att_size, final_relu=name.startswith("densenet")).eval()
-    torch.manual_seed(0)
     try:
         with torch.no_grad():
             fc, att = module(torch.zeros(1, 3, image_size, image_size))

@@ -26,7 +26,7 @@ def _roots() -> list[Path]:
     return ([Path(env)] if env else []) + [DEFAULT_ROOT]
 
 
-def find_karpathy_json(given: Path | None) -> Path:
+def find_karpathy_json(given: Path | None, workspace: Path | None = None) -> Path:
     """The caption file to read: ``given`` when set (checked later), else the first default that exists."""
     if given is not None:
         return Path(given)
@@ -34,10 +34,13 @@ def find_karpathy_json(given: Path | None) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    from rdpp_cli.artifacts import workspace_dir
+    from rdpp_cli.cli.common import WORKSPACE_YAML
+
     env = "" if os.environ.get(ENV_ROOT) else f" (${ENV_ROOT} unset)"
     raise RdppError(
-        f"no COCO caption file found: looked at {', '.join(str(c) for c in candidates)}{env} and the "
-        f"prepro_coco section of <workspace>/rdpp.yaml; pass --karpathy-json PATH/{JSON_NAME} and --images-root DIR "
+        f"no COCO caption file found: looked at {', '.join(str(c) for c in candidates)}{env} and "
+        f"karpathy_json in the prepro_coco section of {workspace_dir(workspace) / WORKSPACE_YAML}; pass --karpathy-json PATH/{JSON_NAME} and --images-root DIR "
         "(or set $RDPP_COCO_ROOT), or try the bundled set with `rdpp prepro toy`")
 
 

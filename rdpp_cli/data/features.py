@@ -61,7 +61,7 @@ class FeatureWriter:
                     and f["_digests"].shape == (self.nblocks, 32))
             done = int(f.attrs.get("_done", -1))
             return same and 0 <= done <= self.n and (done % self.block == 0 or done == self.n)
-        except (KeyError, OSError, ValueError):
+        except (KeyError, OSError, ValueError, RuntimeError):  # a damaged file: start over
             return False
 
     @property
@@ -80,6 +80,7 @@ class FeatureWriter:
                 return f
             if f is not None:
                 f.close()
+            info(f"{self.path} is from another run or damaged: extracting from the start")
             self.path.unlink()
         f = h5py.File(self.path, "w")
         r, d = self.regions, self.fc_dim

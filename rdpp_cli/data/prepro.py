@@ -10,6 +10,7 @@ the generated set. File formats: docs/architecture.md; decisions: docs/data.md.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from rdpp_cli.artifacts import Artifact, finish, prepare_output, write_manifest
+from rdpp_cli.artifacts import Artifact, finish, is_complete, prepare_output, write_manifest
 from rdpp_cli.console import console, info, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
@@ -26,8 +27,10 @@ from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, extract_
 from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
 from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics.cider import DocFreq
 
 KIND = "rdpp.data"
+RUNTIME_ONLY = ("workers", "device")
 
 
 @dataclass
@@ -65,6 +68,7 @@ def plan_prepro(
     dtype: str = "float16",
     features_from: Path | None = None,
     image_size: int | None = None,
+    workspace: Path | None = None,
 ) -> PreproPlan:
     """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing."""
     if word_count_threshold < 0:
@@ -77,7 +81,7 @@ def plan_prepro(
         raise RdppError(f"--workers {workers} must be 0 or more")
     if dtype not in DTYPES:
         raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
-    json_path = find_karpathy_json(karpathy_json)
+    json_path = find_karpathy_json(karpathy_json, workspace)
     records = load_karpathy(json_path, restval_to_train=restval_to_train, need_files=features_from is None)
     splits = Counter(r.split for r in records)
     if not splits.get("train"):
@@ -95,9 +99,18 @@ def plan_prepro(
     return plan
 
 
-def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title: str = "rdpp prepro") -> Artifact:
-    """Write every file of the data artifact into the claimed ``out_dir`` and its manifest."""
+FILES = ("vocab.json", "captions.h5", "features.h5", "cider_df.h5")
+
+
+def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title: str = "rdpp prepro",
+                        keep: tuple[str, ...] = ()) -> Artifact:
+    """Write every file of the data artifact into the claimed ``out_dir`` and its manifest.
+
+    Anything else in the folder (left by an artifact replaced with ``--force``) is removed first,
+    except the names in ``keep`` (the toy's ``source/``).
+    """
     out_dir = Path(out_dir)
+    _drop_strangers(out_dir, set(FILES) | set(keep))
     recs = plan.records
     captions = [c for r in recs for c in r.captions]
     words = V.build_vocab((c for r in recs if r.split == "train" for c in r.captions), plan.word_count_threshold)
@@ -114,9 +127,9 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
                                                                           label_end, image_ids, recs, captions))
     train_rows = [i for i, r in enumerate(recs) if r.split == "train"]
-    df, num_docs = V.document_frequencies(
-        (labels[k, :lengths[k]].tolist() for k in range(label_start[i], label_end[i])) for i in train_rows)
-    _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: V.write_cider_df(tmp, df, num_docs))
+    # n-grams of the encoded (UNK-mapped, clipped, 0-padded) references, once per training image
+    df = DocFreq.from_references([labels[label_start[i]:label_end[i]] for i in train_rows], words=words)
+    _write_h5_atomic(out_dir / "cider_df.h5", df.save_h5)
 
     features_hash, feat_desc = _write_features(out_dir / "features.h5", plan, image_ids)
 
@@ -134,9 +147,32 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
                      f"{float((lengths >= plan.max_length).mean()):.1%} clipped)"),
         ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk:.2%} of tokens)"),
         ("features", feat_desc),
-        ("cider df", f"{len(df):,} n-grams over {num_docs:,} training images"),
+        ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
     ]))
     return artifact
+
+
+def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
+    """``prepare_output`` for a data artifact. An unfinished run with the same options (``workers`` and
+    ``device`` aside) is resumed. Replacing a complete artifact (``--force``) starts from an empty
+    folder: its old features are never taken for a resumable run of this one."""
+    replacing = out is not None and is_complete(Path(out))
+    # options that do not change a single byte of the output do not stop a rerun from resuming
+    same_output = {k: v for k, v in config.items() if k not in RUNTIME_ONLY}
+    out_dir = prepare_output(out, workspace=workspace, group="data", name=name, kind=KIND, config=same_output,
+                             force=force)
+    if replacing:
+        _drop_strangers(out_dir, set())
+    return out_dir
+
+
+def _drop_strangers(out_dir: Path, keep: set[str]) -> None:
+    from rdpp_cli.artifacts.workspace import PARTIAL
+
+    for p in out_dir.iterdir():
+        if p.name in keep or p.name == PARTIAL:
+            continue
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def _write_h5_atomic(path: Path, write) -> None:
@@ -227,7 +263,7 @@ def prepro_coco(
                        max_length=max_length, restval_to_train=restval_to_train, backbone=backbone,
                        att_size=att_size, weights=weights, pretrained=pretrained, device=device,
                        batch_size=batch_size, workers=workers, dtype=dtype, features_from=features_from,
-                       image_size=image_size)
+                       image_size=image_size, workspace=workspace)
     bb = plan.backbone
     config = {
         "source": "coco", "karpathy_json": str(plan.karpathy_json),
@@ -239,7 +275,6 @@ def prepro_coco(
         "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": workers,
         "dtype": dtype, "features_from": str(features_from) if features_from else None,
     }
-    out_dir = prepare_output(out, workspace=workspace, group="data", name="coco", kind=KIND, config=config,
-                             force=force)
+    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force)
     info(f"writing the data artifact to [bold]{out_dir}[/bold]")
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")

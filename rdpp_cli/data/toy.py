@@ -21,15 +21,16 @@ depends only on (seed, i), so ``--images 200`` gives the first 200 images of the
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rdpp_cli.artifacts import Artifact, atomic_write_bytes, prepare_output
+from rdpp_cli.artifacts import Artifact, atomic_write_bytes
 from rdpp_cli.console import info, progress
-from rdpp_cli.data.prepro import KIND, plan_prepro, write_data_artifact
+from rdpp_cli.data.prepro import claim_output, plan_prepro, write_data_artifact
 from rdpp_cli.errors import RdppError
 
 GENERATOR = "toy-shapes-1"  # bump when the drawing or the grammar changes
@@ -185,7 +186,9 @@ def generate_toy(root: Path, images: int = 3000, seed: int = 0) -> Path:
     """Write ``root/images/<id>.png`` and ``root/dataset_toy.json`` (Karpathy form; each image also
     carries its ``shapes`` and each sentence its ``template``). Returns the JSON path."""
     root = Path(root)
-    (root / "images").mkdir(parents=True, exist_ok=True)
+    if root.exists():  # an unfinished or other source: start over (never mix two sets)
+        shutil.rmtree(root)
+    (root / "images").mkdir(parents=True)
     n_train, n_val, _ = split_sizes(images)
     entries, sentid = [], 0
     with progress("images") as bar:
@@ -237,8 +240,7 @@ def prepro_toy(
     config = {"source": "toy", "images": images, "seed": seed, "generator": GENERATOR, "backbone": backbone,
               "att_size": att_size, "image_size": image_size, "weights": str(weights) if weights else None,
               "word_count_threshold": 5, "max_length": 16, "dtype": "float16", "batch_size": batch_size}
-    out_dir = prepare_output(out, workspace=workspace, group="data", name="toy", kind=KIND, config=config,
-                             force=force)
+    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force)
     info(f"writing the toy data artifact to [bold]{out_dir}[/bold]")
     src = out_dir / SOURCE_DIR
     json_path = src / JSON_NAME
@@ -247,7 +249,7 @@ def prepro_toy(
     plan = plan_prepro(json_path, src, word_count_threshold=5, max_length=16, backbone=backbone,
                        att_size=att_size, weights=weights, pretrained=False, device="cpu",
                        batch_size=batch_size, workers=0, dtype="float16", image_size=image_size)
-    return write_data_artifact(out_dir, plan, config, title="rdpp prepro toy")
+    return write_data_artifact(out_dir, plan, config, title="rdpp prepro toy", keep=(SOURCE_DIR,))
 
 
 def _source_ok(json_path: Path, images: int, seed: int) -> bool:

@@ -1,23 +1,21 @@
-"""Vocabulary, caption encoding and the training n-gram document frequencies.
+"""Vocabulary and caption encoding.
 
 - ``build_vocab``: words seen more than ``threshold`` times in the training captions, most frequent
   first (ties alphabetical), then ``"UNK"``; the id of ``words[i]`` is ``i + 1``, id 0 is pad/BOS/EOS.
 - ``encode``: tokens -> ids, unknown words -> UNK, clipped to ``max_length``.
-- ``document_frequencies``: n-grams (n = 1..4) of each training image's encoded references, each
-  counted once per image: exactly what the CIDEr-D reward compares during training.
+
+The training n-gram document frequencies (``cider_df.h5``) come from ``rdpp_cli.metrics.cider.DocFreq``
+over these encoded references (see ``prepro.write_data_artifact``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-import h5py
 import numpy as np
 
 UNK = "UNK"
-MAX_N = 4
 
 
 def build_vocab(train_captions: Iterable[Sequence[str]], threshold: int = 5) -> list[str]:
@@ -51,48 +49,3 @@ def encode_all(captions: Sequence[Sequence[str]], w2i: dict[str, int], max_lengt
 def unk_rate(labels: np.ndarray, lengths: np.ndarray, unk_id: int) -> float:
     total = int(lengths.sum())
     return float((labels == unk_id).sum()) / total if total else 0.0
-
-
-def ngrams(ids: Sequence[int], n_max: int = MAX_N) -> set[tuple[int, ...]]:
-    """Every distinct n-gram (n = 1..n_max) of one id sequence."""
-    ids = tuple(ids)
-    return {ids[i:i + n] for n in range(1, n_max + 1) for i in range(len(ids) - n + 1)}
-
-
-def document_frequencies(refs_per_image: Iterable[Iterable[Sequence[int]]]) -> tuple[dict[tuple[int, ...], int], int]:
-    """(df, num_docs): for each n-gram, the number of images whose references contain it."""
-    df: Counter = Counter()
-    num_docs = 0
-    for refs in refs_per_image:
-        seen: set[tuple[int, ...]] = set()
-        for r in refs:
-            seen |= ngrams(r)
-        df.update(seen)
-        num_docs += 1
-    return dict(df), num_docs
-
-
-def df_arrays(df: dict[tuple[int, ...], int]) -> tuple[np.ndarray, np.ndarray]:
-    """``ngrams`` (K, 4) int32 right-padded with 0 and ``df`` (K,) float64, rows sorted by order n
-    then by ids."""
-    keys = sorted(df, key=lambda g: (len(g), g))
-    grams = np.zeros((len(keys), MAX_N), dtype=np.int32)
-    for i, g in enumerate(keys):
-        grams[i, :len(g)] = g
-    return grams, np.array([df[g] for g in keys], dtype=np.float64)
-
-
-def write_cider_df(path: Path, df: dict[tuple[int, ...], int], num_docs: int) -> None:
-    """``cider_df.h5``: datasets ``ngrams`` and ``df`` (see ``df_arrays``), attr ``num_docs``."""
-    grams, values = df_arrays(df)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("ngrams", data=grams, track_times=False)
-        f.create_dataset("df", data=values, track_times=False)
-        f.attrs["num_docs"] = int(num_docs)
-
-
-def read_cider_df(path: Path) -> tuple[dict[tuple[int, ...], float], int]:
-    """The inverse of ``write_cider_df``."""
-    with h5py.File(path, "r") as f:
-        grams, df, num_docs = f["ngrams"][:], f["df"][:], int(f.attrs["num_docs"])
-    return {tuple(int(x) for x in g if x != 0): float(d) for g, d in zip(grams, df)}, num_docs
