@@ -1,0 +1,70 @@
+"""`rdpp finetune`: thin wrapper over ``rdpp_cli.training.finetune.finetune``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.errors import RdppError
+from rdpp_cli.training.finetune import finetune
+
+
+@stage
+def command(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Argument(
+        None, help="XE model artifact folder, or its name in the workspace (default: the newest XE model)."),
+    from_: Optional[str] = typer.Option(None, "--from", help="Same as MODEL: the XE model artifact to start from."),
+    data: Optional[str] = typer.Option(
+        None, "--data", help="Data artifact (default: the one the XE model was trained on; another is refused)."),
+    reward: str = typer.Option("dpp", "--reward", help="dpp (R-DPP), scst (greedy baseline), scst-mean "
+                               "(leave-one-out mean baseline) or xe-cider (XE + lam x SCST)."),
+    m: int = typer.Option(5, "--m", help="Captions sampled per image each step (R-DPP: the DPP's set size)."),
+    baseline: str = typer.Option(
+        "none", "--baseline", help="R-DPP only: none (as the published code) or mean (w minus its mean over the m samples)."),
+    lam: float = typer.Option(5.0, "--lam", help="xe-cider: weight of the SCST loss added to the XE loss."),
+    epochs: int = typer.Option(10, "--epochs", help="Passes over the training images."),
+    batch_size: int = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together)."),
+    lr: float = typer.Option(5e-5, "--lr", help="Adam learning rate."),
+    grad_clip: float = typer.Option(0.1, "--grad-clip", help="Gradient clipping threshold (0 = off)."),
+    grad_clip_mode: str = typer.Option(
+        "value", "--grad-clip-mode", help="value: clamp each gradient entry (self-critical.pytorch); norm: global L2."),
+    lr_decay_every: int = typer.Option(0, "--lr-decay-every", help="Multiply the LR by --lr-decay-rate every k epochs (0 = never)."),
+    lr_decay_rate: float = typer.Option(0.8, "--lr-decay-rate", help="LR decay factor."),
+    val_images: Optional[int] = typer.Option(
+        None, "--val-images", help="Validate on the first N val images (default: all; 0 = no validation)."),
+    val_batch_size: int = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch."),
+    save_every_steps: int = typer.Option(
+        0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch)."),
+    checkpoint: str = typer.Option("best", "--checkpoint", help="Start from the XE model's best or last checkpoint."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    workers: int = typer.Option(0, "--workers", help="DataLoader worker processes reading batches."),
+    seed: int = typer.Option(123, "--seed", help="Seed of the batch order, the sampling and dropout."),
+    resume: bool = typer.Option(
+        True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Folder to write (default: a new version <workspace>/finetune/<reward>-v<k>)."),
+    force: bool = ForceOpt,
+    config: Optional[Path] = ConfigOpt,
+    workspace: Optional[Path] = WorkspaceOpt,
+) -> None:
+    """Fine-tune an XE model with RL: R-DPP (diverse and accurate), SCST, or XE + lam x CIDEr.
+
+    Each step samples --m captions per image, scores them with CIDEr-D (training df) and, for
+    R-DPP, with pairwise CIDEr-D among them, and follows the policy gradient. Validates each epoch
+    (greedy CIDEr-D, and mean CIDEr-D / self-CIDEr of 5 samples per val image).
+
+    Rerunning the same command continues an interrupted run.
+
+    Multi-GPU: torchrun --nproc-per-node N -m rdpp_cli finetune ...
+
+    Example: rdpp finetune --reward dpp --m 5
+    """
+    opts = resolve_options(ctx, "finetune")
+    chosen, alias = opts.pop("model"), opts.pop("from_")
+    if chosen and alias and chosen != alias:
+        raise RdppError(f"MODEL {chosen} and --from {alias} name different models; give one of them")
+    finetune(chosen or alias, **opts)

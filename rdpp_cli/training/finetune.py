@@ -1,0 +1,352 @@
+"""`rdpp finetune`: RL fine-tuning of an XE model with R-DPP, SCST, mean-baseline SCST or XE+λCIDEr.
+
+Every step, for the B images of a batch:
+
+1. sample M captions per image with the batched decoder (``method="random"``, temperature 1, the
+   model in eval mode: the policy ``rdpp sample`` will draw from), seeded by (seed, epoch, batch,
+   rank) so a resumed run draws the same captions;
+2. score them in one vectorised call each: ``q`` (B, M) = CIDEr-D against the image's encoded
+   references, and (R-DPP) ``S`` (B, M, M) = pairwise CIDEr-D among the M samples — both with the
+   fixed training document frequencies of ``cider_df.h5``;
+3. turn them into per-sample weights (``rdpp_cli.training.rewards``): R-DPP weights, the SCST
+   advantage over the greedy caption, or the leave-one-out mean baseline;
+4. recompute the samples' log-probs with one teacher-forced ``model.forward`` in train mode and
+   minimise the policy-gradient loss ``-Σ w · log p`` per sampled token (EOS included).
+
+Epochs, validation (greedy CIDEr-D), checkpoints, exact resume, metrics.csv, DDP and progress are
+the shared loop of ``rdpp_cli.training.loop``, as in ``rdpp train-xe``. Each epoch also samples
+``VAL_SAMPLES`` captions per validation image and logs their mean CIDEr-D and self-CIDEr, so
+metrics.csv shows the accuracy–diversity trade-off as it develops. See docs/rewards.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rdpp_cli.artifacts import Artifact, read_artifact, resolve_input
+from rdpp_cli.console import info
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.loader import Batch
+from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.self_cider import self_cider_from_kernel
+from rdpp_cli.models.att2in import sequence_logprobs
+from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.training import distributed as D
+from rdpp_cli.training.loop import TrainConfig, claim_output, run_training, unwrap, validation_images
+from rdpp_cli.training.rewards import (
+    dpp_weights,
+    mean_baseline_advantage,
+    pg_loss,
+    scst_advantage,
+    subtract_mean,
+)
+from rdpp_cli.training.state import seed_everything
+
+REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
+BASELINES = ("none", "mean")
+VAL_SAMPLES = 5  # random samples per validation image for the per-epoch accuracy/diversity columns
+
+
+# ----------------------------------------------------------------------------------------------
+# one step
+# ----------------------------------------------------------------------------------------------
+
+def sample_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
+    """The sampling generator's seed for one step of one process: a pure function of the position."""
+    return int(np.random.SeedSequence([seed, epoch, batch, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _pad_to(x: Tensor, T: int) -> Tensor:
+    return x if x.shape[-1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[-1]))
+
+
+@dataclass
+class RewardStep:
+    """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``."""
+
+    data: DataArtifact | None  # references of the batch's images (None: pass refs to ``weights`` yourself)
+    cider: CiderD
+    reward: str = "dpp"
+    m: int = 5
+    baseline: str = "none"
+    lam: float = 5.0
+    max_len: int = 16
+    seed: int = 123
+    rank: int = 0
+    log_self_cider: bool = True
+
+    def sample(self, model: nn.Module, batch: Batch, method: str, n: int) -> Tensor:
+        """Captions (B, n, T) decoded without gradient in eval mode; the model's mode is restored."""
+        was = model.training
+        model.eval()
+        try:
+            gen = None
+            if method == "random":
+                gen = torch.Generator(device=batch.att.device)
+                gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank))
+            dec = decode(model, batch.fc, batch.att, DecodeConfig(method=method, n=n, max_len=self.max_len),
+                         att_mask=batch.att_mask, generator=gen)
+        finally:
+            model.train(was)
+        return dec.tokens
+
+    def weights(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
+                ) -> tuple[Tensor, dict[str, float]]:
+        """Per-sample weights (B, M) float32 and the numbers to log, from the captions alone."""
+        B, M, T = samples.shape
+        want_kernel = self.reward == "dpp" or (self.log_self_cider and M > 1)
+        K = None
+        if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
+            q_np, K = self.cider.score_and_pairwise(samples, refs)
+            q, g = torch.from_numpy(q_np), None
+        else:
+            hyps, ref_index = samples.reshape(B * M, T), np.repeat(np.arange(B), M)
+            if greedy is not None:  # samples and greedy captions in one scoring call
+                Tg = max(T, greedy.shape[1])
+                hyps = np.concatenate([np.pad(hyps, ((0, 0), (0, Tg - T))),
+                                       np.pad(greedy, ((0, 0), (0, Tg - greedy.shape[1])))])
+                ref_index = np.concatenate([ref_index, np.arange(B)])
+            scores = self.cider.score(hyps, refs, ref_index)
+            q = torch.from_numpy(scores[:B * M].reshape(B, M))
+            g = torch.from_numpy(scores[B * M:]) if greedy is not None else None
+            if want_kernel:
+                K = self.cider.pairwise(samples)
+        logs: dict[str, float] = {"sample_cider": float(q.mean())}
+        if self.reward == "dpp":
+            w = dpp_weights(q, torch.from_numpy(K))
+            logs["reward"] = float(w.mean())
+            if self.baseline == "mean":
+                w = subtract_mean(w)
+        elif self.reward == "scst-mean":
+            logs["reward"] = float(q.mean())
+            w = mean_baseline_advantage(q)
+        else:  # scst, xe-cider: greedy baseline
+            logs["reward"] = float(q.mean())
+            logs["greedy_cider"] = float(g.mean())
+            w = scst_advantage(q, g)
+        if self.log_self_cider and K is not None and M > 1:
+            logs["self_cider"] = float(self_cider_from_kernel(K).mean())
+        return w.to(torch.float32), logs
+
+    def draw(self, model: nn.Module, batch: Batch) -> tuple[Tensor, np.ndarray | None]:
+        """The step's M random samples (B, M, T) and, for SCST / XE+λCIDEr, the greedy captions (B, T')."""
+        samples = self.sample(model, batch, "random", self.m)
+        greedy = None
+        if self.reward in ("scst", "xe-cider"):
+            greedy = self.sample(model, batch, "greedy", 1)[:, 0].cpu().numpy()
+        return samples, greedy
+
+    def loss(self, net: nn.Module, batch: Batch, samples: Tensor, w: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
+        B, M = samples.shape[:2]
+        w = w.reshape(-1).to(batch.att.device)
+        if self.reward != "xe-cider":
+            logprobs = net(batch.fc, batch.att, samples, att_mask=batch.att_mask)
+            token_logp, mask = sequence_logprobs(logprobs, samples)
+            loss = pg_loss(token_logp, mask, w, groups=M if self.reward == "dpp" else 1)
+            return loss, {"pg_loss": float(loss.detach())}
+        # XE + λ·SCST in one pass over the references and the samples of each image
+        labels = batch.labels
+        k = labels.shape[1]
+        T = max(labels.shape[-1], samples.shape[-1])
+        seqs = torch.cat([_pad_to(labels, T), _pad_to(samples, T)], dim=1)  # (B, k + M, T)
+        logprobs = net(batch.fc, batch.att, seqs, att_mask=batch.att_mask).view(B, k + M, T + 1, -1)
+        xe_logp, xe_mask = sequence_logprobs(logprobs[:, :k].reshape(B * k, T + 1, -1), seqs[:, :k])
+        s_logp, s_mask = sequence_logprobs(logprobs[:, k:].reshape(B * M, T + 1, -1), seqs[:, k:])
+        xe = -xe_logp.sum() / xe_mask.sum()
+        sc = pg_loss(s_logp, s_mask, w, groups=1)
+        return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
+
+    def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        samples, greedy = self.draw(unwrap(net), batch)
+        w, logs = self.weights(samples.cpu().numpy(), greedy, self.data.references_ids(batch.index))
+        loss, more = self.loss(net, batch, samples, w)
+        return loss, {**logs, **more}
+
+    def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray]:
+        """Per validation image: mean CIDEr-D and self-CIDEr of ``VAL_SAMPLES`` random samples
+        (a fixed generator per batch, so epochs are compared on the same randomness)."""
+        gen = torch.Generator(device=batch.att.device)
+        gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
+        dec = decode(model, batch.fc, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
+                     att_mask=batch.att_mask, generator=gen)
+        q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
+        return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
+
+
+# ----------------------------------------------------------------------------------------------
+# the stage
+# ----------------------------------------------------------------------------------------------
+
+def run_name(reward: str, m: int, baseline: str, lam: float) -> str:
+    """The workspace name stem: dpp-m5, dpp-m5-mean, scst, scst-mean, xe-cider-l5 (m ≠ 5 is added)."""
+    if reward == "dpp":
+        return f"dpp-m{m}" + ("-mean" if baseline == "mean" else "")
+    suffix = "" if m == 5 else f"-m{m}"
+    if reward == "xe-cider":
+        return f"xe-cider-l{lam:g}{suffix}"
+    return reward + suffix
+
+
+def check_options(reward: str, m: int, baseline: str, lam: float) -> None:
+    """RdppError with one clear line for option combinations that cannot work."""
+    if reward not in REWARDS:
+        raise RdppError(f"--reward {reward!r} is not a reward; use one of {', '.join(REWARDS)}")
+    if baseline not in BASELINES:
+        raise RdppError(f"--baseline {baseline!r} is not a baseline; use none or mean")
+    if baseline != "none" and reward != "dpp":
+        raise RdppError(f"--baseline {baseline} applies to --reward dpp only; for SCST with a mean baseline "
+                        "use --reward scst-mean")
+    if m < 1:
+        raise RdppError(f"--m must be at least 1 (got {m})")
+    if reward == "dpp" and m < 2:
+        raise RdppError(f"--m {m} with --reward dpp: a DPP over one caption has no diversity term; "
+                        "use --m 2 or more (the paper's default is 5)")
+    if reward == "scst-mean" and m < 2:
+        raise RdppError(f"--m {m} with --reward scst-mean: the mean baseline averages the other samples "
+                        "of the image; use --m 2 or more")
+    if reward == "xe-cider" and not lam >= 0:
+        raise RdppError(f"--lam must be ≥ 0 (got {lam})")
+
+
+def _same_artifact(ref: dict, art: Artifact) -> bool:
+    """Whether a manifest's input entry ``ref`` names artifact ``art`` (same manifest bytes)."""
+    sha = ref.get("manifest_sha256")
+    if sha:
+        return sha == art.manifest_sha256
+    return Path(ref.get("path", "")).resolve() == art.path.resolve()
+
+
+def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
+    """The XE model artifact to fine-tune; RdppError when it is not one."""
+    art = resolve_input(model, workspace=workspace, groups=("xe",), kind="rdpp.model", what="XE model artifact",
+                        make_with="rdpp train-xe", quiet=quiet)
+    stage = art.config.get("stage")
+    if stage != "xe":
+        raise RdppError(f"model artifact {art.path} is {'a ' + stage if stage else 'not an XE'}-trained model "
+                        f"(stage {stage!r}), not XE-trained; fine-tune from a model made by `rdpp train-xe`")
+    return art
+
+
+def resolve_data_for(model_art: Artifact, data: str | Path | None, workspace: Path | str | None,
+                     quiet: bool = False) -> Artifact:
+    """The data artifact: ``data`` if given, else the one the XE model was trained on; it must be
+    the model's training data (same manifest)."""
+    trained_on = model_art.input_of_kind("rdpp.data")
+    if trained_on is None:
+        raise RdppError(f"model artifact {model_art.path} records no data artifact among its inputs; "
+                        "retrain it with `rdpp train-xe`")
+    if data is None and Path(trained_on.get("path", "")).is_dir():
+        art = read_artifact(trained_on["path"], "rdpp.data")
+        if not quiet:
+            info(f"using data artifact: [bold]{art.path}[/bold] (the XE model's training data; --data to pick another)")
+    else:
+        art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
+                            make_with="rdpp prepro toy  (or rdpp prepro coco)", quiet=quiet)
+    if not _same_artifact(trained_on, art):
+        raise RdppError(f"model artifact {model_art.path} was XE-trained on {trained_on.get('path')}, not on data "
+                        f"artifact {art.path}; pass --data {trained_on.get('path')} or train an XE model on "
+                        f"{art.path} with `rdpp train-xe --data {art.path}`")
+    return art
+
+
+def finetune(
+    model: str | Path | None = None,
+    *,
+    data: str | Path | None = None,
+    reward: str = "dpp",
+    m: int = 5,
+    baseline: str = "none",
+    lam: float = 5.0,
+    epochs: int = 10,
+    batch_size: int = 50,
+    lr: float = 5e-5,
+    grad_clip: float = 0.1,
+    grad_clip_mode: str = "value",
+    lr_decay_every: int = 0,
+    lr_decay_rate: float = 0.8,
+    val_images: int | None = None,
+    val_batch_size: int = 100,
+    save_every_steps: int = 0,
+    checkpoint: str = "best",
+    device: str = "auto",
+    workers: int = 0,
+    seed: int = 123,
+    resume: bool = True,
+    force: bool = False,
+    out: Path | str | None = None,
+    workspace: Path | str | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> Artifact:
+    """Fine-tune an XE model artifact with a sequence-level reward; returns the new model artifact.
+
+    ``model``: an XE model artifact folder or its name in the workspace (default: the newest).
+    ``data``: its data artifact (default: the one the model was trained on; another is refused).
+    ``reward``: dpp (R-DPP over ``m`` samples, ``baseline`` none|mean), scst (greedy baseline),
+    scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST). ``checkpoint``: which
+    XE checkpoint to start from (best or last). ``out``: default a new version
+    ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
+    """
+    check_options(reward, m, baseline, lam)
+    if checkpoint not in ("best", "last"):
+        raise RdppError(f"--checkpoint {checkpoint!r}: use best or last")
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=5 if reward == "xe-cider" else 1, lr=lr,
+                      grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
+                      lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
+                      save_every_steps=save_every_steps, seed=seed, device=device, num_workers=workers,
+                      resume=resume)
+    cfg.check()
+    rt = D.setup(device)
+    try:
+        quiet = not rt.is_main
+        model_art = resolve_xe_model(model, workspace, quiet=quiet)
+        data_art = resolve_data_for(model_art, data, workspace, quiet=quiet)
+        ds = DataArtifact(data_art)
+        ds.split_indices("train")
+        validation_images(ds, val_images)
+        ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
+        ckpt = load_checkpoint(ckpt_path)
+        if list(ckpt["vocab"]) != list(ds.words):
+            raise RdppError(f"{ckpt_path}: its vocabulary ({len(ckpt['vocab'])} words) differs from data artifact "
+                            f"{ds.path}'s ({ds.vocab_size} words); fine-tune on the data the model was trained on")
+        if ckpt["model_config"].get("att_feat_size") != ds.att_dim:
+            raise RdppError(f"{ckpt_path}: made for {ckpt['model_config'].get('att_feat_size')}-d att features but "
+                            f"data artifact {ds.path} has {ds.att_dim}-d; use the model's own data artifact")
+        seed_everything(seed)
+        net = model_from_checkpoint(ckpt, where=str(ckpt_path))
+
+        identity: dict[str, Any] = {
+            "stage": "finetune", "reward": reward, "m": m, "baseline": baseline,
+            "lam": lam if reward == "xe-cider" else None,
+            "model": str(model_art.path.resolve()), "checkpoint": checkpoint, "data": str(data_art.path.resolve()),
+            "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
+            "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
+            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed,
+        }
+        config = {**identity, "lam": lam, "device": device, "workers": workers,
+                  "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
+        out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
+                               kind="rdpp.model", config=identity, force=force)
+        cider = CiderD(DocFreq.from_h5(ds.cider_df_path))
+        step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,
+                          max_len=ds.seq_length, seed=seed, rank=rt.rank)
+        summary = {"reward": reward, "m": m}
+        if reward == "dpp":
+            summary["baseline"] = baseline
+        if reward == "xe-cider":
+            summary["lam"] = lam
+        if ckpt.get("val_cider") is not None:
+            summary["xe_val_cider"] = ckpt["val_cider"]
+        return run_training(stage="finetune", model=net, data=ds, out_dir=out_dir, cfg=cfg, step_fn=step,
+                            inputs=[data_art, model_art], manifest_config=config,
+                            epoch_metrics_fn=step.val_metrics, summary=summary, after_step=after_step)
+    finally:
+        D.teardown()

@@ -1,0 +1,253 @@
+"""`rdpp finetune`: the reward step on real CIDEr-D, a tiny end-to-end run per reward, exact resume,
+and bad input (one clear line, nothing written)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rdpp_cli.artifacts import read_artifact
+from rdpp_cli.cli.app import app
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.self_cider import self_cider_from_kernel
+from rdpp_cli.models.checkpoint import load_model
+from rdpp_cli.training.finetune import RewardStep, finetune, run_name, sample_seed
+from rdpp_cli.training.xe import train_xe
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_loader import write_tiny_data  # noqa: E402
+
+os.environ["RDPP_NO_PROGRESS"] = "1"
+runner = CliRunner()
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A workspace with a tiny data artifact and an XE model trained on it (3 epochs)."""
+    ws = tmp_path_factory.mktemp("ws")
+    data = write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
+    train_xe(data, workspace=ws, preset="small", epochs=3, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
+    return ws
+
+
+def _xe(ws: Path) -> Path:
+    return ws / "xe" / "att2in-small-v1"
+
+
+def _data(ws: Path) -> DataArtifact:
+    return DataArtifact.open(ws / "data" / "tiny-v1")
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+# -- the reward step on real CIDEr-D ---------------------------------------------------------------
+
+def _step(ws: Path, reward: str, m: int, **kw) -> tuple[RewardStep, DataArtifact]:
+    d = _data(ws)
+    return RewardStep(data=d, cider=CiderD(DocFreq.from_h5(d.cider_df_path)), reward=reward, m=m,
+                      max_len=d.seq_length, **kw), d
+
+
+def _ids(d: DataArtifact, sentence: str, T: int = 8) -> np.ndarray:
+    row = np.zeros(T, np.int64)
+    toks = [d.words.index(w) + 1 for w in sentence.split()]
+    row[:len(toks)] = toks
+    return row
+
+
+def test_scst_advantage_is_zero_when_the_samples_are_the_greedy_caption(ws):
+    step, d = _step(ws, "scst", 3)
+    img = d.split_indices("train")[:2]
+    refs = d.references_ids(img)
+    greedy = np.stack([_ids(d, d.references_raw([i])[0][0]) for i in img])  # a reference: CIDEr-D > 0
+    samples = np.repeat(greedy[:, None, :], 3, axis=1)
+    w, logs = step.weights(samples, greedy, refs)
+    assert logs["greedy_cider"] > 1.0 and logs["sample_cider"] == pytest.approx(logs["greedy_cider"])
+    assert torch.equal(w, torch.zeros(2, 3))
+    # one sample better than greedy, one worse: the advantage has their sign, against real CIDEr-D
+    samples[0, 1] = _ids(d, "a a a")
+    w, _ = step.weights(samples, greedy, refs)
+    assert w[0, 1] < 0 and w[0, 0] == 0 and (w[1] == 0).all()
+
+
+def test_dpp_weights_on_real_captions(ws):
+    step, d = _step(ws, "dpp", 3)
+    img = d.split_indices("train")[:1]
+    refs = d.references_ids(img)
+    r = d.references_raw(img)[0]
+    same = np.stack([_ids(d, r[0])] * 3)[None]  # three identical samples: q²S(2 − M)/M each
+    w, logs = step.weights(same, None, refs)
+    q = step.cider.score(same[0], refs, np.zeros(3, int))
+    S = step.cider.pairwise(same)[0]
+    assert np.allclose(q, q[0]) and np.allclose(S, S[0, 0]) and S[0, 0] > 5  # S_ii ≈ 10
+    assert torch.allclose(w, torch.full((1, 3), float(q[0] ** 2 * S[0, 0] * (2 - 3) / 3)), rtol=1e-5)
+    assert logs["self_cider"] == pytest.approx(0.0, abs=1e-6)
+    # two different references and an empty caption: finite, the empty one weighs 0 and the
+    # other two get the weights of the pair alone, rescaled from 1/2 to 1/3
+    mixed = np.stack([_ids(d, r[0]), _ids(d, r[2]), np.zeros(8, np.int64)])[None]
+    w, logs = step.weights(mixed, None, refs)
+    pair, _ = _step(ws, "dpp", 2)[0].weights(mixed[:, :2], None, refs)
+    assert torch.isfinite(w).all() and w[0, 2] == 0
+    assert torch.allclose(w[0, :2], pair[0] * 2 / 3, rtol=1e-5)
+    assert logs["self_cider"] == pytest.approx(float(self_cider_from_kernel(step.cider.pairwise(mixed))[0]))
+    assert logs["self_cider"] > 0.2
+    # all-empty samples: zero weights, nothing infinite
+    w, _ = step.weights(np.zeros((1, 3, 8), np.int64), None, refs)
+    assert torch.equal(w, torch.zeros(1, 3))
+
+
+def test_mean_baseline_options(ws):
+    d = _data(ws)
+    img = d.split_indices("train")[:1]
+    refs = d.references_ids(img)
+    r = d.references_raw(img)[0]
+    caps = np.stack([_ids(d, r[0]), _ids(d, r[1]), _ids(d, "a a")])[None]
+    plain, _ = _step(ws, "dpp", 3)[0].weights(caps, None, refs)
+    centred, _ = _step(ws, "dpp", 3, baseline="mean")[0].weights(caps, None, refs)
+    assert torch.allclose(centred, plain - plain.mean(), atol=1e-6) and abs(float(centred.sum())) < 1e-4
+    adv, _ = _step(ws, "scst-mean", 3)[0].weights(caps, None, refs)
+    q = _step(ws, "scst-mean", 3)[0].cider.score(caps[0], refs, np.zeros(3, int))
+    assert torch.allclose(adv[0], torch.tensor(q - (q.sum() - q) / 2, dtype=torch.float32), atol=1e-6)
+
+
+def test_sampling_seed_depends_only_on_the_position():
+    assert sample_seed(1, 2, 3, 0) == sample_seed(1, 2, 3, 0)
+    assert len({sample_seed(1, e, b, r) for e in range(3) for b in range(3) for r in range(2)}) == 18
+
+
+def test_run_names():
+    assert run_name("dpp", 5, "none", 5) == "dpp-m5" and run_name("dpp", 2, "mean", 5) == "dpp-m2-mean"
+    assert run_name("scst", 5, "none", 5) == "scst" and run_name("scst-mean", 3, "none", 5) == "scst-mean-m3"
+    assert run_name("xe-cider", 5, "none", 5.0) == "xe-cider-l5"
+
+
+# -- end to end --------------------------------------------------------------------------------------
+
+def test_tiny_dpp_run_writes_a_valid_model_artifact(ws, tmp_path):
+    art = finetune(_xe(ws), reward="dpp", m=3, epochs=2, batch_size=8, lr=1e-3, val_images=4, device="cpu",
+                   seed=2, out=tmp_path / "ft", workspace=ws)
+    art.verify()  # every listed file's sha256
+    man = art.manifest
+    assert man["kind"] == "rdpp.model"
+    cfg = man["config"]
+    assert cfg["stage"] == "finetune" and cfg["reward"] == "dpp" and cfg["m"] == 3 and cfg["baseline"] == "none"
+    assert cfg["model"] == str(_xe(ws).resolve()) and cfg["model_config"]["rnn_size"] == 256
+    assert [i["kind"] for i in man["inputs"]] == ["rdpp.data", "rdpp.model"]
+    assert Path(man["inputs"][1]["path"]) == _xe(ws).resolve()
+    assert man["inputs"][1]["manifest_sha256"] == read_artifact(_xe(ws)).manifest_sha256
+    m = pd.read_csv(art.path / "metrics.csv")
+    assert list(m["epoch"]) == [1, 2] and list(m["step"]) == [2, 4]
+    for col in ("loss", "reward", "sample_cider", "self_cider", "val_cider", "val_sample_cider", "val_self_cider"):
+        assert col in m.columns and np.isfinite(m[col]).all(), col
+    assert ((m["self_cider"] >= 0) & (m["self_cider"] <= 1)).all()
+    # the checkpoint is a complete model: loads alone and decodes with the data's vocabulary
+    model, vocab, ck = load_model(art.path / "checkpoints" / "best.pt")
+    assert vocab == _data(ws).words and ck["stage"] == "finetune"
+    xe = _weights(_xe(ws) / "checkpoints" / "best.pt")
+    ft = _weights(art.path / "checkpoints" / "last.pt")
+    assert any(not torch.equal(xe[k], ft[k]) for k in xe)  # it was trained
+
+
+@pytest.mark.parametrize("reward", ["scst", "scst-mean", "xe-cider"])
+def test_other_rewards_run_through_the_workspace(ws, reward):
+    r = runner.invoke(app, ["finetune", "--workspace", str(ws), "--reward", reward, "--m", "2", "--epochs", "1",
+                            "--batch-size", "8", "--val-images", "2", "--device", "cpu", "--lr", "1e-3"])
+    assert r.exit_code == 0, r.output
+    name = run_name(reward, 2, "none", 5.0)
+    art = read_artifact(ws / "finetune" / f"{name}-v1", "rdpp.model")
+    assert art.manifest["config"]["reward"] == reward and "rdpp finetune: done" in r.output
+    m = pd.read_csv(art.path / "metrics.csv")
+    assert np.isfinite(m["val_cider"]).all() and np.isfinite(m["sample_cider"]).all()
+    if reward in ("scst", "xe-cider"):
+        assert "greedy_cider" in m.columns
+    if reward == "xe-cider":
+        assert art.manifest["config"]["lam"] == 5.0 and (m["xe_loss"] > 0).all()
+
+
+def test_resume_after_a_crash_equals_an_uninterrupted_run(ws, tmp_path):
+    kw = dict(reward="dpp", m=2, epochs=2, batch_size=8, lr=1e-3, val_images=2, save_every_steps=1,
+              device="cpu", seed=7, workspace=ws)
+    ref = finetune(_xe(ws), out=tmp_path / "ref", **kw)
+
+    def crash(step):
+        if step == 3:
+            raise Crash("killed")
+
+    with pytest.raises(Crash):  # 16 images / 8 = 2 steps per epoch; dies after step 3 (mid epoch 2)
+        finetune(_xe(ws), out=tmp_path / "run", after_step=crash, **kw)
+    assert not (tmp_path / "run" / "manifest.json").exists()
+    again = finetune(_xe(ws), out=tmp_path / "run", **kw)
+    a, b = _weights(ref.path / "checkpoints" / "last.pt"), _weights(again.path / "checkpoints" / "last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cols = ["epoch", "step", "loss", "reward", "sample_cider", "val_cider", "val_self_cider"]
+    pd.testing.assert_frame_equal(pd.read_csv(ref.path / "metrics.csv")[cols],
+                                  pd.read_csv(again.path / "metrics.csv")[cols])
+
+
+# -- bad input ------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    return runner.invoke(app, ["finetune", *map(str, args)])
+
+
+def _one_line_error(r, *needles):
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    for n in needles:
+        assert n in r.output, r.output
+
+
+def test_m1_for_dpp_is_refused(ws, tmp_path):
+    r = _cli(_xe(ws), "--reward", "dpp", "--m", "1", "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(r, "--m 1 with --reward dpp", "use --m 2 or more")
+    assert not (tmp_path / "o").exists()
+    r = _cli(_xe(ws), "--reward", "scst", "--baseline", "mean", "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(r, "--baseline mean applies to --reward dpp only")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_finetuned_model_is_not_an_xe_model(ws, tmp_path):
+    ft = finetune(_xe(ws), reward="scst-mean", m=2, epochs=1, batch_size=16, val_images=0, device="cpu",
+                  out=tmp_path / "ft", workspace=ws)
+    r = _cli(ft.path, "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(r, str(ft.path), "not XE-trained", "rdpp train-xe")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_xe_model_trained_on_other_data_is_refused(ws, tmp_path):
+    other = write_tiny_data(tmp_path / "other", n_train=16, n_val=6, n_test=2, seed=9)
+    r = _cli(_xe(ws), "--data", other, "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(r, f"was XE-trained on {(ws / 'data' / 'tiny-v1').resolve()}", f"not on data artifact {other}")
+    assert not (tmp_path / "o").exists()
+    before = sorted(p.name for p in (ws / "finetune").iterdir()) if (ws / "finetune").exists() else []
+    r = _cli("--workspace", ws, "--from", "no-such-model", "--device", "cpu")
+    _one_line_error(r, "XE model artifact 'no-such-model' not found")
+    after = sorted(p.name for p in (ws / "finetune").iterdir()) if (ws / "finetune").exists() else []
+    assert before == after
+
+
+def test_no_xe_model_in_the_workspace(tmp_path):
+    r = _cli("--workspace", tmp_path, "--device", "cpu")
+    _one_line_error(r, "no XE model artifact in workspace", "rdpp train-xe")
+
+
+def test_config_file_sets_the_reward(ws, tmp_path):
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text("reward: dpp\nm: 1\n")
+    r = _cli(_xe(ws), "--config", cfg, "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(r, "--m 1 with --reward dpp")
+    assert not (tmp_path / "o").exists()
