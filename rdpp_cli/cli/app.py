@@ -7,7 +7,9 @@ import typer
 from rdpp_cli import __version__
 from rdpp_cli.cli import finetune
 from rdpp_cli.cli import ls
+from rdpp_cli.cli import plot
 from rdpp_cli.cli import prepro
+from rdpp_cli.cli import score
 from rdpp_cli.cli import train_xe
 
 app = typer.Typer(
@@ -24,6 +26,8 @@ app = typer.Typer(
 app.command("ls")(ls.command)
 app.add_typer(prepro.app, name="prepro")
 app.command("train-xe")(train_xe.command)
+app.command("score")(score.command)
+app.command("plot")(plot.command)
 app.command("finetune")(finetune.command)
 
 

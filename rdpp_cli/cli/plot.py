@@ -1,0 +1,29 @@
+"""`rdpp plot`: thin wrapper over ``rdpp_cli.scoring.plot.plot``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rdpp_cli.cli.common import ConfigOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.scoring.plot import plot
+
+
+@stage
+def command(
+    ctx: typer.Context,
+    scores: Optional[list[str]] = typer.Argument(
+        None, help="Scores artifacts (folders or workspace names; default: every one in the workspace)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="PNG to write (default: <workspace>/plots/diversity-accuracy.png).", dir_okay=False),
+    labels: Optional[str] = typer.Option(None, "--labels", help="Comma-separated point labels, one per artifact."),
+    config: Optional[Path] = ConfigOpt,
+    workspace: Optional[Path] = WorkspaceOpt,
+) -> None:
+    """Plot scores artifacts on the diversity-accuracy plane (the paper's Fig. 1) with the human point.
+
+    Example: rdpp plot runs/scores/random-n20-v1 runs/scores/dpp-v1 --labels XE,R-DPP
+    """
+    plot(**resolve_options(ctx, "plot"))

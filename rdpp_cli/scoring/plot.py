@@ -1,0 +1,87 @@
+"""The diversity-accuracy plane of the paper's Fig. 1: x = self-CIDEr diversity of each image's
+captions, y = mean CIDEr of the captions; one point per scores artifact, plus the human references
+(leave-one-out CIDEr against their own self-CIDEr)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rdpp_cli.artifacts import read_artifact, resolve_input
+from rdpp_cli.artifacts.workspace import list_artifacts
+from rdpp_cli.console import console, note, summary_table
+from rdpp_cli.errors import RdppError
+
+Point = tuple[str, float | None, float | None]
+
+
+def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None) -> Path:
+    """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_png = Path(out_png)
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+    drawn = 0
+    for label, x, y in points:
+        if x is None or y is None:
+            note(f"{label}: no self-CIDEr or CIDEr in its scores (score it with --self-cider); not plotted")
+            continue
+        ax.scatter([x], [y], s=40, zorder=3)
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        drawn += 1
+    if human:
+        ax.scatter([human["self_cider"]], [human["cider_leave_one_out"]], marker="*", s=160, color="black", zorder=4)
+        ax.annotate("human references", (human["self_cider"], human["cider_leave_one_out"]),
+                    textcoords="offset points", xytext=(6, -10), fontsize=8)
+    ax.set_xlabel("diversity (self-CIDEr)")
+    ax.set_ylabel("accuracy (mean CIDEr)")
+    ax.set_title(title or "diversity vs accuracy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_png.with_name(f".{out_png.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out_png)
+    return out_png
+
+
+def plot_scores(scores_dirs: list[Path], out_png: Path, labels: list[str] | None = None) -> Path:
+    """One point per scores artifact (``scores.json``: diversity.self_cider, accuracy.CIDEr) and the
+    human references' point of the first artifact that has one; writes ``out_png``."""
+    if not scores_dirs:
+        raise RdppError("no scores artifacts to plot; make one with `rdpp score --self-cider`")
+    if labels is not None and len(labels) != len(scores_dirs):
+        raise RdppError(f"{len(labels)} labels for {len(scores_dirs)} scores artifacts; give one label each")
+    points: list[Point] = []
+    human = None
+    for k, d in enumerate(scores_dirs):
+        art = read_artifact(d, "rdpp.scores")
+        s = json.loads(art.file("scores.json").read_text())
+        label = labels[k] if labels else art.name
+        points.append((label, (s.get("diversity") or {}).get("self_cider"), (s.get("accuracy") or {}).get("CIDEr")))
+        human = human or s.get("human")
+    return plot_points(points, human, out_png)
+
+
+def plot(scores: list[str] | None = None, *, out: Path | None = None, labels: str | None = None,
+         workspace: Path | None = None) -> Path:
+    """`rdpp plot`: the given scores artifacts (paths or workspace names; default: all of them)."""
+    from rdpp_cli.artifacts import workspace_dir
+
+    if scores:
+        dirs = [resolve_input(s, workspace=workspace, groups=("scores",), kind="rdpp.scores",
+                              what="scores artifact", make_with="rdpp score --self-cider").path for s in scores]
+    else:
+        dirs = [a.path for a in list_artifacts(workspace, ("scores",))]
+        if not dirs:
+            raise RdppError(f"no scores artifacts in {workspace_dir(workspace)}; make one with "
+                            "`rdpp score --self-cider`")
+    label_list = [x.strip() for x in labels.split(",")] if labels else None
+    out = Path(out) if out is not None else workspace_dir(workspace) / "plots" / "diversity-accuracy.png"
+    path = plot_scores(dirs, out, label_list)
+    console.print(summary_table("rdpp plot", [("plot", path), ("points", len(dirs))]))
+    return path

@@ -1,0 +1,411 @@
+"""`rdpp score`: accuracy, best-of-n oracle and diversity of generated captions.
+
+Reads captions from a samples artifact (``samples.json``), a plain JSON
+``[{"image_id", "captions": [...]}]`` or coco-caption results ``[{"image_id", "caption"}]``;
+references from a data artifact's split (``captions.h5`` ``raw``) or a COCO caption-annotation
+file (``--refs``). Writes a scores artifact: ``scores.json`` (sections ``accuracy``, ``oracle``,
+``average``, ``diversity``, ``human``, ``settings``), ``per_image.csv`` and optionally ``plot.png``.
+See docs/scoring.md for every definition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rdpp_cli.artifacts import (
+    Artifact,
+    atomic_write_json,
+    finish,
+    prepare_output,
+    read_artifact,
+    resolve_input,
+    write_manifest,
+)
+from rdpp_cli.console import console, info, note, summary_table
+from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics import coco_eval
+from rdpp_cli.metrics import diversity as divstats
+from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.self_cider import VARIANTS, self_cider_ragged
+
+MAKE_SAMPLES = "rdpp sample --n 20 --method random"
+_VERSION = re.compile(r"-?v\d+$")
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Samples:
+    """Captions to score: ``captions[i]`` are the captions of image ``image_ids[i]``."""
+
+    image_ids: list[int]
+    captions: list[list[str]]
+    source: Path
+    artifact: Artifact | None = None
+
+    @property
+    def name(self) -> str:
+        stem = self.artifact.name if self.artifact is not None else self.source.stem
+        return _VERSION.sub("", stem) or "scores"
+
+
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise RdppError(f"{what} {path} does not exist; pass an existing JSON file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RdppError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                        "fix the file or regenerate it") from None
+    except UnicodeDecodeError:
+        raise RdppError(f"{what} {path} is not UTF-8 text; save it as UTF-8 JSON") from None
+
+
+def _image_id(entry: dict, path: Path, k: int) -> int:
+    iid = entry.get("image_id")
+    if isinstance(iid, bool) or not isinstance(iid, (int, str)) or (isinstance(iid, str) and not iid.isdigit()):
+        raise RdppError(f"{path}: entry {k} has no integer image_id (got {iid!r}); every entry needs one")
+    return int(iid)
+
+
+def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
+    """``[{"image_id", "captions": [...]}]`` or ``[{"image_id", "caption"}]`` (grouped by image)."""
+    if not isinstance(data, list) or not data:
+        raise RdppError(f"{path} must hold a non-empty JSON list of {{\"image_id\", \"captions\": [...]}} "
+                        "or {\"image_id\", \"caption\"} entries")
+    order: list[int] = []
+    caps: dict[int, list[str]] = {}
+    form = None
+    for k, e in enumerate(data):
+        if not isinstance(e, dict):
+            raise RdppError(f"{path}: entry {k} is a {type(e).__name__}, not an object with image_id and captions")
+        this = "captions" if "captions" in e else "caption" if "caption" in e else None
+        if this is None:
+            raise RdppError(f"{path}: entry {k} has neither 'captions' (a list) nor 'caption' (a string)")
+        if form is None:
+            form = this
+        elif this != form:
+            raise RdppError(f"{path}: entries mix 'captions' and 'caption'; use one form for the whole file")
+        iid = _image_id(e, path, k)
+        if form == "captions":
+            c = e["captions"]
+            if not isinstance(c, list) or not all(isinstance(x, str) for x in c):
+                raise RdppError(f"{path}: image {iid}: 'captions' must be a list of strings")
+            if not c:
+                raise RdppError(f"{path}: image {iid} has an empty caption list; every image needs at least one caption")
+            if iid in caps:
+                raise RdppError(f"{path}: image {iid} appears twice; give each image one entry with all its captions")
+            caps[iid] = list(c)
+            order.append(iid)
+        else:
+            c = e["caption"]
+            if not isinstance(c, str):
+                raise RdppError(f"{path}: image {iid}: 'caption' must be a string")
+            if iid not in caps:
+                caps[iid] = []
+                order.append(iid)
+            caps[iid].append(c)
+    return order, [caps[i] for i in order]
+
+
+def load_samples(samples: str | Path | None, workspace: Path | str | None) -> Samples:
+    """A samples artifact (path or workspace name; default: the newest) or a JSON file."""
+    if samples is not None and Path(samples).is_file():
+        path = Path(samples)
+        ids, caps = parse_samples(_read_json(path, "samples file"), path)
+        return Samples(ids, caps, path)
+    art = resolve_input(samples, workspace=workspace, groups=("samples",), kind="rdpp.samples",
+                        what="samples", make_with=MAKE_SAMPLES)
+    path = art.file("samples.json")
+    ids, caps = parse_samples(_read_json(path, "samples file"), path)
+    return Samples(ids, caps, path, art)
+
+
+def load_coco_refs(path: Path) -> dict[int, list[str]]:
+    """A COCO caption-annotation file: ``{"annotations": [{"image_id", "caption"}, ...]}``."""
+    data = _read_json(path, "references file")
+    anns = data.get("annotations") if isinstance(data, dict) else None
+    if not isinstance(anns, list) or not anns:
+        raise RdppError(f"{path} is not a COCO caption-annotation file (no 'annotations' list); "
+                        "pass e.g. captions_val2014.json to --refs")
+    refs: dict[int, list[str]] = {}
+    for k, a in enumerate(anns):
+        if not isinstance(a, dict) or not isinstance(a.get("caption"), str):
+            raise RdppError(f"{path}: annotation {k} has no 'caption' string")
+        refs.setdefault(_image_id(a, path, k), []).append(a["caption"])
+    return refs
+
+
+@dataclass
+class References:
+    refs: list[list[str]]  # per scored image
+    source: str  # for the settings
+    data: Any = None  # DataArtifact when read from one
+    artifact: Artifact | None = None
+
+
+def _data_artifact(data: str | Path | None, samples: Samples, workspace) -> Artifact:
+    if data is not None:
+        return resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data",
+                             what="data artifact", make_with="rdpp prepro toy")
+    if samples.artifact is not None:
+        inp = samples.artifact.input_of_kind("rdpp.data")
+        if inp is not None:
+            art = read_artifact(inp["path"], "rdpp.data")
+            info(f"using data artifact: [bold]{art.path}[/bold] (recorded in {samples.artifact.path})")
+            return art
+    return resolve_input(None, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
+                         make_with="rdpp prepro toy (or pass --refs captions_val2014.json)")
+
+
+def load_references(samples: Samples, *, data, split: str, refs: Path | None, workspace) -> References:
+    ids = samples.image_ids
+    if refs is not None:
+        table = load_coco_refs(Path(refs))
+        missing = [i for i in ids if i not in table]
+        if missing:
+            raise RdppError(f"{len(missing)} image ids of {samples.source} are not in {refs} "
+                            f"(e.g. {', '.join(map(str, missing[:3]))}); score captions of those images")
+        return References([table[i] for i in ids], f"{refs} (COCO annotations)")
+    from rdpp_cli.data.dataset import DataArtifact
+
+    art = _data_artifact(data, samples, workspace)
+    ds = DataArtifact(art)
+    rows = ds.split_indices(split)
+    row_of = {int(i): int(r) for i, r in zip(ds.image_ids[rows], rows)}
+    missing = [i for i in ids if i not in row_of]
+    if missing:
+        raise RdppError(f"{len(missing)} image ids of {samples.source} are not in split '{split}' of {art.path} "
+                        f"(e.g. {', '.join(map(str, missing[:3]))}); pass the split they come from with --split, "
+                        "or the data artifact they come from with --data")
+    if len(ids) < len(rows):
+        info(f"scoring {len(ids)} of the {len(rows)} '{split}' images of {art.path}")
+    return References(ds.references_raw([row_of[i] for i in ids]), f"{art.path} split {split}", ds, art)
+
+
+def training_captions(ds) -> list[str]:
+    """Raw reference sentences of the data artifact's training images."""
+    import h5py
+
+    rows = np.flatnonzero(ds.split == "train")
+    with h5py.File(ds.path / "captions.h5", "r") as f:
+        raw = f["raw"][:]
+    out = []
+    for i in rows:
+        out.extend(v.decode() if isinstance(v, bytes) else str(v) for v in raw[ds.label_start[i]:ds.label_end[i]])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the stage
+# ----------------------------------------------------------------------------------------------
+
+def _nanmean(x) -> float | None:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else None
+
+
+def _self_cider_df(refs: References, tok_refs: list[list[str]]) -> tuple[DocFreq, str]:
+    if refs.data is not None:
+        # PTB tokens are lower case: match the vocabulary's words in lower case ("UNK" -> "unk")
+        words = [w.lower() for w in refs.data.words]
+        if len(set(words)) != len(words):
+            words = list(refs.data.words)
+        return (DocFreq.from_h5(refs.data.cider_df_path, words=words),
+                f"train ({refs.data.cider_df_path})")
+    return DocFreq.from_references(tok_refs), "references of the scored images (corpus)"
+
+
+def score(
+    samples: str | Path | None = None,
+    *,
+    data: str | Path | None = None,
+    split: str | None = None,
+    refs: Path | None = None,
+    oracle: bool = False,
+    self_cider: bool = False,
+    self_cider_variant: str = "cider-d",
+    diversity: bool = False,
+    plot: bool = False,
+    metrics: str | None = None,
+    out: Path | None = None,
+    force: bool = False,
+    workspace: Path | None = None,
+) -> Path:
+    """Score generated captions; returns the scores artifact's folder."""
+    if self_cider_variant not in VARIANTS:
+        raise RdppError(f"unknown --self-cider-variant '{self_cider_variant}'; use one of {', '.join(VARIANTS)}")
+    wanted = tuple(coco_eval.METRICS)
+    if metrics:
+        wanted = tuple(m.strip() for m in str(metrics).split(",") if m.strip())
+        bad = [m for m in wanted if m not in coco_eval.METRICS]
+        if bad or not wanted:
+            raise RdppError(f"unknown metric(s) {', '.join(bad) or '(none)'} in --metrics; "
+                            f"choose from {','.join(coco_eval.METRICS)}")
+    if refs is not None and data is not None:
+        raise RdppError("give references either with --refs (a COCO annotation file) or --data, not both")
+    smp = load_samples(samples, workspace)
+    if split is None:
+        split = (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
+    ref = load_references(smp, data=data, split=split, refs=refs, workspace=workspace)
+    self_cider = self_cider or plot  # the plot's x axis
+    n_per = np.array([len(c) for c in smp.captions])
+    coco_eval.java()  # one clear line before any work when Java is missing
+
+    # ---- accuracy (per caption) and oracle ---------------------------------------------
+    ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
+    names = [m for m in coco_eval.METRICS if m in wanted]
+    accuracy = {m: ev.corpus.get(m) for m in names}
+    per_mean = {m: divstats.oracle(ev.per_caption[m])[1] for m in ev.per_caption}
+    per_best = {m: divstats.oracle(ev.per_caption[m])[0] for m in ev.per_caption}
+    average = {m: _nanmean(per_mean[m]) if m in per_mean else None for m in names}
+    oracle_sec = {m: _nanmean(per_best[m]) if m in per_best else None for m in names} if oracle else {}
+
+    # ---- diversity -----------------------------------------------------------------------
+    div: dict[str, Any] = {"self_cider": None, "div1": None, "div2": None, "mbleu4": None, "distinct": None,
+                           "vocab": None, "novel": None}
+    per_div: dict[str, np.ndarray] = {}
+    human = None
+    df_source = None
+    if self_cider:
+        df, df_source = _self_cider_df(ref, ev.refs)
+        if n_per.max() < 2:
+            note("self-CIDEr needs at least 2 captions per image; these samples have 1, so it is left out")
+        else:
+            per_div["self_cider"] = self_cider_ragged(ev.captions, df, self_cider_variant)
+            div["self_cider"] = float(per_div["self_cider"][n_per >= 2].mean())
+        human = _human_point(ev.refs, df, self_cider_variant)
+    if diversity:
+        per_div["div1"] = divstats.div_n(ev.captions, 1)
+        per_div["div2"] = divstats.div_n(ev.captions, 2)
+        per_div["mbleu4"] = divstats.mbleu4(ev.captions)
+        per_div["distinct"] = divstats.distinct_captions(ev.captions)
+        div.update(div1=_nanmean(per_div["div1"]), div2=_nanmean(per_div["div2"]),
+                   mbleu4=_nanmean(per_div["mbleu4"]), distinct=_nanmean(per_div["distinct"]),
+                   vocab=divstats.vocabulary_size(ev.captions))
+        if ref.data is not None:
+            train = coco_eval.ptb_tokenize(training_captions(ref.data))
+            div["novel"] = divstats.novel_fraction(ev.captions, train)
+        else:
+            note("novel-caption fraction needs the training captions of a data artifact; left out with --refs")
+
+    settings = {
+        "references": ref.source,
+        "split": split if ref.data is not None else None,
+        "images": len(smp.image_ids),
+        "captions_per_image": int(n_per[0]) if (n_per == n_per[0]).all() else [int(n_per.min()), int(n_per.max())],
+        "tokenizer": "ptb (coco-caption PTBTokenizer -lowerCase, punctuation removed)",
+        "metrics": list(names),
+        "skipped": ev.skipped,
+        "cider": "CIDEr-D, document frequencies of the references (one document per image), as coco-caption",
+        "df_source": df_source,
+        "self_cider_variant": self_cider_variant if self_cider else None,
+        "oracle": "best of n per image, mean over images" if oracle else None,
+    }
+    result = {"accuracy": accuracy, "oracle": oracle_sec, "average": average, "diversity": div,
+              "human": human, "settings": settings}
+
+    # ---- write -----------------------------------------------------------------------------
+    config = {"samples": str(smp.artifact.path if smp.artifact is not None else smp.source),
+              "data": str(ref.artifact.path) if ref.artifact is not None else None,
+              "refs": str(refs) if refs is not None else None, "split": settings["split"], "oracle": oracle,
+              "self_cider": self_cider, "self_cider_variant": self_cider_variant, "diversity": diversity,
+              "plot": plot, "metrics": list(names)}
+    path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
+                          config=config, force=force)
+    atomic_write_json(path / "scores.json", result)
+    _per_image_frame(smp, ev, per_mean, per_best if oracle else {}, per_div).to_csv(path / "per_image.csv", index=False)
+    if plot:
+        from rdpp_cli.scoring.plot import plot_points
+
+        plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], human, path / "plot.png")
+    inputs = [a for a in (smp.artifact, ref.artifact) if a is not None]
+    summary = {"CIDEr": accuracy.get("CIDEr")}
+    if oracle:
+        summary["oracle_CIDEr"] = oracle_sec.get("CIDEr")
+    if div["self_cider"] is not None:
+        summary["self_cider"] = div["self_cider"]
+    write_manifest(path, "rdpp.scores", config, inputs=inputs,
+                   summary={k: v for k, v in summary.items() if v is not None})
+    finish(path)
+    _print(result, names, path, smp)
+    return path
+
+
+def _human_point(tok_refs: list[list[str]], df: DocFreq, variant: str) -> dict | None:
+    """The human references as a point of the plane: leave-one-out CIDEr-D (each reference against
+    the image's other references, the evaluation's corpus document frequencies) and their own
+    self-CIDEr (same df and variant as the samples)."""
+    keep = [i for i, r in enumerate(tok_refs) if len(r) >= 2]
+    if not keep:
+        return None
+    refs = [tok_refs[i] for i in keep]
+    hyps, sets = [], []
+    for rs in refs:
+        for j in range(len(rs)):
+            hyps.append(rs[j])
+            sets.append(rs[:j] + rs[j + 1:])
+    corpus_df = DocFreq.from_references(refs)
+    loo = CiderD(corpus_df).score(hyps, sets)
+    sc = self_cider_ragged(refs, df, variant)
+    return {"cider_leave_one_out": float(loo.mean()), "self_cider": float(sc.mean()), "images": len(keep)}
+
+
+def _per_image_frame(smp: Samples, ev, per_mean: dict, per_best: dict, per_div: dict):
+    import pandas as pd
+
+    cols: dict[str, Any] = {"image_id": smp.image_ids, "captions": [len(c) for c in smp.captions]}
+    for m in coco_eval.METRICS:
+        if m in per_mean:
+            cols[m] = per_mean[m]
+        if m in per_best:
+            cols[f"{m}_oracle"] = per_best[m]
+    for k, v in per_div.items():
+        cols[k] = v
+    return pd.DataFrame(cols)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _print(result: dict, names: list[str], path: Path, smp: Samples) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"scores of {smp.source if smp.artifact is None else smp.artifact.path}",
+                  title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("all captions (coco-caption)")
+    orc = bool(result["oracle"])
+    if orc:
+        table.add_column("mean per caption")
+        table.add_column("oracle (best of n)")
+    pad = ["", ""] if orc else []
+    for m in names:
+        row = [m, _fmt(result["accuracy"].get(m))]
+        if orc:
+            row += [_fmt(result["average"].get(m)), _fmt(result["oracle"].get(m))]
+        table.add_row(*row)
+    for k, v in result["diversity"].items():
+        if v is not None:
+            table.add_row(k, _fmt(v), *pad)
+    if result["human"]:
+        h = result["human"]
+        table.add_row("human: CIDEr (leave-one-out) / self-CIDEr",
+                      f"{h['cider_leave_one_out']:.4f} / {h['self_cider']:.4f}", *pad)
+    console.print(table)
+    s = result["settings"]
+    console.print(summary_table("rdpp score", [
+        ("artifact", path), ("images", s["images"]), ("captions per image", s["captions_per_image"]),
+        ("references", s["references"]), ("files", "scores.json, per_image.csv" + (
+            ", plot.png" if (path / "plot.png").exists() else "")),
+    ]))
