@@ -145,6 +145,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
 
     cider = cider or CiderD(DocFreq.from_h5(data.cider_df_path))
     m = unwrap(model)
+    greedy = DecodeConfig(method="greedy", max_len=data.seq_length)
     was_training = m.training
     m.eval()
     sums: dict[str, float] = {"val_cider": 0.0, "_n": 0.0}
@@ -154,7 +155,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             for batch in batches.epoch(0):
                 batch = batch.to(device)
                 with torch.no_grad():
-                    dec = decode(m, batch.fc, batch.att, DecodeConfig(method="greedy"), att_mask=batch.att_mask)
+                    dec = decode(m, batch.fc, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
                     sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
                     if epoch_metrics_fn is not None:
