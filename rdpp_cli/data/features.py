@@ -189,12 +189,16 @@ def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> 
             return f"{p} is not an image ({type(e).__name__}); replace or remove it from the caption file"
         return None
 
-    with progress("images") as bar, ThreadPoolExecutor(max(1, workers)) as pool:
-        task = bar.add_task("check images", total=len(paths), info="")
-        for msg in pool.map(bad, paths, chunksize=256):
-            if msg:
-                raise RdppError(msg)
-            bar.advance(task)
+    pool = ThreadPoolExecutor(max(1, workers))
+    try:
+        with progress("images") as bar:
+            task = bar.add_task("check images", total=len(paths), info="")
+            for msg in pool.map(bad, paths):
+                if msg:
+                    raise RdppError(msg)
+                bar.advance(task)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on the first bad file, skip the rest
 
 
 def pick_device(device: str) -> torch.device:

@@ -62,17 +62,14 @@ class FeatureSource:
                 lens = f["att_len"][:] if "att_len" in f else np.full(n, r)
                 self.counts = [int(lens[i]) for i in self.rows]
                 self.dim, self.has_fc = int(d), "fc" in f
-                self.padded = r
             else:
                 self.kind = "h5-per-id"
                 missing = [i for i in self.image_ids if str(i) not in f]
                 self._missing(missing)
-                self.counts, dims, self.has_fc = [], set(), True
+                self.counts, dims = [], set()
                 for i in self.image_ids:
                     obj = f[str(i)]
                     ds = obj if isinstance(obj, h5py.Dataset) else _first(obj, ATT_KEYS, f"{self.path}:{i}")
-                    if isinstance(obj, h5py.Dataset) or "fc" not in obj:
-                        self.has_fc = False
                     shape = _regions_shape(ds.shape, f"{self.path}:{i}")
                     self.counts.append(shape[0])
                     dims.add(shape[1])
@@ -85,7 +82,7 @@ class FeatureSource:
         self.kind = "folder"
         self.att_dir = att_dir or self.path
         self.fc_dir = fc_dir
-        self.files, self.counts, dims, self.has_fc = [], [], set(), True
+        self.files, self.counts, dims = [], [], set()
         missing = []
         for i in self.image_ids:
             p = next((q for q in (self.att_dir / f"{i}.npz", self.att_dir / f"{i}.npy") if q.is_file()), None)
@@ -95,9 +92,7 @@ class FeatureSource:
             self.files.append(p)
         self._missing(missing)
         for p in self.files:
-            shape, has_fc = _npy_shape(p)
-            shape = _regions_shape(shape, str(p))
-            self.has_fc &= has_fc or (self.fc_dir is not None)
+            shape = _regions_shape(_npy_shape(p), str(p))
             self.counts.append(shape[0])
             dims.add(shape[1])
         self.dim = self._one_dim(dims)
@@ -183,19 +178,19 @@ def _regions_shape(shape: tuple, where: str) -> tuple[int, int]:
     raise RdppError(f"{where} has shape {shape}; expected (regions, D)")
 
 
-def _npy_shape(path: Path) -> tuple[tuple, bool]:
-    """(shape of the region array, whether an fc array is inside) from headers only."""
+def _npy_shape(path: Path) -> tuple:
+    """Shape of the region array, from headers only."""
     try:
         if path.suffix == ".npy":
             with open(path, "rb") as fh:
-                return _header_shape(fh), False
+                return _header_shape(fh)
         with zipfile.ZipFile(path) as z:
             names = [n.removesuffix(".npy") for n in z.namelist()]
             key = next((k for k in ATT_KEYS + tuple(names) if k in names), None)
             if key is None:
                 raise ValueError("empty archive")
             with z.open(key + ".npy") as fh:
-                return _header_shape(fh), "fc" in names
+                return _header_shape(fh)
     except (ValueError, OSError, zipfile.BadZipFile) as e:
         raise RdppError(f"{path} is not a readable .npy/.npz feature file ({e}); replace it") from None
 
