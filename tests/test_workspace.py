@@ -169,3 +169,16 @@ def test_bad_config_is_one_clear_line(tmp_path, content, match):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and match in lines[0] or \
         pytest.fail(r.output)
+
+
+def test_find_reusable_matches_settings_and_inputs(tmp_path):
+    from rdpp_cli.artifacts import find_reusable
+
+    d1 = _make(tmp_path, config={"images": 30, "seed": 0})
+    d2 = _make(tmp_path, config={"images": 30, "seed": 1})
+    m1 = _make(tmp_path, group="xe", name="att2in", kind="rdpp.model", config={"epochs": 2, "lr": 0.1}, inputs=[d1])
+    assert find_reusable(tmp_path, "data", {"images": 30, "seed": 0}).path == d1.path
+    assert find_reusable(tmp_path, "data", {"images": 31}) is None
+    assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d1]).path == m1.path
+    assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d2]) is None  # other lineage
+    assert find_reusable(tmp_path, "xe", {"epochs": 3}, [d1]) is None

@@ -13,6 +13,7 @@ from rdpp_cli.artifacts.manifest import (
 )
 from rdpp_cli.artifacts.workspace import (
     GROUPS,
+    find_reusable,
     finish,
     list_artifacts,
     prepare_output,
@@ -22,6 +23,6 @@ from rdpp_cli.artifacts.workspace import (
 
 __all__ = [
     "MANIFEST", "SCHEMA", "Artifact", "atomic_write_bytes", "atomic_write_json", "is_complete",
-    "read_artifact", "sha256_file", "write_manifest", "GROUPS", "finish", "list_artifacts",
+    "read_artifact", "sha256_file", "write_manifest", "GROUPS", "find_reusable", "finish", "list_artifacts",
     "prepare_output", "resolve_input", "workspace_dir",
 ]

@@ -182,3 +182,22 @@ def resolve_input(
                 info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; --from to pick another)")
             return chosen
     raise RdppError(f"no {what} in workspace {root}; make one with `{make_with}`")
+
+
+def find_reusable(
+    workspace: Path | str | None,
+    group: str,
+    settings: dict,
+    inputs: list[Artifact] = (),
+) -> Artifact | None:
+    """The newest complete artifact in ``group`` whose config has every key/value of ``settings``
+    and that was made from exactly these ``inputs`` (same manifest hashes); None if there is none."""
+    want = json.loads(json.dumps(settings, default=str))
+    need = {a.manifest_sha256 for a in inputs}
+    for art in reversed(list_artifacts(workspace, (group,))):
+        cfg = art.config
+        if any(cfg.get(k) != v for k, v in want.items()):
+            continue
+        if need <= {i.get("manifest_sha256") for i in art.inputs}:
+            return art
+    return None
