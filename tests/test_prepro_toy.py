@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import h5py
 import numpy as np

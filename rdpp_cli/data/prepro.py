@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from rdpp_cli.artifacts import Artifact, finish, is_complete, prepare_output, write_manifest
+from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
 from rdpp_cli.console import console, info, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
@@ -121,8 +121,6 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     label_start = label_end - counts
     image_ids = np.array([r.image_id for r in recs], dtype=np.int64)
 
-    from rdpp_cli.artifacts import atomic_write_json
-
     atomic_write_json(out_dir / "vocab.json", {"words": words})
     _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
                                                                           label_end, image_ids, recs, captions))
@@ -144,7 +142,7 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
         ("images", f"{len(recs):,} (train {splits.get('train', 0):,} · val {splits.get('val', 0):,} · "
                    f"test {splits.get('test', 0):,})"),
         ("captions", f"{len(captions):,} (max length {plan.max_length}, "
-                     f"{float((lengths >= plan.max_length).mean()):.1%} clipped)"),
+                     f"{np.mean([len(c) > plan.max_length for c in captions]):.1%} clipped)"),
         ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk:.2%} of tokens)"),
         ("features", feat_desc),
         ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
@@ -191,7 +189,7 @@ def _write_captions(path, labels, lengths, label_start, label_end, image_ids, re
 
 
 def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:
-    kw = {"track_times": False}
+    kw = {"track_times": False}  # the same input gives the same bytes
     f.create_dataset("labels", data=labels, **kw)
     f.create_dataset("lengths", data=lengths, **kw)
     f.create_dataset("label_start", data=label_start.astype(np.int64), **kw)
