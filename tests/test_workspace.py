@@ -57,6 +57,7 @@ def test_explicit_out_refuses_existing_artifact_unless_force(tmp_path):
     p = prepare_output(a.path, workspace=tmp_path, group="data", name="toy", kind="rdpp.data", config={"seed": 1},
                        force=True)
     assert p == a.path and not (p / "manifest.json").exists()  # incomplete from now on
+    assert not (p / "x.txt").exists()  # the old files go too: they must not be hashed into the new one
 
 
 def test_explicit_out_refuses_unrelated_files(tmp_path):

@@ -118,6 +118,7 @@ def prepare_output(
                     f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it"
                 )
             (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
+            _clear(path)
         elif _partial_matches(path, kind, config):
             info(f"resuming unfinished {path}")
             return path
@@ -125,11 +126,15 @@ def prepare_output(
             what = "an unfinished run with other settings" if (path / PARTIAL).exists() else "files that are not an rdpp artifact"
             raise RdppError(f"{path} holds {what}; choose another --out or pass --force to overwrite it")
         else:
-            for child in path.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+            _clear(path)
     path.mkdir(parents=True, exist_ok=True)
     _mark_partial(path, kind, config)
     return path
+
+
+def _clear(path: Path) -> None:
+    for child in path.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def list_artifacts(workspace: Path | str | None = None, groups: tuple[str, ...] | None = None) -> list[Artifact]:

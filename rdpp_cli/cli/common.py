@@ -20,7 +20,7 @@ ConfigOpt = typer.Option(
     dir_okay=False,
 )
 WorkspaceOpt = typer.Option(
-    None, "--workspace", help="Workspace folder holding every artifact [default: $RDPP_WORKSPACE or ./runs].",
+    None, "--workspace", help="Workspace folder holding every artifact (default: $RDPP_WORKSPACE, else ./runs).",
 )
 ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
 
