@@ -147,10 +147,12 @@ def _sets_from(refs: Any, table: _WordTable | None, what: str) -> tuple[_Caps, n
         n, k, t = refs.shape
         return _Caps(mat=_int_matrix(refs.reshape(n * k, t), what)), np.full(n, k, np.int64)
     refs = list(refs)
-    if table is not None and all(isinstance(r, (list, tuple)) and all(isinstance(c, str) for c in r)
-                                 for r in refs):
-        counts = np.fromiter((len(r) for r in refs), np.int64, len(refs))
-        return _encode_strings([c for r in refs for c in r], table), counts
+    if table is not None and all(isinstance(r, (list, tuple)) and (not r or isinstance(r[0], str)) for r in refs):
+        counts = np.fromiter(map(len, refs), np.int64, len(refs))
+        flat = [c for r in refs for c in r]
+        if not all(map(str.__instancecheck__, flat)):
+            raise TypeError(f"{what}: a caption is either a string or a list of token ids")
+        return _encode_strings(flat, table), counts
     sets = [_caps_from(r, table, f"{what}[{i}]") for i, r in enumerate(refs)]
     counts = np.array([len(s) for s in sets], np.int64)
     if all(s.mat is not None for s in sets):
@@ -164,20 +166,33 @@ def _sets_from(refs: Any, table: _WordTable | None, what: str) -> tuple[_Caps, n
 
 
 def _encode_strings(strings: Sequence[str], table: _WordTable) -> _Caps:
-    """Whitespace-split strings (as coco-caption's ``precook``) -> ragged ids, in one pass."""
-    words: list[str] = []
-    lens = np.empty(len(strings), np.int64)
-    for i, s in enumerate(strings):
-        ws = s.split()
-        lens[i] = len(ws)
-        words.extend(ws)
-    get = table.ids.get
-    ids = [get(w, 0) for w in words]
-    if 0 in ids:
-        for w in dict.fromkeys(w for w, i in zip(words, ids) if i == 0):
+    """Whitespace-split strings (as coco-caption's ``precook``) -> ragged ids, with C-level string
+    work; the Python-level loop runs over distinct words only."""
+    strings = list(strings)
+    if not all(map(str.__instancecheck__, strings)):  # isinstance(x, str) for each, at C speed
+        raise TypeError("a caption is either a string or a list of token ids")
+    sep = "\x00"  # joined with a separator word, one split gives every caption's words and length
+    joined = f" {sep} ".join(strings)
+    ids = table.ids
+    if joined.count(sep) != max(len(strings) - 1, 0):  # a caption holds the separator itself
+        lens = np.fromiter(map(len, map(str.split, strings)), np.int64, len(strings))
+        words = " ".join(strings).split()
+        for w in dict.fromkeys(words):
+            if w not in ids:
+                table.add(w)
+        return _Caps(ids=np.fromiter(map(ids.__getitem__, words), np.int64, len(words)), lens=lens)
+    words = joined.split()
+    for w in dict.fromkeys(words):
+        if w not in ids and w != sep:
             table.add(w)
-        ids = list(map(table.ids.__getitem__, words))
-    return _Caps(ids=np.array(ids, np.int64).reshape(-1), lens=lens)
+    ids[sep] = 0
+    try:
+        arr = np.fromiter(map(ids.__getitem__, words), np.int64, len(words))
+    finally:
+        del ids[sep]
+    marks = np.flatnonzero(arr == 0)
+    lens = np.diff(np.concatenate([[-1], marks, [len(arr)]])) - 1
+    return _Caps(ids=arr[arr != 0], lens=lens.astype(np.int64))
 
 
 def _has_strings(x: Any) -> bool:
@@ -238,7 +253,7 @@ class _ExactHash:
 
     WIDTH = 8
 
-    def __init__(self, keys: np.ndarray, values: np.ndarray) -> None:
+    def __init__(self, keys: np.ndarray, values: np.ndarray, values2: np.ndarray | None = None) -> None:
         self.two = keys.ndim == 2
         K, W = len(keys), self.WIDTH
         bits = max(1, int(math.ceil(math.log2(max(2 * K / W, 2)))))  # load <= 1/2
@@ -248,6 +263,7 @@ class _ExactHash:
         self.k1 = np.full((nb, W), -1, np.int64)
         self.k2 = np.full((nb, W), -1, np.int64) if self.two else None
         self.val = np.zeros((nb, W), np.float64)
+        self.val2 = np.zeros((nb, W), np.float64) if values2 is not None else None
         fill = np.zeros(nb, np.int64)
         h = self._hash(keys)
         pending = np.arange(K)
@@ -266,6 +282,8 @@ class _ExactHash:
             else:
                 self.k1[pb, pc] = keys[pk]
             self.val[pb, pc] = values[pk]
+            if values2 is not None:
+                self.val2[pb, pc] = values2[pk]
             np.maximum.at(fill, pb, pc + 1)
             pending = pending[~fits]
             r += 1
@@ -273,35 +291,39 @@ class _ExactHash:
         self.max_probe = max(r, 1)
 
     def _hash(self, keys: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            if self.two:
-                x = keys[:, 0].astype(np.uint64) * _GOLD ^ (keys[:, 1].astype(np.uint64) * _GOLD2)
-                x = x * _GOLD
-            else:
-                x = keys.astype(np.uint64) * _GOLD
+        # integer arrays wrap around silently: multiplicative hashing, top bits
+        if self.two:
+            x = (keys[:, 0].astype(np.uint64) * _GOLD ^ keys[:, 1].astype(np.uint64) * _GOLD2) * _GOLD
+        else:
+            x = keys.astype(np.uint64) * _GOLD
         return (x >> self.shift).astype(np.int64)
 
-    def get(self, q: np.ndarray) -> np.ndarray:
+    def _probe(self, q: np.ndarray, b: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One round: (hit mask, values of the hits, mask of misses that must look further)."""
+        eq = np.take(self.k1, b, axis=0) == (q[:, :1] if self.two else q[:, None])
+        if self.two:
+            eq &= np.take(self.k2, b, axis=0) == q[:, 1:]
+        word = eq.view(np.uint64).reshape(-1)  # the 8 cells' match flags, one byte each
+        hit = word != 0
+        # a hit has a single byte j set: word * 0x0001020304050607 carries j into the top byte
+        idx = ((word[hit] * _BYTE_INDEX) >> np.uint64(56)).astype(np.int64)
+        return hit, np.take(val, b[hit] * self.WIDTH + idx), ~hit & np.take(self.full, b)
+
+    def get(self, q: np.ndarray, second: bool = False) -> np.ndarray:
+        """The value of each query key (0.0 when absent); ``second``: from the second values."""
+        val = (self.val2 if second else self.val).reshape(-1)
         out = np.zeros(len(q), np.float64)
         b = self._hash(q)
-        pend = np.arange(len(q))
-        val = self.val.reshape(-1)
-        for _ in range(self.max_probe):
-            qq = q[pend] if len(pend) < len(q) else q
-            eq = np.take(self.k1, b, axis=0) == (qq[:, :1] if self.two else qq[:, None])
-            if self.two:
-                eq &= np.take(self.k2, b, axis=0) == qq[:, 1:]
-            word = eq.view(np.uint64).reshape(-1)  # the 8 cells' match flags, one byte each
-            hit = word != 0
-            # a single byte j is 1 in a hit: word * 0x0001020304050607 carries j into the top byte
-            with np.errstate(over="ignore"):
-                idx = ((word[hit] * _BYTE_INDEX) >> np.uint64(56)).astype(np.int64)
-            out[pend[hit]] = np.take(val, b[hit] * self.WIDTH + idx)
-            cont = ~hit & np.take(self.full, b)
-            if not cont.any():
+        hit, vals, cont = self._probe(q, b, val)
+        out[hit] = vals
+        pend = np.flatnonzero(cont)
+        for _ in range(1, self.max_probe):  # the few queries whose bucket was full
+            if not pend.size:
                 break
-            pend = pend[cont]
             b = (b[cont] + 1) & self.mask
+            hit, vals, cont = self._probe(q[pend], b, val)
+            out[pend[hit]] = vals
+            pend = pend[cont]
         return out
 
 
@@ -380,7 +402,7 @@ class DocFreq:
         self.base = max(base, top + 1, (len(self.words) + 1) if self.words else 0, 2)
         self._hash: _ExactHash | None = None
         if keys is not None and base == self.base and base <= _MAX_BASE:
-            self._hash = _ExactHash(keys, df)
+            self._hash = _ExactHash(keys, df, self._log_df())
 
     @property
     def ngrams(self) -> np.ndarray:
@@ -472,31 +494,38 @@ class DocFreq:
             else:
                 d = self._digits
                 keys = np.stack([(d[:, 0] << 31) | d[:, 1], (d[:, 2] << 31) | d[:, 3]], 1)
-            self._hash = _ExactHash(keys, self.df)
+            self._hash = _ExactHash(keys, self.df, self._log_df())
         return self._hash
 
-    def lookup_digits(self, d: np.ndarray) -> np.ndarray:
-        """df of n-grams given as (Q, 4) ids, least significant (last word) first, 0-padded."""
+    def _log_df(self) -> np.ndarray:
+        """``log(max(1, df))`` of every n-gram: what CIDEr subtracts from ``log(num_docs)``; an
+        absent n-gram's 0.0 is the same ``log(max(1, 0))``."""
+        return np.log(np.maximum(self.df, 1.0))
+
+    def lookup_digits(self, d: np.ndarray, log: bool = False) -> np.ndarray:
+        """df of n-grams given as (Q, 4) ids, least significant (last word) first, 0-padded
+        (``log``: ``log(max(1, df))`` instead)."""
         table = self._table()
         if self.base <= _MAX_BASE:
             unknown = (d >= self.base).any(1)
             keys = _encode_digits(np.where(unknown[:, None], 0, d), self.base)
-            out = table.get(keys)
+            out = table.get(keys, second=log)
             out[unknown] = 0.0
             return out
-        return table.get(np.stack([(d[:, 0] << 31) | d[:, 1], (d[:, 2] << 31) | d[:, 3]], 1))
+        return table.get(np.stack([(d[:, 0] << 31) | d[:, 1], (d[:, 2] << 31) | d[:, 3]], 1), second=log)
 
     def lookup(self, ngrams: np.ndarray) -> np.ndarray:
         """df of n-grams given as (Q, 4) ids t1..tn right-padded with 0 (0.0 when absent)."""
         return self.lookup_digits(_tuples_to_digits(np.asarray(ngrams, np.int64).reshape(-1, N_ORDER)))
 
-    def _lookup_keys(self, keys: np.ndarray, base: int, relabel: np.ndarray | None) -> np.ndarray:
+    def _log_df_of_keys(self, keys: np.ndarray, base: int, relabel: np.ndarray | None) -> np.ndarray:
+        """``log(max(1, df))`` of n-grams given as keys in ``base`` (of relabelled ids)."""
         if relabel is None and base == self.base:
-            return self._table().get(keys)
+            return self._table().get(keys, second=True)
         d = _digits(keys, base)
         if relabel is not None:
             d = relabel[d]
-        return self.lookup_digits(d)
+        return self.lookup_digits(d, log=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -511,12 +540,12 @@ def _layout(caps: _Caps, slot_index: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """
     G, S = slot_index.shape
     if caps.mat is not None:
-        C, T = caps.mat.shape
-        ext = np.zeros((C + 1, T + 1), np.int64)
-        ext[:C, :T] = caps.mat
-        flat = ext[slot_index].reshape(G, S * (T + 1))  # index -1 is the zero row
+        T = caps.mat.shape[1]
+        rows = np.zeros((G, S, T + 1), np.int64)  # a 0 column ends every caption
+        rows[:, :, :T] = caps.mat[np.maximum(slot_index, 0)]
+        rows[slot_index < 0] = 0
         slot = (np.arange(S * (T + 1)) // (T + 1))[None, :]
-        return flat, slot, S
+        return rows.reshape(G, S * (T + 1)), slot, S
     lens = np.append(caps.lens, 0)[slot_index]  # (G, S)
     width = lens + 1
     start = np.cumsum(width, axis=1) - width
@@ -612,7 +641,9 @@ def _sorted_rows(flat: np.ndarray, slot: np.ndarray, base: int, sb: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every valid n-gram occurrence as (key, slot), sorted by (row = group * 4 + n, key, slot).
 
-    Returns the flattened keys and slots (invalid windows dropped) and the end of each row in them.
+    Returns the flattened keys and slots (invalid windows dropped) and the end of each row in them;
+    when keys and slots fit one int64 together, the first array holds ``key << sb | slot`` and the
+    second is None.
     """
     G, L = flat.shape
     pack = base ** N_ORDER < (1 << (63 - sb))
@@ -630,11 +661,10 @@ def _sorted_rows(flat: np.ndarray, slot: np.ndarray, base: int, sb: int
         else:
             rows[:, n, :L - n] = np.where(valid, key, _SENT)
             slots[:, n, :L - n] = s_n
-    if pack:
+    if pack:  # keys and slots packed in one int64: the runs of equal values are the postings
         rows.sort(axis=-1)
         ok = rows != _SENT
-        v = rows[ok]
-        return v >> sb, v & ((1 << sb) - 1), np.cumsum(ok.sum(-1).ravel())
+        return rows[ok], None, np.cumsum(ok.sum(-1).ravel())
     order = np.argsort(rows, axis=-1, kind="stable")
     rows = np.take_along_axis(rows, order, -1)
     ok = rows != _SENT
@@ -673,12 +703,20 @@ def _postings(flat: np.ndarray, slot: np.ndarray, S: int, base: int) -> Postings
     # a posting starts where (key, slot) changes or a new row (image, n) begins
     bound = np.empty(nocc, bool)
     bound[0] = True
-    np.logical_or(keys[1:] != keys[:-1], slots[1:] != slots[:-1], out=bound[1:])
+    if slots is None:
+        np.not_equal(keys[1:], keys[:-1], out=bound[1:])
+    else:
+        np.logical_or(keys[1:] != keys[:-1], slots[1:] != slots[:-1], out=bound[1:])
     bound[row_end[:-1][row_end[:-1] < nocc]] = True
     pstart = np.flatnonzero(bound)
     pcount = np.diff(np.append(pstart, nocc)).astype(np.float64)
-    pkey, pslot = keys[pstart], slots[pstart]
-    prow = np.searchsorted(row_end, pstart, side="right")  # row (image, n) of each posting
+    if slots is None:
+        pv = keys[pstart]
+        pkey, pslot = pv >> sb, pv & ((1 << sb) - 1)
+    else:
+        pkey, pslot = keys[pstart], slots[pstart]
+    occ_per_row = np.diff(np.concatenate([[0], row_end]))
+    prow = np.repeat(np.arange(len(row_end)), occ_per_row)[pstart]  # row (image, n) of each posting
     gnew = np.empty(len(pkey), bool)
     gnew[0] = True
     np.logical_or(pkey[1:] != pkey[:-1], prow[1:] != prow[:-1], out=gnew[1:])
@@ -701,25 +739,22 @@ def ngram_postings(captions: Any) -> tuple[Postings, int, int]:
     return _postings(flat, slot, max(M, 1), base), B, M
 
 
-def _pair_scores(flat: np.ndarray, slot: np.ndarray, S: int, k: int, base: int, idf_of,
-                 sigma: float, clipped: bool, vs_refs: bool, vs_self: bool
-                 ) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _pair_scores(post: Postings, gram_idf: np.ndarray, G: int, S: int, k: int, sigma: float, clipped: bool,
+                 vs_refs: bool, vs_self: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Pair scores within each row of captions: 10 * mean over n of val_n [* length penalty].
 
+    ``post``: the postings of G rows of S slots; ``gram_idf``: the idf of each of its gram groups.
     Slots ``< k`` of a row hold references, the others (m = S - k) hypotheses. Returns
     ``(to_refs, to_self)``: (G, m, k) scores of each hypothesis against each reference (if
     ``vs_refs``) and (G, m, m) of hypothesis i against hypothesis j for i <= j (if ``vs_self``;
     zero below the diagonal).
 
-    The join: occurrences sorted by (row, key, slot) form runs = postings (one caption's count of
-    one n-gram); the postings of one n-gram in one row are adjacent, ordered by slot (references
+    The join: the postings of one n-gram in one row are adjacent, ordered by slot (references
     first), so each hypothesis posting pairs with a contiguous range of postings, and only
     n-grams that two captions share are ever touched.
     """
-    G = flat.shape[0]
     m = S - k
     n_ref, n_self = (G * m * k if vs_refs else 0), (G * m * m if vs_self else 0)
-    post = _postings(flat, slot, S, base)
     nocc = post.count.size
     if nocc == 0:
         acc = np.zeros(n_ref + n_self)
@@ -727,43 +762,35 @@ def _pair_scores(flat: np.ndarray, slot: np.ndarray, S: int, k: int, base: int, 
         pcount, pslot, prow, gid, gstart = post.count, post.slot, post.row, post.gram, post.gram_start
         P = len(pcount)
         pg = prow // N_ORDER
-        w = idf_of(post.gram_key, post.base, post.relabel)[gid]  # idf of each posting's n-gram
-        cw = pcount * w
+        cw = pcount * gram_idf[gid]  # each posting's vector entry tf * idf
         nrm = np.sqrt(np.bincount(prow * S + pslot, weights=cw * cw, minlength=G * N_ORDER * S))
+        den = nrm[prow * S + pslot]
+        v = cw / np.where(den != 0, den, 1.0)  # the entry of the normalised vector
+        # val_n = sum over shared n-grams of min(h, r) * r * idf^2 / (|h| |r|) = v_h * v_r * min(1, r / h)
+        multi = pcount > 1
+        any_multi = clipped and bool(multi.any())
         hyp = np.flatnonzero(pslot >= k) if k else np.arange(P)
-        parts_a, parts_lo, parts_ln = [], [], []
+        hrow = pg[hyp] * m + (pslot[hyp] - k)
+        parts = []  # (partner range start, length, bin of the hypothesis row, bin offset of the partner)
         if vs_refs:
             rcount = np.bincount(gid[pslot < k], minlength=len(gstart))
-            parts_a.append(hyp)
-            parts_lo.append(gstart[gid[hyp]])
-            parts_ln.append(rcount[gid[hyp]])
+            parts.append((gstart[gid[hyp]], rcount[gid[hyp]], hrow * k, pslot))
         if vs_self:
             gend = np.append(gstart[1:], P)
-            parts_a.append(hyp)
-            parts_lo.append(hyp)
-            parts_ln.append(gend[gid[hyp]] - hyp)
-        a = np.concatenate(parts_a) if len(parts_a) > 1 else parts_a[0]
-        lo = np.concatenate(parts_lo) if len(parts_lo) > 1 else parts_lo[0]
-        ln = np.concatenate(parts_ln) if len(parts_ln) > 1 else parts_ln[0]
-        tot = int(ln.sum())
-        ai = np.repeat(a, ln)
-        bi = np.repeat(lo - (np.cumsum(ln) - ln), ln) + np.arange(tot)
-        ca, cb = pcount[ai], pcount[bi]
-        wa = w[ai]
-        num = (np.minimum(ca, cb) * cb if clipped else ca * cb) * (wa * wa)
-        ra = prow[ai] * S
-        sa, sbb = pslot[ai], pslot[bi]
-        den = nrm[ra + sa] * nrm[ra + sbb]
-        num /= np.where(den != 0, den, 1.0)
-        hrow = pg[ai] * m + (sa - k)
-        if vs_refs and vs_self:
-            to_self = sbb >= k
-            bins = np.where(to_self, n_ref + hrow * m + (sbb - k), hrow * k + sbb)
-        elif vs_refs:
-            bins = hrow * k + sbb
-        else:
-            bins = hrow * m + (sbb - k)
-        acc = np.bincount(bins, weights=num, minlength=n_ref + n_self)
+            parts.append((hyp, gend[gid[hyp]] - hyp, n_ref + hrow * m, pslot - k))
+        acc = np.zeros(n_ref + n_self)
+        for lo, ln, rowbin, colbin in parts:
+            tot = int(ln.sum())
+            if tot == 0:
+                continue
+            ai = np.repeat(hyp, ln)
+            bi = np.repeat(lo - (np.cumsum(ln) - ln), ln) + np.arange(tot)
+            val = v[ai] * v[bi]
+            if any_multi:
+                fix = np.flatnonzero(multi[ai] | multi[bi])
+                ca, cb = pcount[ai[fix]], pcount[bi[fix]]
+                val[fix] *= np.minimum(ca, cb) / ca
+            acc += np.bincount(np.repeat(rowbin, ln) + colbin[bi], weights=val, minlength=n_ref + n_self)
         if clipped:
             big = prow % N_ORDER == 1  # coco-caption's length: the number of bigrams
             blen = np.bincount(pg[big] * S + pslot[big], weights=pcount[big], minlength=G * S)
@@ -810,13 +837,61 @@ class CiderD:
                             "(DocFreq.from_h5 next to vocab.json, or from_references on strings)")
         return _WordTable(self.df.words, base=self.df.base)
 
-    def _idf(self, df: DocFreq):
-        ref_len = df.ref_len
+    def _base(self, *caps: _Caps, table: _WordTable | None) -> int:
+        base = max([c.max_id() + 1 for c in caps] + [table.next if table is not None else 0, 2])
+        return max(base, self.df.base) if self.df is not None else base
 
-        def idf_of(keys: np.ndarray, base: int, relabel: np.ndarray | None) -> np.ndarray:
-            return ref_len - np.log(np.maximum(df._lookup_keys(keys, base, relabel), 1.0))
+    def _run(self, caps: _Caps, slot_index: np.ndarray, k: int, base: int, *, doc_slots: int,
+             doc_groups: np.ndarray | None, num_docs: int, clipped: bool, vs_refs: bool, vs_self: bool):
+        """Score the rows of ``slot_index`` chunk by chunk; yields ``(rows, to_refs, to_self)``.
 
-        return idf_of
+        Corpus mode (no fixed df): a first pass collects every chunk's postings, and the document
+        frequency of an n-gram is the number of documents -- rows in ``doc_groups`` (None: all),
+        counting slots ``< doc_slots`` -- that contain it; ``num_docs`` documents in all.
+        """
+        S = slot_index.shape[1]
+        chunks = []
+        for rows in _group_chunks(caps, slot_index):
+            flat, slot, _ = _layout(caps, slot_index[rows])
+            post = _postings(flat, slot, S, base)
+            if self.df is not None:
+                idf = self.df.ref_len - self.df._log_df_of_keys(post.gram_key, post.base, post.relabel)
+                yield (rows, *_pair_scores(post, idf, len(rows), S, k, self.sigma, clipped, vs_refs, vs_self))
+            else:
+                chunks.append((rows, post))
+        if self.df is not None:
+            return
+        # corpus document frequencies, from the postings themselves
+        keys, flags = [], []
+        for rows, post in chunks:
+            in_doc = np.zeros(len(post.gram_key), bool)
+            if post.count.size:
+                sel = post.slot < doc_slots
+                if doc_groups is not None:
+                    sel &= doc_groups[rows][post.row // N_ORDER]
+                in_doc[post.gram[sel]] = True
+            key = post.gram_key
+            if post.relabel is not None or base > _MAX_BASE:  # canonical two-word keys of original ids
+                d = _digits(key, post.base)
+                d = post.relabel[d] if post.relabel is not None else d
+                key = np.stack([(d[:, 0] << 31) | d[:, 1], (d[:, 2] << 31) | d[:, 3]], 1)
+            keys.append(key)
+            flags.append(in_doc)
+        allk = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        if allk.ndim == 2 or (keys and any(k_.ndim == 2 for k_ in keys)):
+            allk = np.concatenate([k_ if k_.ndim == 2 else np.stack([k_, k_], 1) for k_ in keys])
+            _, inv = np.unique(allk, axis=0, return_inverse=True)
+        else:
+            _, inv = np.unique(allk, return_inverse=True)
+        inv = inv.reshape(-1)
+        df = np.bincount(inv, weights=np.concatenate(flags) if flags else None, minlength=int(inv.max(initial=-1)) + 1)
+        ref_len = np.log(float(num_docs))
+        idf_all = ref_len - np.log(np.maximum(df[inv], 1.0))
+        lo = 0
+        for rows, post in chunks:
+            hi = lo + len(post.gram_key)
+            yield (rows, *_pair_scores(post, idf_all[lo:hi], len(rows), S, k, self.sigma, clipped, vs_refs, vs_self))
+            lo = hi
 
     # ---- scoring ------------------------------------------------------------------------
 
@@ -849,18 +924,16 @@ class CiderD:
             raise ValueError("a reference set scored against is empty")
         if H == 0:
             return np.zeros(0, np.float64)
-        base = max(rcaps.max_id() + 1, hcaps.max_id() + 1, table.next if table is not None else 0)
-        df = self.df
-        if df is None:
-            df = DocFreq._from_caps(rcaps, counts, None, base)
-        base = max(base, df.base)
-        idf_of = self._idf(df)
+        base = self._base(rcaps, hcaps, table=table)
 
-        # groups: (set, chunk of at most m_cap hypotheses); slots: k_max references, then hyps
+        # groups: (set, chunk of at most m_cap hypotheses); slots: k_max references, then hyps.
+        # In corpus mode every set gets a group (its references are documents even if unscored).
         m = np.bincount(ref_index, minlength=N)
         m_cap = int(min(m.max(), 32))
-        k_max = int(counts[used].max())
+        k_max = int(counts.max() if self.df is None else counts[used].max())
         nchunks = -(-m // m_cap)
+        if self.df is None:
+            nchunks = np.maximum(nchunks, 1)
         goff = np.cumsum(nchunks) - nchunks
         order = np.argsort(ref_index, kind="stable")
         sset = ref_index[order]
@@ -875,13 +948,11 @@ class CiderD:
         kk = np.arange(k_max)[None, :]
         slot_index[:, :k_max] = np.where(kk < counts[set_of_g, None], rstart[set_of_g, None] + kk, -1)
         slot_index[grp, k_max + hslot] = len(rcaps) + order
-        caps = _concat(rcaps, hcaps)
-
-        out_g = np.empty((G, m_cap))
-        for rows in _group_chunks(caps, slot_index):
-            flat, slot, _ = _layout(caps, slot_index[rows])
-            pair, _ = _pair_scores(flat, slot, S, k_max, base, idf_of, self.sigma, clipped=True,
-                                   vs_refs=True, vs_self=False)
+        first = np.zeros(G, bool)
+        first[goff] = True  # the first group of each set holds its document
+        out_g = np.zeros((G, m_cap))
+        for rows, pair, _ in self._run(_concat(rcaps, hcaps), slot_index, k_max, base, doc_slots=k_max,
+                                       doc_groups=first, num_docs=N, clipped=True, vs_refs=True, vs_self=False):
             out_g[rows] = pair.sum(-1)
         out = np.empty(H)
         out[order] = out_g[grp, hslot] / counts[sset]
@@ -907,18 +978,13 @@ class CiderD:
         M = int(counts[0])
         if (counts != M).any():
             raise ValueError("pairwise: every image needs the same number of captions")
-        base = max(allc.max_id() + 1, table.next if table is not None else 0)
-        df = self.df if self.df is not None else DocFreq._from_caps(allc, counts, None, base)
-        base = max(base, df.base)
+        base = self._base(allc, table=table)
         slot_index = np.arange(B * M, dtype=np.int64).reshape(B, M)
-        out = np.empty((B, M, M))
-        idf_of = self._idf(df)
-        for rows in _group_chunks(allc, slot_index):
-            flat, slot, _ = _layout(allc, slot_index[rows])
-            _, out[rows] = _pair_scores(flat, slot, M, 0, base, idf_of, self.sigma,
-                                        clipped=kind == "cider-d", vs_refs=False, vs_self=True)
-        # computed for i <= j; mirror to the lower triangle
-        return out + np.triu(out, 1).transpose(0, 2, 1)
+        out = np.zeros((B, M, M))
+        for rows, _, K in self._run(allc, slot_index, 0, base, doc_slots=M, doc_groups=None, num_docs=B,
+                                    clipped=kind == "cider-d", vs_refs=False, vs_self=True):
+            out[rows] = K
+        return _mirror(out)  # computed for i <= j
 
     def score_and_pairwise(self, caps: Any, refs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Both terms of the R-DPP reward in one pass (one sort, one df lookup):
@@ -943,32 +1009,37 @@ class CiderD:
             raise ValueError("score_and_pairwise: every image needs the same number of captions")
         if (counts == 0).any():
             raise ValueError("a reference set scored against is empty")
-        base = max(rcaps.max_id() + 1, hcaps.max_id() + 1, table.next if table is not None else 0)
-        df = self.df if self.df is not None else DocFreq._from_caps(rcaps, counts, None, base)
-        base = max(base, df.base)
+        base = self._base(rcaps, hcaps, table=table)
         k = int(counts.max())
         S = k + M
         slot_index = np.full((B, S), -1, np.int64)
         kk = np.arange(k)[None, :]
         slot_index[:, :k] = np.where(kk < counts[:, None], (np.cumsum(counts) - counts)[:, None] + kk, -1)
         slot_index[:, k:] = len(rcaps) + np.arange(B * M).reshape(B, M)
-        allc = _concat(rcaps, hcaps)
-        q = np.empty((B, M))
-        K = np.empty((B, M, M))
-        idf_of = self._idf(df)
-        for rows in _group_chunks(allc, slot_index):
-            flat, slot, _ = _layout(allc, slot_index[rows])
-            to_refs, K[rows] = _pair_scores(flat, slot, S, k, base, idf_of, self.sigma, clipped=True,
-                                            vs_refs=True, vs_self=True)
+        q = np.zeros((B, M))
+        K = np.zeros((B, M, M))
+        for rows, to_refs, to_self in self._run(_concat(rcaps, hcaps), slot_index, k, base, doc_slots=k,
+                                                doc_groups=None, num_docs=B, clipped=True, vs_refs=True,
+                                                vs_self=True):
             q[rows] = to_refs.sum(-1) / counts[rows, None]
-        return q, K + np.triu(K, 1).transpose(0, 2, 1)
+            K[rows] = to_self
+        return q, _mirror(K)
+
+
+def _mirror(K: np.ndarray) -> np.ndarray:
+    """Copy the upper triangle of each (M, M) matrix to its lower triangle, in place."""
+    i, j = np.triu_indices(K.shape[-1], 1)
+    K[:, j, i] = K[:, i, j]
+    return K
 
 
 def _concat(a: _Caps, b: _Caps) -> _Caps:
     if a.mat is not None and b.mat is not None:
-        T = max(a.mat.shape[1], b.mat.shape[1])
-        pa = np.pad(a.mat, ((0, 0), (0, T - a.mat.shape[1])))
-        pb = np.pad(b.mat, ((0, 0), (0, T - b.mat.shape[1])))
-        return _Caps(mat=np.concatenate([pa, pb]))
+        if a.mat.shape[1] == b.mat.shape[1]:
+            return _Caps(mat=np.concatenate([a.mat, b.mat]))
+        out = np.zeros((len(a.mat) + len(b.mat), max(a.mat.shape[1], b.mat.shape[1])), np.int64)
+        out[:len(a.mat), :a.mat.shape[1]] = a.mat
+        out[len(a.mat):, :b.mat.shape[1]] = b.mat
+        return _Caps(mat=out)
     ra, rb = a.ragged(), b.ragged()
     return _Caps(ids=np.concatenate([ra.ids, rb.ids]), lens=np.concatenate([ra.lens, rb.lens]))

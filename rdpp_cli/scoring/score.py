@@ -293,7 +293,9 @@ def score(
                    mbleu4=_nanmean(per_div["mbleu4"]), distinct=_nanmean(per_div["distinct"]),
                    vocab=divstats.vocabulary_size(ev.captions))
         if ref.data is not None:
-            train = coco_eval.ptb_tokenize(training_captions(ref.data))
+            # raw references are Karpathy tokens (lower case, no punctuation): compared as they are
+            # with the PTB-tokenized captions, without sending every training caption through Java
+            train = [c.lower() for c in training_captions(ref.data)]
             div["novel"] = divstats.novel_fraction(ev.captions, train)
         else:
             note("novel-caption fraction needs the training captions of a data artifact; left out with --refs")
