@@ -22,6 +22,7 @@ caption slot; see docs/metrics.md). Every score is returned per caption, for bes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -144,70 +145,95 @@ def ptb_tokenize(captions: list[str]) -> list[str]:
 # METEOR
 # ----------------------------------------------------------------------------------------------
 
-def meteor(hyps: list[str], refs: list[list[str]]) -> tuple[float, np.ndarray]:
-    """METEOR 1.5 (``-l en -norm``) with coco-caption's protocol: the aggregate score over all
-    segments and each segment's score."""
-    if not hyps:
-        return float("nan"), np.zeros(0)
-    cmd = [java(), "-Xmx2G", *JAVA_FLAGS, "-jar", str(meteor_jar()), "-", "-", "-stdio", "-l", "en", "-norm"]
-    err = tempfile.TemporaryFile()
-    try:
-        proc = subprocess.Popen(cmd, cwd=str(meteor_jar().parent), env=_java_env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err)
-    except OSError as e:
-        err.close()
-        raise RdppError(f"could not run java for METEOR ({e}); check the Java installation") from None
+class Meteor:
+    """A METEOR 1.5 process (``-l en -norm``) spoken to with coco-caption's protocol. Start it early
+    (its JVM takes seconds to load the paraphrase table) and use it as a context manager: the
+    process is always killed, and there is no lock to leave held after an error."""
 
-    def readline() -> str:
-        line = proc.stdout.readline()
+    def __init__(self) -> None:
+        cmd = [java(), "-Xmx2G", *JAVA_FLAGS, "-jar", str(meteor_jar()), "-", "-", "-stdio", "-l", "en", "-norm"]
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=str(meteor_jar().parent), env=_java_env(), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._err)
+        except OSError as e:
+            self._err.close()
+            raise RdppError(f"could not run java for METEOR ({e}); check the Java installation") from None
+
+    def __enter__(self) -> Meteor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        proc = self.proc
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, self._err):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def _stopped(self) -> RdppError:
+        self._err.seek(0)
+        return RdppError(f"METEOR stopped unexpectedly: {_first_line(self._err.read())}")
+
+    def _readline(self) -> str:
+        line = self.proc.stdout.readline()
         if not line:
-            err.seek(0)
-            raise RdppError(f"METEOR stopped unexpectedly: {_first_line(err.read())}")
+            raise self._stopped()
         return line.decode("utf-8").strip()
 
-    def number(text: str) -> float:
+    @staticmethod
+    def _number(text: str) -> float:
         try:
             return float(text)
         except ValueError:
             raise RdppError(f"METEOR answered {text[:60]!r} instead of a number (a locale or Java problem)") from None
 
-    def write_all(lines: list[str], failed: list[BaseException]) -> None:
-        try:
-            for line in lines:
-                proc.stdin.write((line + "\n").encode("utf-8"))
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:  # the reader reports why METEOR stopped
-            failed.append(e)
-
-    try:
-        # all SCORE lines are written by a thread while this one reads the answers: no round trip
-        # per segment, and no deadlock when both pipes fill up
-        score_lines = []
+    def score(self, hyps: list[str], refs: list[list[str]]) -> tuple[float, np.ndarray]:
+        """The aggregate score over all segments and each segment's score."""
+        if not hyps:
+            return float("nan"), np.zeros(0)
+        proc = self.proc
+        lines = []
         for h, rs in zip(hyps, refs):
             h = one_line(h).replace("|||", "").replace("  ", " ")
-            score_lines.append(" ||| ".join(("SCORE", " ||| ".join(one_line(r) for r in rs), h)))
-        failed: list[BaseException] = []
-        writer = threading.Thread(target=write_all, args=(score_lines, failed), daemon=True)
-        writer.start()
-        stats = [readline() for _ in score_lines]
-        writer.join()
-        proc.stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode("utf-8"))
-        proc.stdin.flush()
-        per = np.array([number(readline()) for _ in hyps])
-        total = number(readline())
-    except BrokenPipeError:
-        err.seek(0)
-        raise RdppError(f"METEOR stopped unexpectedly: {_first_line(err.read())}") from None
-    finally:
-        proc.kill()
-        proc.wait()
-        for f in (proc.stdin, proc.stdout):
+            lines.append(" ||| ".join(("SCORE", " ||| ".join(one_line(r) for r in rs), h)))
+
+        def write_all() -> None:
             try:
-                f.close()
-            except OSError:
+                for line in lines:
+                    proc.stdin.write((line + "\n").encode("utf-8"))
+                proc.stdin.flush()
+            except OSError:  # BrokenPipeError: the reader reports why METEOR stopped
                 pass
-        err.close()
-    return total, per
+
+        try:
+            # a thread writes every SCORE line while this one reads the answers: no round trip per
+            # segment, and no deadlock when both pipes fill up
+            writer = threading.Thread(target=write_all, daemon=True)
+            writer.start()
+            stats = [self._readline() for _ in lines]
+            writer.join()
+            proc.stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode("utf-8"))
+            proc.stdin.flush()
+            per = np.array([self._number(self._readline()) for _ in hyps])
+            total = self._number(self._readline())
+        except BrokenPipeError:
+            raise self._stopped() from None
+        return total, per
+
+
+def meteor(hyps: list[str], refs: list[list[str]]) -> tuple[float, np.ndarray]:
+    """METEOR 1.5 with coco-caption's protocol: the aggregate score and each segment's score."""
+    if not hyps:
+        return float("nan"), np.zeros(0)
+    with Meteor() as m:
+        return m.score(hyps, refs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,14 +317,16 @@ def evaluate(captions: list[list[str]], refs: list[list[str]], metrics: tuple[st
         note(f"SPICE skipped: {why}")
         skipped["SPICE"] = why
         want.remove("SPICE")
-    steps = (["tokenize"] if tokenize else []) + [m for m in ("BLEU", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+    steps = (["tokenize"] if tokenize else []) + [m for m in ("BLEU", "ROUGE_L", "CIDEr", "METEOR", "SPICE")
                                                  if m in want or (m == "BLEU" and any(x.startswith("Bleu") for x in want))]
     flat = [c for cs in captions for c in cs]
     img = np.repeat(np.arange(len(captions)), counts)
     splits = np.cumsum(counts)[:-1]
     corpus: dict[str, float] = {}
     per: dict[str, np.ndarray] = {}
-    with progress("metrics") as bar:
+    with contextlib.ExitStack() as stack, progress("metrics") as bar:
+        # METEOR's JVM loads its paraphrase table while the tokenizer and the Python metrics run
+        met = stack.enter_context(Meteor()) if "METEOR" in want else None
         task = bar.add_task("coco-caption evaluation", total=len(steps), info="")
         if tokenize:
             bar.update(task, info="PTB tokenizer")
@@ -319,10 +347,6 @@ def evaluate(captions: list[list[str]], refs: list[list[str]], metrics: tuple[st
                 corpus[f"Bleu_{k + 1}"] = float(scores[k])
                 per[f"Bleu_{k + 1}"] = np.array(lists[k])
             bar.advance(task)
-        if "METEOR" in want:
-            bar.update(task, info="METEOR")
-            corpus["METEOR"], per["METEOR"] = meteor(flat, hyp_refs)
-            bar.advance(task)
         if "ROUGE_L" in want:
             bar.update(task, info="ROUGE_L")
             r = Rouge()
@@ -333,6 +357,10 @@ def evaluate(captions: list[list[str]], refs: list[list[str]], metrics: tuple[st
             bar.update(task, info="CIDEr")
             per["CIDEr"] = CiderD().score(flat, refs, ref_index=img)
             corpus["CIDEr"] = float(np.mean(per["CIDEr"]))
+            bar.advance(task)
+        if "METEOR" in want:
+            bar.update(task, info="METEOR")
+            corpus["METEOR"], per["METEOR"] = met.score(flat, hyp_refs)
             bar.advance(task)
         if "SPICE" in want:
             bar.update(task, info="SPICE")
