@@ -139,6 +139,32 @@ def test_sequence_logprobs_masks_after_first_eos():
     assert mask.sum(1).tolist() == [3, 5, 1]
 
 
+def test_token_logprobs_equals_forward_then_sequence_logprobs():
+    m = tiny().train()
+    att = torch.randn(3, 5, 7)
+    seqs = torch.randint(1, 13, (3, 2, 5))
+    seqs[0, 0, 2:] = 0
+    seqs[1, 1, 3:] = 0
+    seqs[2, :, 4:] = 0
+    m.eval()  # same values (no dropout)
+    a, ma = sequence_logprobs(m(None, att, seqs), seqs)
+    b, mb = m.token_logprobs(None, att, seqs)
+    assert torch.equal(ma, mb) and torch.allclose(a, b, atol=1e-6)
+    # same gradients
+    a.sum().backward()
+    g1 = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    m.token_logprobs(None, att, seqs)[0].sum().backward()
+    for n, p in m.named_parameters():
+        assert torch.allclose(g1[n], p.grad, atol=1e-5), n
+    # all captions short: the LSTM runs only as long as needed, the numbers do not change
+    short = seqs.clone()
+    short[..., 2:] = 0
+    a, _ = sequence_logprobs(m(None, att, short), short)
+    b, _ = m.token_logprobs(None, att, short)
+    assert torch.allclose(a, b, atol=1e-6) and (b[:, 3:] == 0).all()
+
+
 def test_tiny_model_overfits_four_images():
     torch.manual_seed(0)
     m = tiny(vocab=10, rnn_size=32, att_hid_size=16, input_encoding_size=16)
