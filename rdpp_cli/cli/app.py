@@ -5,12 +5,7 @@ from __future__ import annotations
 import typer
 
 from rdpp_cli import __version__
-from rdpp_cli.cli import finetune
-from rdpp_cli.cli import ls
-from rdpp_cli.cli import plot
-from rdpp_cli.cli import prepro
-from rdpp_cli.cli import score
-from rdpp_cli.cli import train_xe
+from rdpp_cli.cli import demo, finetune, ls, plot, prepro, sample, score, train_xe
 
 app = typer.Typer(
     name="rdpp",
@@ -22,14 +17,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# name -> (module with `command` or `app`). Add a row only when the command works.
-app.command("ls")(ls.command)
+# The command table, in pipeline order. Add a row only when the command works.
 app.add_typer(prepro.app, name="prepro")
 app.command("train-xe")(train_xe.command)
+app.command("finetune")(finetune.command)
+app.command("sample")(sample.command)
 app.command("score")(score.command)
 app.command("plot")(plot.command)
-app.command("finetune")(finetune.command)
-
+app.command("demo")(demo.command)
+app.command("ls")(ls.command)
 
 def _version(value: bool) -> None:
     if value:

@@ -1,0 +1,52 @@
+"""`rdpp sample`: thin wrapper over rdpp_cli.decoding.sample.sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.decoding.decode import METHODS
+
+
+@stage
+def command(
+    ctx: typer.Context,
+    model: str = typer.Argument(None, help="Model artifact (path or name); default: the newest fine-tuned, else XE model."),
+    from_: str = typer.Option(None, "--from", help="Same as MODEL: an artifact name (see `rdpp ls`) or path."),
+    data: str = typer.Option(None, "--data", help="Data artifact; default: the one the model was trained on."),
+    split: str = typer.Option("test", "--split", help="train, val or test."),
+    n: int = typer.Option(20, "--n", help="Captions per image."),
+    method: str = typer.Option("random", "--method", help=f"One of: {', '.join(METHODS)}."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
+    top_k: int = typer.Option(0, "--top-k", help="k for --method topk."),
+    top_p: float = typer.Option(1.0, "--top-p", help="p for --method nucleus."),
+    beam: int = typer.Option(3, "--beam", help="Beam width (per group for dbs)."),
+    groups: int = typer.Option(1, "--groups", help="Groups for diverse beam search."),
+    diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
+    length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
+    max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the data's caption length)."),
+    batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
+    max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
+    force: bool = ForceOpt,
+    workspace: Path = WorkspaceOpt,
+    config: Path = ConfigOpt,
+) -> None:
+    """Decode n captions per image (greedy, beam, random, topk, nucleus, dbs).
+
+    Example: rdpp sample --n 20 --method random
+    """
+    from rdpp_cli.decoding.sample import sample
+
+    opts = resolve_options(ctx, "sample")
+    if opts["model"] is not None and opts["from_"] is not None:
+        from rdpp_cli.errors import RdppError
+
+        raise RdppError("give the model either as MODEL or with --from, not both")
+    model = opts.pop("model") or opts.pop("from_")
+    opts.pop("from_", None)
+    sample(model, **opts)

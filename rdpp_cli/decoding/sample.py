@@ -1,0 +1,129 @@
+"""The `rdpp sample` stage: n captions per image of a split, from a model artifact.
+
+Reads the model artifact (newest fine-tuned, else newest XE model, unless one is named) and the
+data artifact it was trained on; decodes in batches of images with ``decode`` (each image encoded
+once, expanded to its n rows); writes a samples artifact with ``samples.json``:
+``[{"image_id", "captions": [...n...], "logprobs": [...n...]}]`` (logprob = the caption's
+log-probability under the model, EOS included).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rdpp_cli.artifacts import Artifact, finish, prepare_output, read_artifact, resolve_input, write_manifest
+from rdpp_cli.console import console, progress, summary_table
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.checkpoint import load_model
+from rdpp_cli.training.distributed import resolve_device
+from rdpp_cli.training.finetune import resolve_data_for
+
+
+def model_checkpoint(model_art: Artifact) -> Path:
+    """``checkpoints/best.pt`` of a model artifact, else ``last.pt``."""
+    for name in ("checkpoints/best.pt", "checkpoints/last.pt"):
+        if name in model_art.manifest.get("files", {}):
+            return model_art.file(name)
+    raise RdppError(f"model artifact {model_art.path} has no checkpoints/best.pt or last.pt; retrain it")
+
+
+def run_name(cfg: DecodeConfig) -> str:
+    extra = {"beam": f"-b{cfg.beam}", "dbs": f"-g{cfg.groups}b{cfg.beam}", "topk": f"-k{cfg.top_k}",
+             "nucleus": f"-p{cfg.top_p:g}"}.get(cfg.method, "")
+    return f"{cfg.method}{extra}-n{cfg.n}"
+
+
+def sample(
+    model: str | Path | None = None,
+    *,
+    data: str | Path | None = None,
+    split: str = "test",
+    n: int = 20,
+    method: str = "random",
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    beam: int = 3,
+    groups: int = 1,
+    diversity_lambda: float = 0.5,
+    length_norm: float = 0.0,
+    max_len: int | None = None,
+    batch_size: int = 50,
+    max_images: int | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    out: Path | str | None = None,
+    force: bool = False,
+    workspace: Path | str | None = None,
+) -> Artifact:
+    """Decode ``n`` captions per image of ``split``; returns the samples artifact."""
+    try:
+        cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
+                           top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+                           length_norm=length_norm).check()
+    except ValueError as e:
+        raise RdppError(str(e)) from None
+    if batch_size < 1:
+        raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
+    dev = resolve_device(device)
+    model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
+                              what="model", make_with="rdpp train-xe")
+    data_art = resolve_data_for(model_art, data, workspace)
+    ds = DataArtifact(data_art)
+    net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
+    if list(vocab) != list(ds.words):
+        raise RdppError(f"model {model_art.path} has a {len(vocab)}-word vocabulary, data artifact {ds.path} a "
+                        f"{ds.vocab_size}-word one that differs; sample with the data the model was trained on")
+    if (net.config.att_feat_size != ds.att_dim):
+        raise RdppError(f"model {model_art.path} expects {net.config.att_feat_size}-d features but {ds.path} has "
+                        f"{ds.att_dim}-d ones; sample with the data the model was trained on")
+    if max_len is None:
+        cfg.max_len = ds.seq_length
+    images = ds.split_indices(split)
+    if max_images is not None:
+        images = images[:max_images]
+
+    config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(),
+              "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
+    out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg), kind="rdpp.samples",
+                             config=config, force=force)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    records: list[dict] = []
+    t0 = time.perf_counter()
+    with progress("captions") as bar:
+        task = bar.add_task(f"sample {cfg.method}", total=len(images) * n, info="")
+        for start in range(0, len(images), batch_size):
+            idx = images[start:start + batch_size]
+            fc, att, mask = ds.features(idx, dev)
+            out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+            toks = out_.tokens.cpu().numpy()
+            lps = out_.seq_logprob.cpu().numpy()
+            for b, i in enumerate(idx):
+                records.append({"image_id": int(ds.image_ids[i]),
+                                "captions": [ds.decode(toks[b, j]) for j in range(n)],
+                                "logprobs": [round(float(x), 6) for x in lps[b]]})
+            bar.advance(task, len(idx) * n)
+    elapsed = time.perf_counter() - t0
+    (out_dir / "samples.json").write_text(json.dumps(records, indent=1) + "\n")
+    distinct = float(np.mean([len(set(r["captions"])) for r in records]))
+    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art],
+                         summary={"images": len(records), "n": n, "method": cfg.method, "distinct": distinct})
+    finish(out_dir)
+
+    console.print(summary_table("rdpp sample", {
+        "artifact": out_dir,
+        "model": model_art.path,
+        "decoding": f"{cfg.method}, n={n}" + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        "images": f"{len(records)} ({split} split)",
+        "captions/s": f"{len(records) * n / max(elapsed, 1e-9):,.0f}",
+        "distinct per image": f"{distinct:.2f} of {n}",
+        **{f"e.g. {r['image_id']}": " | ".join(r["captions"][:3]) for r in records[:3]},
+    }))
+    return art

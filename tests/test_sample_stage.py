@@ -1,0 +1,113 @@
+"""`rdpp sample`: the samples artifact, its lineage checks, reproducibility and bad input."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rdpp_cli.artifacts import finish, prepare_output, read_artifact, write_manifest
+from rdpp_cli.cli.app import app
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.toy import prepro_toy
+from rdpp_cli.models.att2in import Att2in, config_from_preset
+from rdpp_cli.models.checkpoint import save_checkpoint
+
+
+def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
+    ds = DataArtifact(data)
+    torch.manual_seed(seed)
+    vocab = vocab or ds.words
+    net = Att2in(config_from_preset("small", vocab_size=len(vocab), fc_feat_size=ds.fc_dim,
+                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+                                    input_encoding_size=32, att_hid_size=32))
+    cfg = {"stage": "xe", "seed": seed, "vocab": len(vocab)}
+    out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
+    save_checkpoint(out / "checkpoints" / "best.pt", net, vocab)
+    art = write_manifest(out, "rdpp.model", cfg, inputs=[data])
+    finish(out)
+    return art
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    ws = tmp_path_factory.mktemp("ws")
+    data = prepro_toy(workspace=ws, images=120, seed=3)
+    model = _model_artifact(ws, data)
+    return ws, data, model
+
+
+def _run(args):
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200", "RDPP_NO_PROGRESS": "1"})
+
+
+def test_sample_with_no_paths_writes_samples_of_the_test_split(ws):
+    root, data, model = ws
+    r = _run(["sample", "--n", "4", "--method", "random", "--workspace", str(root), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    art = read_artifact(root / "samples" / "random-n4-v1", "rdpp.samples")
+    assert [i["path"] for i in art.inputs] == [str(model.path.resolve()), str(data.path.resolve())]
+    recs = json.loads((art.path / "samples.json").read_text())
+    ds = DataArtifact(data)
+    assert [r_["image_id"] for r_ in recs] == [int(ds.image_ids[i]) for i in ds.split_indices("test")]
+    for rec in recs:
+        assert len(rec["captions"]) == 4 and len(rec["logprobs"]) == 4
+        assert all(lp < 0 for lp in rec["logprobs"])
+        assert all(w in ds.words for c in rec["captions"] for w in c.split())
+    assert art.manifest["summary"]["n"] == 4 and art.config["method"] == "random"
+
+
+def test_same_seed_same_samples_other_seed_other_samples(ws, tmp_path):
+    root, _, model = ws
+    outs = []
+    for k, seed in enumerate((5, 5, 6)):
+        r = _run(["sample", str(model.path), "--n", "3", "--seed", str(seed), "--out", str(tmp_path / f"s{k}"),
+                  "--device", "cpu", "--workspace", str(root)])
+        assert r.exit_code == 0, r.output
+        outs.append(json.loads((tmp_path / f"s{k}" / "samples.json").read_text()))
+    assert outs[0] == outs[1]
+    assert outs[0] != outs[2]
+
+
+def test_greedy_copies_are_identical_and_beam_best_beats_greedy(ws, tmp_path):
+    root, _, model = ws
+    assert _run(["sample", "--from", model.name, "--method", "greedy", "--n", "2", "--out", str(tmp_path / "g"),
+                 "--workspace", str(root), "--device", "cpu"]).exit_code == 0
+    assert _run(["sample", "--from", model.name, "--method", "beam", "--beam", "3", "--n", "1",
+                 "--out", str(tmp_path / "b"), "--workspace", str(root), "--device", "cpu"]).exit_code == 0
+    greedy = json.loads((tmp_path / "g" / "samples.json").read_text())
+    beam = json.loads((tmp_path / "b" / "samples.json").read_text())
+    for g, b in zip(greedy, beam):
+        assert g["captions"][0] == g["captions"][1]
+        assert b["logprobs"][0] >= g["logprobs"][0] - 1e-5
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--n", "0"], "--n must be at least 1"),
+    (["--method", "telepathy"], "unknown decoding method 'telepathy'"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--n", "-1"], "cuda|--n must be"),
+    (["--split", "holdout"], "unknown split 'holdout'"),
+])
+def test_bad_options_are_one_line(ws, args, match):
+    import re
+
+    root, _, _ = ws
+    r = _run(["sample", "--workspace", str(root), *args])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("using ")]
+    assert len(lines) == 1 and re.search(match, lines[0]), r.output
+
+
+def test_model_with_another_vocabulary_is_refused(ws, tmp_path):
+    root, data, _ = ws
+    other = _model_artifact(tmp_path, data, vocab=DataArtifact(data).words[:-1] + ["zebra"])
+    r = _run(["sample", str(other.path), "--data", str(data.path), "--workspace", str(root)])
+    assert r.exit_code == 2 and "vocabulary" in r.output and "differs" in r.output
+    assert not (tmp_path / "samples").exists()
+
+
+def test_model_trained_on_other_data_is_refused(ws, tmp_path):
+    root, data, model = ws
+    other_data = prepro_toy(workspace=tmp_path, images=60, seed=4)
+    r = _run(["sample", str(model.path), "--data", str(other_data.path), "--workspace", str(root)])
+    assert r.exit_code == 2 and "not on data artifact" in r.output, r.output
