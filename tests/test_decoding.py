@@ -140,7 +140,7 @@ def test_beam_width_1_top_k_1_nucleus_p0_and_cold_temperature_equal_greedy(toy):
     for i in range(feats.shape[0]):  # the toy model learned its captions: greedy says one of them
         assert g.tokens[i, 0].tolist() + [0] * (7 - g.tokens.shape[-1]) in refs[i].tolist()
     for kw in (dict(method="beam", beam=1), dict(method="topk", top_k=1), dict(method="nucleus", top_p=1e-9),
-               dict(method="random", temperature=1e-4), dict(method="dbs", beam=1, groups=1)):
+               dict(method="random", temperature=1e-7), dict(method="dbs", beam=1, groups=1)):
         d = run(m, feats, max_len=8, **kw)
         assert torch.equal(d.tokens, g.tokens), kw
         assert torch.allclose(d.seq_logprob, g.seq_logprob), kw
@@ -157,10 +157,12 @@ def test_temperature_to_zero_approaches_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
     agree = []
-    for temp in (2.0, 1.0, 0.3, 0.1, 1e-3):
+    for temp in (2.0, 1.0, 0.3, 0.1, 1e-3, 1e-7):
         d = run(m, feats, method="random", n=20, temperature=temp, max_len=8)
         agree.append((_pad(d.tokens) == _pad(g.tokens)).all(-1).float().mean().item())
-    assert agree[0] < 0.2 and agree[1] < 0.4 and agree[-1] == 1.0
+    # the toy model has near-ties (it learned 5 equally likely wordings), so only a very cold
+    # temperature reproduces greedy on every image
+    assert agree[0] < 0.2 and agree[1] < 0.4 and agree[-2] > 0.9 and agree[-1] == 1.0
     assert agree == sorted(agree)
 
 
