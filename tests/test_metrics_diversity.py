@@ -114,3 +114,15 @@ def test_oracle_of_n_copies_is_that_captions_score(refs):
     best, mean = D.oracle(np.split(copies, 3))
     np.testing.assert_allclose(best, one, rtol=0, atol=1e-12)
     np.testing.assert_allclose(mean, one, rtol=0, atol=1e-12)
+
+
+def test_symmetric_kernels_use_the_same_singular_values_as_svd(refs, train_df):
+    K = CiderD(train_df).pairwise([r[:5] for r in refs[:100]])
+    lam = np.linalg.svd(K, compute_uv=False)
+    want = -np.log(np.sqrt(lam[:, 0]) / np.sqrt(lam).sum(1)) / np.log(5)
+    np.testing.assert_allclose(self_cider_from_kernel(K), want, rtol=0, atol=1e-12)
+    asym = K.copy()
+    asym[:, 0, 1] += 0.5  # not symmetric: np.linalg.svd itself
+    lam = np.linalg.svd(asym, compute_uv=False)
+    np.testing.assert_allclose(self_cider_from_kernel(asym), -np.log(np.sqrt(lam[:, 0]) / np.sqrt(lam).sum(1)) / np.log(5),
+                               rtol=0, atol=1e-12)

@@ -8,7 +8,9 @@ with equal entries).
 Two variants, selected by name:
 
 * ``"cider-d"`` (default, DESIGN): K_ij = CIDEr-D of caption i against the single reference j for
-  i <= j, mirrored; lambda = singular values of K (``np.linalg.svd``), as the authors' code.
+  i <= j, mirrored; lambda = singular values of K, as the authors' code (``np.linalg.svd``; for the
+  mirrored, hence symmetric, K they are computed as the eigenvalues' magnitudes with ``eigvalsh``,
+  equal to ``svd``'s to ~1e-15 and faster).
 * ``"cider"``: the variant in common use (self-critical.pytorch's ``eval_multi``): plain CIDEr
   (tf-idf cosine, no clipping, no length penalty), K / 10, ``np.linalg.eigvalsh``, negative
   eigenvalues clipped to 0.
@@ -48,8 +50,13 @@ def self_cider_from_kernel(K: np.ndarray, variant: str = "cider-d") -> np.ndarra
     out = np.zeros(B)
     if M > 1 and B:
         if variant == "cider-d":
-            lam = np.linalg.svd(K, compute_uv=False)  # descending
-            top = lam[:, 0]
+            if np.array_equal(K, K.transpose(0, 2, 1)):
+                # the singular values of a symmetric matrix are its eigenvalues' magnitudes:
+                # eigvalsh gives np.linalg.svd's values (to ~1e-15) in 60% of the time
+                lam = np.abs(np.linalg.eigvalsh(K))
+            else:
+                lam = np.linalg.svd(K, compute_uv=False)
+            top = lam.max(1)
         else:
             lam = np.clip(np.linalg.eigvalsh(K / 10.0), 0.0, None)  # ascending
             top = lam[:, -1]

@@ -320,7 +320,8 @@ def score(
     config = {"samples": str(smp.artifact.path if smp.artifact is not None else smp.source),
               "data": str(ref.artifact.path) if ref.artifact is not None else None,
               "refs": str(refs) if refs is not None else None, "split": settings["split"], "oracle": oracle,
-              "self_cider": self_cider, "self_cider_variant": self_cider_variant, "diversity": diversity,
+              "self_cider": self_cider, "self_cider_variant": self_cider_variant if self_cider else None,
+              "diversity": diversity,
               "plot": plot, "metrics": list(names)}
     path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
                           config=config, force=force)
