@@ -122,18 +122,6 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
-    """Sum each value over the ranks (float64; every rank must pass the same keys)."""
-    rt = runtime()
-    if not rt.distributed or not values:
-        return dict(values)
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
-                     device=rt.device if rt.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
-    return {k: float(v) for k, v in zip(keys, t.tolist())}
-
-
 def on_main(fn: Callable[[], T]) -> T:
     """Run ``fn`` on rank 0 only and give its result to every rank; an RdppError it raises is
     raised on every rank (so no rank waits forever for a failed one)."""
