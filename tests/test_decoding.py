@@ -261,3 +261,38 @@ def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == want
+
+
+def test_inverse_cdf_draw_matches_the_distribution():
+    from rdpp_cli.decoding.decode import _draw
+
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 0.0, 2.0]])  # any scale
+    g = torch.Generator().manual_seed(0)
+    draws = _draw(probs.repeat(20000, 1), g).view(20000, 2)
+    freq = torch.bincount(draws[:, 0], minlength=4).float() / 20000
+    assert freq.tolist() == pytest.approx([0.1, 0.0, 0.6, 0.3], abs=0.01)
+    assert freq[1] == 0 and (draws[:, 1] == 3).all()
+
+
+def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
+    """Rows whose nucleus is wider than the top-128 shortcut fall back to a full sort: same set."""
+    from rdpp_cli.decoding.decode import _nucleus
+
+    V = 400
+    flat = torch.linspace(2.0, 1.0, V)
+    flat = flat[torch.randperm(V, generator=torch.Generator().manual_seed(0))]
+    peaked = torch.zeros(V)
+    peaked[[5, 17, 300]] = torch.tensor([0.5, 0.3, 0.2])
+    probs = torch.stack([flat / flat.sum(), peaked])
+    top_p = 0.9
+    want = []
+    for row in probs:
+        sp, si = row.sort(descending=True)
+        want.append(set(si[:int(((sp.cumsum(0) - sp) < top_p).sum())].tolist()))
+    assert len(want[0]) > 128 and want[1] == {5, 17, 300}
+    g = torch.Generator().manual_seed(1)
+    got = _nucleus(probs.repeat(3000, 1), top_p, g).view(3000, 2)
+    assert set(got[:, 0].tolist()) <= want[0] and len(set(got[:, 0].tolist())) > 0.9 * len(want[0])
+    assert set(got[:, 1].tolist()) == want[1]
+    freq = torch.bincount(got[:, 1], minlength=V)[[5, 17, 300]].float() / 3000
+    assert freq.tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.03)

@@ -1,0 +1,177 @@
+"""Decoding speed (captions/s) of every method at the paper's shapes, against simple references.
+
+Shapes: Att2in paper preset (512/512/512), COCO's vocabulary (9,487 words → 9,488 logits), 14×14 = 196
+att regions of 2,048 features, a batch of ``--batch`` images (10), captions of at most 16 words,
+``--n`` (20) captions per image for the sampling methods, beam width 3 (and 20) for beam search,
+4 groups × 5 beams for diverse beam search. Random weights: every method runs the full 17 steps
+or close to it, which is the slow case.
+
+References, run in the same process on the same weights and images:
+
+- sampling (random / topk / nucleus): self-critical.pytorch's batched ``_sample`` with
+  ``sample_n``: the embedded att features and keys are *copied* n times (``repeat_tensors``), the
+  attention is the literal ``alpha_net(tanh(p_att + h2att(h)))``;
+- greedy, beam, dbs: the same ``rdpp`` decoder called one image at a time (a per-image loop, as
+  self-critical.pytorch's older beam search does).
+
+    python benchmarks/sample.py [--json] [--threads 2] [--batch 10] [--n 20] [--repeats 2] [--device cpu,cuda]
+                                [--clock wall|cpu] [--no-ref]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rdpp_cli.decoding import DecodeConfig, decode
+from rdpp_cli.models.att2in import Att2in, config_from_preset
+
+VOCAB, REGIONS, ATT_DIM, MAX_LEN = 9487, 196, 2048, 16
+
+
+@torch.no_grad()
+def ref_sample(model: Att2in, att: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator) -> torch.Tensor:
+    """self-critical.pytorch-style batched sampling: features repeated n times, literal attention."""
+    m = model
+    B, n, H = att.shape[0], cfg.n, m.config.rnn_size
+    a = F.relu(m.att_embed(att))
+    p = m.ctx2att(a)
+    a, p = a.repeat_interleave(n, 0), p.repeat_interleave(n, 0)  # utils.repeat_tensors
+    N = B * n
+    h, c = a.new_zeros(N, H), a.new_zeros(N, H)
+    it = torch.zeros(N, dtype=torch.long, device=att.device)
+    seq = torch.zeros(N, cfg.max_len, dtype=torch.long, device=att.device)
+    done = torch.zeros(N, dtype=torch.bool, device=att.device)
+    for t in range(cfg.max_len + 1):
+        xt = F.relu(m.embed(it))
+        dot = m.alpha_net(torch.tanh(p + m.h2att(h).unsqueeze(1))).squeeze(2)
+        w = F.softmax(dot, 1)
+        att_res = torch.bmm(w.unsqueeze(1), a).squeeze(1)
+        sums = m.i2h(xt) + m.h2h(h)
+        sig = torch.sigmoid(sums[:, :3 * H])
+        g = sums[:, 3 * H:] + m.a2c(att_res)
+        g = torch.max(g[:, :H], g[:, H:])
+        c = sig[:, H:2 * H] * c + sig[:, :H] * g
+        h = sig[:, 2 * H:] * torch.tanh(c)
+        lp = F.log_softmax(m.logit(h), 1)
+        if t == cfg.max_len:
+            break
+        logits = lp / cfg.temperature
+        if cfg.method == "topk":
+            vals, idx = logits.topk(cfg.top_k, -1)
+            it = idx.gather(1, torch.multinomial(vals.softmax(-1), 1, generator=generator)).squeeze(1)
+        elif cfg.method == "nucleus":
+            sp, si = logits.softmax(-1).sort(-1, descending=True)
+            sp = sp * ((sp.cumsum(-1) - sp) < cfg.top_p)
+            it = si.gather(1, torch.multinomial(sp, 1, generator=generator)).squeeze(1)
+        else:
+            it = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+        it = it.masked_fill(done, 0)
+        seq[:, t] = it
+        done |= it == 0
+        if bool(done.all()):
+            break
+    return seq
+
+
+def per_image(model, att, cfg, generator):
+    for b in range(att.shape[0]):
+        decode(model, None, att[b:b + 1], cfg, generator=generator)
+
+
+CASES = [  # name, DecodeConfig kwargs, reference
+    ("greedy", dict(method="greedy", n=1), "per-image"),
+    ("random n=20", dict(method="random", n=20), "repeat"),
+    ("topk k=5 n=20", dict(method="topk", n=20, top_k=5), "repeat"),
+    ("nucleus p=0.9 n=20", dict(method="nucleus", n=20, top_p=0.9), "repeat"),
+    ("beam 3 (n=3)", dict(method="beam", n=3, beam=3), "per-image"),
+    ("beam 20 (n=20)", dict(method="beam", n=20, beam=20), "per-image"),
+    ("dbs 4x5 (n=20)", dict(method="dbs", n=20, beam=5, groups=4, diversity_lambda=0.5), "per-image"),
+]
+
+
+CLOCK = time.perf_counter
+
+
+def _time(fn, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = CLOCK()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, CLOCK() - t0)
+    return best
+
+
+def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool) -> list[dict]:
+    torch.manual_seed(0)
+    model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, ATT_DIM, MAX_LEN)).to(device).eval()
+    att = torch.randn(batch, REGIONS, ATT_DIM, device=device).relu_()
+    rows = []
+    for name, kw, ref in CASES:
+        if kw.get("n", 1) == 20 and n != 20:
+            kw = dict(kw, n=n, beam=n if kw["method"] == "beam" else kw.get("beam", 3))
+        cfg = DecodeConfig(max_len=MAX_LEN, **kw).check()
+        gen = torch.Generator(device=device).manual_seed(0)
+        t = _time(lambda: decode(model, None, att, cfg, generator=gen), repeats, device)
+        caps = batch * cfg.n
+        row = {"device": device.type, "method": name, "images": batch, "captions": caps,
+               "seconds": round(t, 4), "captions_per_s": round(caps / t, 1)}
+        if with_ref:
+            if ref == "repeat":
+                r = _time(lambda: ref_sample(model, att, cfg, gen), repeats, device)
+            else:
+                r = _time(lambda: per_image(model, att, cfg, gen), max(1, repeats // 2), device)
+            row.update(reference=ref, ref_captions_per_s=round(caps / r, 1), speedup=round(r / t, 2))
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=10, help="images per decode call")
+    ap.add_argument("--n", type=int, default=20, help="captions per image for the sampling methods")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu,cuda", help="comma list; cuda is skipped without a GPU")
+    ap.add_argument("--no-ref", action="store_true", help="skip the references")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: process CPU time (all threads), steadier than wall time on a shared machine")
+    args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    rows = []
+    for dev in args.device.split(","):
+        if dev == "cuda" and not torch.cuda.is_available():
+            continue
+        rows += run(torch.device(dev), args.batch, args.n, args.repeats, not args.no_ref)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rdpp decoding speed (paper preset, vocab {VOCAB}, {REGIONS}x{ATT_DIM} att, "
+                        f"{args.batch} images, CPU threads {args.threads}, {args.clock} clock)", title_justify="left")
+    for col in ("device", "method", "captions", "s", "captions/s", "reference", "ref captions/s", "speedup"):
+        table.add_column(col, justify="right" if col not in ("device", "method", "reference") else "left")
+    for r in rows:
+        table.add_row(r["device"], r["method"], str(r["captions"]), f"{r['seconds']:.3f}", f"{r['captions_per_s']:,.1f}",
+                      r.get("reference", "-"), f"{r['ref_captions_per_s']:,.1f}" if "reference" in r else "-",
+                      f"{r['speedup']:.2f}x" if "reference" in r else "-")
+    Console(width=150).print(table)
+    if args.json:
+        print(json.dumps({"benchmark": "sample", "threads": args.threads, "batch": args.batch, "clock": args.clock,
+                          "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
