@@ -257,3 +257,26 @@ def test_cli_writes_a_versioned_artifact_in_the_workspace(data_dir, tmp_path):
     art = read_artifact(ws / "xe" / "att2in-small-v1", "rdpp.model")
     assert art.manifest["config"]["epochs"] == 1 and "rdpp xe: done" in r.output
     assert np.isfinite(art.manifest["summary"]["val_cider"])
+
+
+def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
+    d = DataArtifact.open(data_dir)
+    torch.manual_seed(0)
+    model = _tiny_model(d).eval()
+    from rdpp_cli.data.loader import CaptionBatches
+
+    batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0)
+    labels = batch.labels.clone()
+    labels[0, 0, 2:] = 0  # a 2-word caption: 3 tokens count (2 words + EOS)
+    batch.labels = labels
+    with torch.no_grad():
+        logp = model(batch.fc, batch.att, labels)  # (15, L+1, V+1)
+    total, count = 0.0, 0
+    for n, seq in enumerate(labels.reshape(-1, labels.shape[-1]).tolist()):
+        words = [w for w in seq if w] if 0 not in seq else seq[:seq.index(0)]
+        for t, w in enumerate(words + [0]):  # the words, then one EOS; nothing after it
+            total -= float(logp[n, t, w])
+            count += 1
+    assert count == int((labels > 0).sum()) + 15
+    with torch.no_grad():
+        assert float(xe_loss(model, batch)) == pytest.approx(total / count, rel=1e-5)

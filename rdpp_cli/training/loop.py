@@ -5,8 +5,9 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
 
     def step_fn(model, batch: Batch) -> Tensor | tuple[Tensor, dict[str, float]]:
         # model: the network in train mode, DistributedDataParallel-wrapped under torchrun. Call it
-        #   for everything that needs gradients (teacher-forced log-probs); use ``unwrap(model)`` for
-        #   no-grad work such as sampling captions with rdpp_cli.decoding.decode.
+        #   (``model(fc, att, seqs)``, or ``call(model, "token_logprobs", fc, att, seqs)`` for another
+        #   method) for everything that needs gradients; use ``unwrap(model)`` for no-grad work
+        #   such as sampling captions with rdpp_cli.decoding.decode.
         # batch: rdpp_cli.data.loader.Batch on the training device (index, fc, att, att_mask,
         #   labels (B, seq_per_img, L), epoch, batch).
         # returns the scalar loss to minimise (a mean over this process's batch) and optionally
@@ -114,9 +115,30 @@ class TrainConfig:
             raise RdppError("--save-every-steps and --workers must be ≥ 0")
 
 
+class _Methods(nn.Module):
+    """What DDP wraps: its forward runs any method of the model. DDP synchronises gradients only
+    of what runs through its forward, so ``call(net, "token_logprobs", ...)`` goes through here."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, method: str = "forward", **kwargs):
+        return getattr(self.model, method)(*args, **kwargs)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DistributedDataParallel wrapper (or the model itself)."""
-    return getattr(model, "module", model)
+    """The model inside the DistributedDataParallel wrapper (or the model itself)."""
+    inner = getattr(model, "module", model)
+    return inner.model if isinstance(inner, _Methods) else inner
+
+
+def call(net: nn.Module, method: str, *args, **kwargs):
+    """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
+    (e.g. ``call(net, "token_logprobs", fc, att, seqs)``); gradients are synchronised under DDP."""
+    if isinstance(net, nn.parallel.DistributedDataParallel):
+        return net(*args, method=method, **kwargs)
+    return getattr(net, method)(*args, **kwargs)
 
 
 def claim_output(out: Path | str | None, **kwargs) -> Path:
@@ -272,7 +294,7 @@ def run_training(
 
     if rt.distributed:
         net: nn.Module = nn.parallel.DistributedDataParallel(
-            core, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+            _Methods(core), device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     else:
         net = core
     t0 = time.perf_counter()

@@ -21,17 +21,18 @@ from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset, sequence_logprobs
+from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loop import TrainConfig, claim_output, run_training, validation_images
+from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
 from rdpp_cli.training.state import seed_everything
 
 
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
-    """Mean negative log-likelihood per token (words and the EOS) of the batch's captions."""
-    logprobs = model(batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
-    token_logp, mask = sequence_logprobs(logprobs, batch.labels)
+    """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
+    captions: ``sequence_logprobs(model(fc, att, labels), labels)`` through the model's faster
+    ``token_logprobs`` (the output layer runs only on the tokens that count)."""
+    token_logp, mask = call(model, "token_logprobs", batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
     return -token_logp.sum() / mask.sum()
 
 
