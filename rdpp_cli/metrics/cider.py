@@ -65,6 +65,12 @@ class _Caps:
         a = self.mat if self.mat is not None else self.ids
         return int(a.max()) if a.size else 0
 
+    def word_counts(self) -> np.ndarray:
+        """(C,) the number of words of each caption."""
+        if self.mat is not None:
+            return (self.mat != 0).sum(1)
+        return self.lens
+
     def ragged(self) -> _Caps:
         if self.mat is None:
             return self
@@ -718,7 +724,7 @@ def _sorted_rows(flat: np.ndarray, slot: np.ndarray, base: int, sb: int
             valid = valid[:, :-1] & nz[:, n:]
         s_n = slot[:, :L - n]
         if pack:
-            rows[:, n, :L - n] = np.where(valid, (key << sb) | s_n, _SENT)
+            np.copyto(rows[:, n, :L - n], (key << sb) | s_n, where=valid)
         else:
             rows[:, n, :L - n] = np.where(valid, key, _SENT)
             slots[:, n, :L - n] = s_n
@@ -800,46 +806,48 @@ def ngram_postings(captions: Any) -> tuple[Postings, int, int]:
     return _postings(flat, slot, max(M, 1), base), B, M
 
 
-def _pair_scores(post: Postings, gram_idf: np.ndarray, G: int, S: int, k: int, sigma: float, clipped: bool,
-                 vs_refs: bool, vs_self: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+def _pair_scores(post: Postings, gram_idf: np.ndarray, lens: np.ndarray, S: int, k: int, sigma: float,
+                 clipped: bool, vs_refs: bool, vs_self: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Pair scores within each row of captions: 10 * mean over n of val_n [* length penalty].
 
-    ``post``: the postings of G rows of S slots; ``gram_idf``: the idf of each of its gram groups.
-    Slots ``< k`` of a row hold references, the others (m = S - k) hypotheses. Returns
-    ``(to_refs, to_self)``: (G, m, k) scores of each hypothesis against each reference (if
-    ``vs_refs``) and (G, m, m) of hypothesis i against hypothesis j for i <= j (if ``vs_self``;
-    zero below the diagonal).
+    ``post``: the postings of G rows of S slots; ``gram_idf``: the idf of each of its gram groups;
+    ``lens`` (G, S): the number of words of each slot's caption. Slots ``< k`` of a row hold
+    references, the others (m = S - k) hypotheses. Returns ``(to_refs, to_self)``: (G, m, k)
+    scores of each hypothesis against each reference (if ``vs_refs``) and (G, m, m) of hypothesis
+    i against hypothesis j for i <= j (if ``vs_self``; zero below the diagonal).
 
     The join: the postings of one n-gram in one row are adjacent, ordered by slot (references
     first), so each hypothesis posting pairs with a contiguous range of postings, and only
     n-grams that two captions share are ever touched.
     """
+    G = lens.shape[0]
     m = S - k
     n_ref, n_self = (G * m * k if vs_refs else 0), (G * m * m if vs_self else 0)
-    nocc = post.count.size
-    if nocc == 0:
-        acc = np.zeros(n_ref + n_self)
-    else:
+    acc = np.zeros(n_ref + n_self)
+    diag = None
+    if post.count.size:
         pcount, pslot, prow, gid, gstart = post.count, post.slot, post.row, post.gram, post.gram_start
         P = len(pcount)
-        pg = prow // N_ORDER
         cw = pcount * gram_idf[gid]  # each posting's vector entry tf * idf
-        nrm = np.sqrt(np.bincount(prow * S + pslot, weights=cw * cw, minlength=G * N_ORDER * S))
-        den = nrm[prow * S + pslot]
+        cell = prow * S + pslot
+        nrm = np.sqrt(np.bincount(cell, weights=cw * cw, minlength=G * N_ORDER * S))
+        den = nrm[cell]
         v = cw / np.where(den != 0, den, 1.0)  # the entry of the normalised vector
         # val_n = sum over shared n-grams of min(h, r) * r * idf^2 / (|h| |r|) = v_h * v_r * min(1, r / h)
         multi = pcount > 1
         any_multi = clipped and bool(multi.any())
         hyp = np.flatnonzero(pslot >= k) if k else np.arange(P)
-        hrow = pg[hyp] * m + (pslot[hyp] - k)
+        hgid, hslot = gid[hyp], pslot[hyp] - k
+        hrow = (prow[hyp] // N_ORDER) * m + hslot
         parts = []  # (partner range start, length, bin of the hypothesis row, bin offset of the partner)
         if vs_refs:
-            rcount = np.bincount(gid[pslot < k], minlength=len(gstart))
-            parts.append((gstart[gid[hyp]], rcount[gid[hyp]], hrow * k, pslot))
+            rcount = np.bincount(gid[pslot < k], minlength=len(gstart)) if k else np.zeros(len(gstart), np.int64)
+            parts.append((gstart[hgid], rcount[hgid], hrow * k, pslot))
         if vs_self:
+            # a caption against itself: sum of v^2 over an order is 1 where its norm is not 0
+            diag = (nrm.reshape(G, N_ORDER, S)[:, :, k:] > 0).sum(1)
             gend = np.append(gstart[1:], P)
-            parts.append((hyp, gend[gid[hyp]] - hyp, n_ref + hrow * m, pslot - k))
-        acc = np.zeros(n_ref + n_self)
+            parts.append((hyp + 1, gend[hgid] - hyp - 1, n_ref + hrow * m, pslot - k))
         for lo, ln, rowbin, colbin in parts:
             tot = int(ln.sum())
             if tot == 0:
@@ -852,13 +860,13 @@ def _pair_scores(post: Postings, gram_idf: np.ndarray, G: int, S: int, k: int, s
                 ca, cb = pcount[ai[fix]], pcount[bi[fix]]
                 val[fix] *= np.minimum(ca, cb) / ca
             acc += np.bincount(np.repeat(rowbin, ln) + colbin[bi], weights=val, minlength=n_ref + n_self)
-        if clipped:
-            big = prow % N_ORDER == 1  # coco-caption's length: the number of bigrams
-            blen = np.bincount(pg[big] * S + pslot[big], weights=pcount[big], minlength=G * S)
     to_refs = acc[:n_ref].reshape(G, m, k) * (10.0 / N_ORDER) if vs_refs else None
     to_self = acc[n_ref:].reshape(G, m, m) * (10.0 / N_ORDER) if vs_self else None
-    if clipped and nocc:
-        blen = blen.reshape(G, S)
+    if diag is not None:
+        i = np.arange(m)
+        to_self[:, i, i] = diag * (10.0 / N_ORDER)
+    if clipped:
+        blen = np.maximum(lens - 1, 0).astype(np.float64)  # coco-caption's length: the number of bigrams
         bh = blen[:, k:]
         if vs_refs:
             d = bh[:, :, None] - blen[:, None, :k]
@@ -911,20 +919,22 @@ class CiderD:
         counting slots ``< doc_slots`` -- that contain it; ``num_docs`` documents in all.
         """
         S = slot_index.shape[1]
+        cap_lens = np.append(caps.word_counts(), 0)  # index -1 (an empty slot) -> 0 words
         chunks = []
         for rows in _group_chunks(caps, slot_index):
             flat, slot, _ = _layout(caps, slot_index[rows])
             post = _postings(flat, slot, S, base)
+            lens = cap_lens[slot_index[rows]]
             if self.df is not None:
                 idf = self.df.ref_len - self.df._log_df_of_keys(post.gram_key, post.base, post.relabel)
-                yield (rows, *_pair_scores(post, idf, len(rows), S, k, self.sigma, clipped, vs_refs, vs_self))
+                yield (rows, *_pair_scores(post, idf, lens, S, k, self.sigma, clipped, vs_refs, vs_self))
             else:
-                chunks.append((rows, post))
+                chunks.append((rows, post, lens))
         if self.df is not None:
             return
         # corpus document frequencies, from the postings themselves
         keys, flags = [], []
-        for rows, post in chunks:
+        for rows, post, _ in chunks:
             in_doc = np.zeros(len(post.gram_key), bool)
             if post.count.size:
                 sel = post.slot < doc_slots
@@ -949,9 +959,9 @@ class CiderD:
         ref_len = np.log(float(num_docs))
         idf_all = ref_len - np.log(np.maximum(df[inv], 1.0))
         lo = 0
-        for rows, post in chunks:
+        for rows, post, lens in chunks:
             hi = lo + len(post.gram_key)
-            yield (rows, *_pair_scores(post, idf_all[lo:hi], len(rows), S, k, self.sigma, clipped, vs_refs, vs_self))
+            yield (rows, *_pair_scores(post, idf_all[lo:hi], lens, S, k, self.sigma, clipped, vs_refs, vs_self))
             lo = hi
 
     # ---- scoring ------------------------------------------------------------------------
