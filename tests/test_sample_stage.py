@@ -111,3 +111,35 @@ def test_model_trained_on_other_data_is_refused(ws, tmp_path):
     other_data = prepro_toy(workspace=tmp_path, images=60, seed=4)
     r = _run(["sample", str(model.path), "--data", str(other_data.path), "--workspace", str(root)])
     assert r.exit_code == 2 and "not on data artifact" in r.output, r.output
+
+
+def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_path):
+    """samples.json's log-prob of each caption equals teacher forcing it through the checkpoint."""
+    from rdpp_cli.models import load_model, sequence_logprobs
+
+    root, data, model = ws
+    r = _run(["sample", str(model.path), "--method", "topk", "--top-k", "3", "--n", "5", "--max-images", "6",
+              "--out", str(tmp_path / "s"), "--workspace", str(root), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "captions/s" in r.output and "distinct per image" in r.output
+    art = read_artifact(tmp_path / "s", "rdpp.samples")
+    recs = json.loads((art.path / "samples.json").read_text())
+    assert len(recs) == 6
+    net, vocab, _ = load_model(model.path / "checkpoints" / "best.pt")
+    ds = DataArtifact(data)
+    ids = {w: i + 1 for i, w in enumerate(vocab)}
+    row_of = {int(iid): k for k, iid in enumerate(ds.image_ids)}
+    idx = [row_of[rec["image_id"]] for rec in recs]
+    fc, att, mask = ds.features(idx)
+    seqs = torch.zeros(6, 5, ds.seq_length, dtype=torch.long)
+    for b, rec in enumerate(recs):
+        for j, cap in enumerate(rec["captions"]):
+            words = cap.split()
+            seqs[b, j, :len(words)] = torch.tensor([ids[w] for w in words], dtype=torch.long)
+    with torch.no_grad():
+        tok, _ = sequence_logprobs(net(fc, att, seqs, att_mask=mask), seqs)
+    want = tok.sum(1).view(6, 5)
+    got = torch.tensor([rec["logprobs"] for rec in recs])
+    assert torch.allclose(got, want, atol=1e-4)
+    distinct = sum(len(set(rec["captions"])) for rec in recs) / 6
+    assert art.manifest["summary"]["distinct"] == pytest.approx(distinct)
