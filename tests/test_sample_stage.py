@@ -29,6 +29,15 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     return art
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models decode fastest on one thread (two OpenMP threads on a busy machine spin)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     ws = tmp_path_factory.mktemp("ws")
