@@ -25,8 +25,9 @@ class DemoPlan:
 
     images: int = 3000
     xe: dict = field(default_factory=lambda: {"preset": "small", "epochs": 12, "batch_size": 50, "lr": 5e-4,
+                                              "val_images": 100, "seed": 123})
+    rl: dict = field(default_factory=lambda: {"epochs": 6, "batch_size": 50, "lr": 5e-5, "val_images": 100,
                                               "seed": 123})
-    rl: dict = field(default_factory=lambda: {"epochs": 6, "batch_size": 50, "lr": 5e-5, "seed": 123})
     dpp_m: int = 5
     n: int = 10
     beam: int = 3
@@ -34,8 +35,10 @@ class DemoPlan:
 
     @classmethod
     def quick(cls) -> "DemoPlan":
-        return cls(images=400, xe={"preset": "small", "epochs": 3, "batch_size": 50, "lr": 5e-4, "seed": 123},
-                   rl={"epochs": 1, "batch_size": 50, "lr": 5e-5, "seed": 123}, n=5)
+        """A smoke run of the same chain: a small set, one or two short epochs per stage."""
+        return cls(images=200,
+                   xe={"preset": "small", "epochs": 2, "batch_size": 40, "lr": 5e-4, "val_images": 20, "seed": 123},
+                   rl={"epochs": 1, "batch_size": 40, "lr": 5e-5, "val_images": 20, "seed": 123}, n=5)
 
 
 def _step(title: str, workspace: Path, group: str, settings: dict, inputs: list[Artifact], run) -> Artifact:

@@ -12,6 +12,8 @@ app = typer.Typer(
     help="Diverse and accurate image captioning with reinforced determinantal point processes (R-DPP).\n\n"
     "Pipeline: prepro -> train-xe -> finetune -> sample -> score. Every stage reads the newest "
     "suitable artifact from the workspace (./runs) when no path is given.",
+    epilog="Examples: rdpp demo · rdpp prepro toy · rdpp train-xe · rdpp finetune --reward dpp --m 5 · "
+    "rdpp sample --n 20 --method random · rdpp score --oracle --self-cider · rdpp ls",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
