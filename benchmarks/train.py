@@ -229,24 +229,36 @@ def ref_step(model, opt, inputs):
     return loss
 
 
-def timed(fn, steps: int, warmup: int, device: torch.device) -> tuple[float, float]:
-    """(seconds per step (median), peak memory MiB) of fn() after warmup calls."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
+def peak_memory(fn, device: torch.device) -> float:
+    """Peak memory (MiB) of one call of fn above what was allocated before it."""
     if device.type == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    times = []
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
     with PeakRSS() as mem:
-        for _ in range(steps):
+        fn()
+    return mem.mib
+
+
+def timed_pair(fns: dict, steps: int, warmup: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per call of each fn after warmup calls, the fns interleaved step by step
+    (A B A B ...) so that a change in the machine's load hits both alike."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    sync()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(steps):
+        for k, fn in fns.items():
             t = time.perf_counter()
             fn()
             sync()
-            times.append(time.perf_counter() - t)
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else mem.mib
-    return float(np.median(times)), peak
+            times[k].append(time.perf_counter() - t)
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 _NAME_MAP = {"embed.weight": "embed.0.weight", "att_embed.weight": "att_embed.0.weight",
@@ -293,8 +305,10 @@ def bench_device(device: torch.device, args) -> dict:
     ref_in = ref_inputs(batch.fc, batch.att, batch.labels)
     res = {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
            "batch_images": args.batch, "loss_abs_diff": diff, "grad_rel_diff": grad_diff}
-    t_o, m_o = timed(lambda: ours_step(ours, opt_o, batch), args.steps, args.warmup, device)
-    t_r, m_r = timed(lambda: ref_step(ref, opt_r, ref_in), args.steps, args.warmup, device)
+    steps = {"rdpp": lambda: ours_step(ours, opt_o, batch), "ref": lambda: ref_step(ref, opt_r, ref_in)}
+    t = timed_pair(steps, args.steps, args.warmup, device)
+    t_o, t_r = t["rdpp"], t["ref"]
+    m_o, m_r = peak_memory(steps["rdpp"], device), peak_memory(steps["ref"], device)
     res.update({
         "rdpp_s_per_step": t_o, "rdpp_steps_per_s": 1 / t_o, "rdpp_images_per_s": args.batch / t_o,
         "rdpp_peak_mib": m_o,
@@ -320,7 +334,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--batch", type=int, default=50, help="images per step")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per implementation, interleaved (median reported)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--device", default="cpu,cuda", help="comma-separated; cuda is skipped when absent")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler tables of one step each")
