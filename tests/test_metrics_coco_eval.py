@@ -93,3 +93,10 @@ def test_evaluate_gives_per_caption_scores_for_every_metric_without_java():
     assert abs(ev.corpus["CIDEr"] - np.mean(np.concatenate(ev.per_caption["CIDEr"]))) < 1e-12
     with pytest.raises(ValueError):
         coco_eval.evaluate([[]], [["a"]], metrics=("CIDEr",), tokenize=False)
+
+
+def test_blank_captions_anywhere_keep_every_caption_on_its_image():
+    from rdpp_cli.metrics.coco_eval import ptb_tokenize
+
+    caps = ["", "A dog, running.", "", "two cats", "", ""]
+    assert ptb_tokenize(caps) == ["", "a dog running", "", "two cats", "", ""]

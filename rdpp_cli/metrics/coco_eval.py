@@ -135,9 +135,16 @@ def run_ptb(lines: list[str]) -> list[str]:
 
 
 def ptb_tokenize(captions: list[str]) -> list[str]:
-    """coco-caption's tokenization: PTB tokens, lower case, punctuation removed."""
+    """coco-caption's tokenization: PTB tokens, lower case, punctuation removed.
+
+    Blank captions (a model may emit an empty one) are not sent to the tokenizer: trailing blank
+    lines would be dropped by it and shift the count; they tokenize to "" either way."""
     punct = _punctuation()
-    toks = run_ptb([one_line(c) for c in captions])
+    lines = [one_line(c) for c in captions]
+    keep = [i for i, line in enumerate(lines) if line.strip()]
+    toks = [""] * len(lines)
+    for i, t in zip(keep, run_ptb([lines[i] for i in keep])):
+        toks[i] = t
     return [" ".join(w for w in t.rstrip().split(" ") if w not in punct) for t in toks]
 
 

@@ -1,0 +1,48 @@
+"""`rdpp demo --quick` end to end: every artifact of the chain, the comparison table, and reuse."""
+
+import json
+import os
+import subprocess
+import sys
+
+from rdpp_cli.artifacts import list_artifacts
+
+MODELS = ("XE", "SCST", "R-DPP m=5")
+FIELDS = ("beam_cider", "mean_cider", "oracle_cider", "self_cider", "div2")
+
+
+def _demo(ws):
+    env = {**os.environ, "RDPP_NO_PROGRESS": "1", "COLUMNS": "200"}
+    rdpp = os.path.join(os.path.dirname(sys.executable), "rdpp")
+    return subprocess.run([rdpp, "demo", "--quick", "--out", str(ws)], env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
+    ws = tmp_path / "runs"
+    r = _demo(ws)
+    assert r.returncode == 0, r.stdout + r.stderr
+    arts = list_artifacts(ws)
+    groups = sorted(a.path.parent.name for a in arts)
+    assert groups.count("data") == 1 and groups.count("xe") == 1 and groups.count("finetune") == 2
+    assert groups.count("samples") == 6 and groups.count("scores") == 6  # 3 models x (random n, beam 3)
+    rewards = sorted(a.config["reward"] for a in arts if a.path.parent.name == "finetune")
+    assert rewards == ["dpp", "scst"]
+
+    summary = json.loads((ws / "demo_summary.json").read_text())
+    assert tuple(summary["rows"]) == MODELS
+    for row in summary["rows"].values():
+        assert all(isinstance(row[k], float) for k in FIELDS)
+        assert 0.0 <= row["self_cider"] <= 1.0 and 0.0 <= row["div2"] <= 1.0
+        assert row["oracle_cider"] >= row["mean_cider"] - 1e-9  # best of n is at least their mean
+    png = ws / "demo_plot.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in (*MODELS, "CIDEr (beam 3)", "mean CIDEr", "oracle CIDEr", "self-CIDEr", "Div-2", "demo_plot.png"):
+        assert name in r.stdout, name
+
+    before = {a.path for a in arts}
+    again = _demo(ws)
+    assert again.returncode == 0, again.stderr
+    assert {a.path for a in list_artifacts(ws)} == before  # nothing new: every step reused
+    assert again.stderr.count("reusing") == 1 + 1 + 2 + 6 + 6
+    assert json.loads((ws / "demo_summary.json").read_text())["rows"] == summary["rows"]
