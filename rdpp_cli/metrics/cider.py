@@ -6,7 +6,7 @@ reference r, ``val_n = sum_g min(h_g, r_g) * r_g / (|h_n| |r_n|)`` (the raw sum 
 times ``exp(-(len_h - len_r)^2 / (2 sigma^2))`` where ``len`` is the number of bigrams (tokens - 1,
 0 for an empty caption), and the score is 10 x the mean over n, averaged over the references.
 
-How it is computed (no Python loop over n-grams or captions):
+How it is computed (no Python loop over n-grams or captions; docs/metrics.md has the details):
 
 * Captions become int64 token ids (0 ends a caption). An n-gram's key is its ids written in base
   ``B = max id + 1``: ``t1*B^(n-1) + ... + tn``. Ids are >= 1, so keys are exact and distinct
@@ -14,14 +14,15 @@ How it is computed (no Python loop over n-grams or captions):
   of images is relabelled to the ids it actually uses, which keeps every key exact for any
   vocabulary size.
 * Captions that are compared (the references of an image and the hypotheses scored against them,
-  or the m samples of an image) share one row per (image, n); sorting the row, with the caption's
-  slot packed into the low bits, is the join: equal n-grams become adjacent and get a local id.
-* Counts per (image, n, caption, local id) form a small dense block; ``sum_g min(h_g, r_g) r_g w_g^2``
-  is one batched matmul ``H @ (R w^2)^T`` plus an exact correction for the rare n-grams a
-  hypothesis repeats more often than a reference does.
-* Fixed document frequencies (``cider_df.h5``) are looked up in an exact open-addressing hash
-  table (every probe compares the full key); corpus mode builds the same table from the
-  references being scored, exactly as pycocoevalcap does.
+  or the m samples of an image) share one row per (image, n). Sorting the row, with the caption's
+  slot packed into the low bits, is the join: runs of equal values are postings (one caption's
+  count of one n-gram), and the postings of one n-gram are adjacent, references first.
+* With ``v = tf * idf / |vector|`` per posting, ``val_n`` of a pair is the sum over the n-grams they
+  share of ``v_h * v_r * min(1, r / h)``: each hypothesis posting pairs with a contiguous range of
+  postings, and one ``bincount`` adds the pairs up. A caption against itself is read off its norms.
+* Fixed document frequencies (``cider_df.h5``) come from an exact hash table (buckets of one cache
+  line; every probe compares the whole key); corpus mode counts them from the postings of the
+  references being scored, one document per reference set, exactly as pycocoevalcap does.
 
 Results equal pycocoevalcap to ~1e-15 (only the order of floating-point additions differs).
 """
@@ -77,9 +78,6 @@ class _Caps:
         m = self.mat != 0
         return _Caps(ids=self.mat[m], lens=m.sum(1).astype(np.int64))
 
-    def token_lists(self) -> list[list[int]]:
-        r = self.ragged()
-        return [a.tolist() for a in np.split(r.ids, np.cumsum(r.lens)[:-1])] if len(r.lens) else []
 
 
 def _to_numpy(x: Any) -> Any:
@@ -102,10 +100,6 @@ def _int_matrix(a: np.ndarray, what: str) -> np.ndarray:
     if a.size and a.min() < 0:
         raise ValueError(f"{what}: token ids must be >= 0 (0 ends a caption)")
     return _truncate(a)
-
-
-def _is_str_list(x: Any) -> bool:
-    return isinstance(x, (list, tuple)) and len(x) > 0 and isinstance(x[0], str)
 
 
 def _caps_from(x: Any, table: _WordTable | None, what: str) -> _Caps:

@@ -236,17 +236,25 @@ def score(
     self_cider_variant: str = "cider-d",
     diversity: bool = False,
     plot: bool = False,
-    metrics: str | None = None,
+    metrics: str | list[str] | None = None,
     out: Path | None = None,
     force: bool = False,
     workspace: Path | None = None,
 ) -> Path:
-    """Score generated captions; returns the scores artifact's folder."""
+    """Score generated captions and write a scores artifact; returns its folder.
+
+    ``samples``: a samples artifact (folder or workspace name; None = the newest) or a JSON file.
+    References: ``refs`` (a COCO caption-annotation file) or the ``split`` of the data artifact
+    ``data`` (default: the one recorded in the samples manifest). ``oracle``, ``self_cider``
+    (``self_cider_variant``), ``diversity`` and ``plot`` add those sections; ``metrics`` picks a
+    subset of the coco-caption metrics ("CIDEr,Bleu_4" or a list). See docs/scoring.md.
+    """
     if self_cider_variant not in VARIANTS:
         raise RdppError(f"unknown --self-cider-variant '{self_cider_variant}'; use one of {', '.join(VARIANTS)}")
     wanted = tuple(coco_eval.METRICS)
     if metrics:
-        wanted = tuple(m.strip() for m in str(metrics).split(",") if m.strip())
+        items = metrics if isinstance(metrics, (list, tuple)) else str(metrics).split(",")
+        wanted = tuple(str(m).strip() for m in items if str(m).strip())
         bad = [m for m in wanted if m not in coco_eval.METRICS]
         if bad or not wanted:
             raise RdppError(f"unknown metric(s) {', '.join(bad) or '(none)'} in --metrics; "
