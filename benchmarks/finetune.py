@@ -252,29 +252,28 @@ def main() -> None:
 
     results: dict = OrderedDict(setting=dict(threads=args.threads, batch=args.batch, vocab=VOCAB,
                                              att=f"{REGIONS}x{ATT_DIM}", preset="paper", max_len=MAX_LEN))
-    rows = []
+    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, CPU {args.threads} threads "
+          "(seconds; best of runs)")
+    print(f"{'step':<16}{'m':>3}{'decode':>9}{'reward':>9}{'backward':>10}{'total':>9}{'images/s':>10}", flush=True)
+
+    def show(name: str, M: int, r: dict) -> None:
+        print(f"{name:<16}{M:>3}{r['decode']:>9.3f}{r['reward']:>9.3f}{r['backward']:>10.3f}{r['total']:>9.3f}"
+              f"{args.batch / r['total']:>10.1f}", flush=True)
+
     for M in ms:
         for reward in ("scst", "dpp"):
-            step = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=MAX_LEN, seed=0,
-                              log_self_cider=False)
+            step = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=MAX_LEN, seed=0)
             r = best_of(lambda: rdpp_step(step, model, opt, batch, refs), args.repeats)
             results[f"{reward}_m{M}"] = r
-            rows.append((f"rdpp {reward}", M, r))
+            show(f"rdpp {reward}", M, r)
         results[f"dpp_over_scst_m{M}"] = results[f"dpp_m{M}"]["total"] / results[f"scst_m{M}"]["total"]
     if not args.no_reference:
         r = best_of(lambda: ref_scst_step(model, opt, batch, refs_str, 5), max(1, args.repeats - 1))
         results["reference_scst_m5"] = r
-        rows.append(("reference scst", 5, r))
+        show("reference scst", 5, r)
         r = best_of(lambda: ref_dpp_step(model, opt, batch, refs_str, 5), max(1, args.repeats - 1))
         results["reference_dpp_m5"] = r
-        rows.append(("reference dpp", 5, r))
-
-    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, CPU {args.threads} threads "
-          "(seconds; best of runs)")
-    print(f"{'step':<16}{'m':>3}{'decode':>9}{'reward':>9}{'backward':>10}{'total':>9}{'images/s':>10}")
-    for name, M, r in rows:
-        print(f"{name:<16}{M:>3}{r['decode']:>9.3f}{r['reward']:>9.3f}{r['backward']:>10.3f}{r['total']:>9.3f}"
-              f"{args.batch / r['total']:>10.1f}")
+        show("reference dpp", 5, r)
     print()
     for M in ms:
         print(f"m={M}: R-DPP step / SCST step = {results[f'dpp_over_scst_m{M}']:.2f}  (target ≤ 1.2)")
