@@ -12,8 +12,9 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from rdpp_cli import __version__
 from rdpp_cli.errors import RdppError
@@ -32,19 +33,24 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, rename over ``path``."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
+    readers see the old file or the whole new one, never a half-written one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

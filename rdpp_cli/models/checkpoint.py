@@ -7,13 +7,12 @@ A checkpoint is a plain dict ``{"model_class": "Att2in", "model_config": {...}, 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rdpp_cli.artifacts.manifest import atomic_write
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 
@@ -53,16 +52,7 @@ def save_checkpoint(path: Path | str, model: Att2in, vocab: list[str], **extra: 
         "vocab": list(vocab),
         **_plain(extra),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict:

@@ -10,15 +10,14 @@ killed while saving keeps the previous state.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rdpp_cli.artifacts.manifest import atomic_write
 from rdpp_cli.errors import RdppError
 
 STATE_FILE = "last_state.pt"
@@ -28,16 +27,7 @@ STATE_VERSION = 1
 def atomic_torch_save(obj: Any, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def rng_state() -> dict:
