@@ -16,6 +16,9 @@ their losses agree (dropout off for that check) before timing.
     python benchmarks/train.py [--json] [--threads 2] [--batch 50] [--steps 3] [--device cpu,cuda] [--profile]
 
 Target (issue 4): ≥ 10.5 images/s on this machine's CPU with 2 threads, twice the reference.
+
+OpenMP's idle threads sleep (``OMP_WAIT_POLICY=PASSIVE`` unless set): on a shared 2-core machine,
+spinning threads made every step 10-20× slower. The JSON line records the policy and the load.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import json
 import os
 import threading
 import time
+
+if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep instead of spinning
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
@@ -304,6 +310,8 @@ def bench_device(device: torch.device, args) -> dict:
     opt_r = torch.optim.Adam(ref.parameters(), lr=4e-4)
     ref_in = ref_inputs(batch.fc, batch.att, batch.labels)
     res = {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+           "load_average": os.getloadavg()[0],
            "batch_images": args.batch, "loss_abs_diff": diff, "grad_rel_diff": grad_diff}
     steps = {"rdpp": lambda: ours_step(ours, opt_o, batch), "ref": lambda: ref_step(ref, opt_r, ref_in)}
     t = timed_pair(steps, args.steps, args.warmup, device)

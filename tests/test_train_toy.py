@@ -16,12 +16,12 @@ def test_small_preset_beats_the_most_frequent_caption_on_the_bundled_data(tmp_pa
     from rdpp_cli.training.xe import train_xe
 
     prepro_toy(workspace=tmp_path)  # the default size: 3,000 images (2,400 train, 300 val)
-    art = train_xe(workspace=tmp_path, preset="small", epochs=3, batch_size=25, lr=2e-3, lr_decay_every=2,
+    art = train_xe(workspace=tmp_path, preset="small", epochs=3, batch_size=10, lr=2e-3, lr_decay_every=2,
                    device="cpu", seed=123)
     s = art.manifest["summary"]
     m = pd.read_csv(art.path / "metrics.csv")
     assert len(m) == 3 and s["val_cider"] == pytest.approx(m["val_cider"].max())
-    # the most frequent training caption scores about 0.5 CIDEr-D on every val image; three
-    # epochs reach about 1.2 (docs/training.md)
+    # the most frequent training caption scores 0.51 CIDEr-D on the val images; three epochs
+    # reach 1.60 (docs/training.md)
     assert 0.3 < s["baseline_cider"] < 0.8
-    assert s["val_cider"] > 1.8 * s["baseline_cider"]
+    assert s["val_cider"] > 2.5 * s["baseline_cider"]
