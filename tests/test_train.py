@@ -117,6 +117,15 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(data_dir, tmp_path):
     c = _weights(again.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], c[k]) for k in a)
 
+    # --no-resume starts the unfinished run over in the same folder (and ends where ref ends)
+    with pytest.raises(Crash):
+        train_xe(data_dir, workspace=ws, after_step=crash_at(5), **kw)
+    fresh = train_xe(data_dir, workspace=ws, resume=False, **kw)
+    assert fresh.path == ws / "xe" / "att2in-small-v3"
+    assert list(pd.read_csv(fresh.path / "metrics.csv")["step"]) == [3, 6]
+    f = _weights(fresh.path / "checkpoints" / "last.pt")
+    assert all(torch.equal(a[k], f[k]) for k in a)
+
 
 def test_model_artifact_contents(data_dir, tmp_path):
     art = train_xe(data_dir, out=tmp_path / "m", preset="small", epochs=3, batch_size=8, val_images=4,
@@ -257,6 +266,15 @@ def test_cli_writes_a_versioned_artifact_in_the_workspace(data_dir, tmp_path):
     art = read_artifact(ws / "xe" / "att2in-small-v1", "rdpp.model")
     assert art.manifest["config"]["epochs"] == 1 and "rdpp xe: done" in r.output
     assert np.isfinite(art.manifest["summary"]["val_cider"])
+
+    # --config FILE sets options; flags typed override it; both land in the manifest
+    cfg = tmp_path / "xe.yaml"
+    cfg.write_text("preset: small\nepochs: 2\nbatch-size: 16\nval_images: 0\nlr: 0.001\n")
+    r = runner.invoke(app, ["train-xe", "--workspace", str(ws), "--config", str(cfg), "--epochs", "1",
+                            "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    c = read_artifact(ws / "xe" / "att2in-small-v2", "rdpp.model").config
+    assert (c["epochs"], c["batch_size"], c["val_images"], c["lr"], c["preset"]) == (1, 16, 0, 0.001, "small")
 
 
 def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
