@@ -298,3 +298,15 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     assert count == int((labels > 0).sum()) + 15
     with torch.no_grad():
         assert float(xe_loss(model, batch)) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_data_without_val_images_needs_val_images_0(tmp_path):
+    data = write_tiny_data(tmp_path / "noval", n_train=8, n_val=0, n_test=2)
+    r = _cli("--data", data, "--out", tmp_path / "o", "--device", "cpu", "--preset", "small")
+    assert r.exit_code == 2 and "has no val images to validate on; pass --val-images 0" in r.output
+    assert not (tmp_path / "o").exists()
+    r = _cli("--data", data, "--out", tmp_path / "o", "--device", "cpu", "--preset", "small", "--val-images", "0",
+             "--epochs", "1", "--batch-size", "8")
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert "val_cider" not in man["summary"] and (tmp_path / "o" / "checkpoints" / "best.pt").exists()

@@ -150,6 +150,9 @@ def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
     """Rows of the images validated after each epoch: the val split, or its first ``val_images``."""
     if val_images == 0:
         return np.zeros(0, dtype=np.int64)
+    if not (data.split == "val").any():
+        raise RdppError(f"data artifact {data.path} has no val images to validate on; "
+                        "pass --val-images 0 to train without validation")
     idx = data.split_indices("val")
     return idx if val_images is None else idx[:val_images]
 
