@@ -1,0 +1,127 @@
+"""The CUDA path gives the CPU's numbers, and every stage runs on a GPU.
+
+Skipped on machines without a CUDA GPU (CI has none); run on a GPU machine with
+``python -m pytest tests/test_cuda.py``. The model is compared in float64, so agreement is to
+rounding, not to TF32 tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rdpp_cli.artifacts import read_artifact
+from rdpp_cli.data.toy import prepro_toy
+from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.models.att2in import Att2in, Att2inConfig, _AttScores
+from rdpp_cli.models.checkpoint import load_model
+from rdpp_cli.training.rewards import dpp_weights, pg_loss
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+V, FC, ATT, R, L = 40, 24, 24, 6, 9
+
+
+def _model(seed: int = 0) -> Att2in:
+    torch.manual_seed(seed)
+    cfg = Att2inConfig(vocab_size=V, input_encoding_size=32, rnn_size=32, att_hid_size=32,
+                       fc_feat_size=FC, att_feat_size=ATT, drop_prob_lm=0.0, seq_length=L)
+    return Att2in(cfg).double().eval()
+
+
+def _inputs(B: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    att = torch.rand(B, R, ATT, generator=g, dtype=torch.float64)
+    fc = att.mean(1)
+    seqs = torch.randint(1, V + 1, (B, 3, L), generator=g)
+    seqs[:, :, 6:] = 0  # captions of 6 words
+    seqs[0, 0, 2:] = 0  # and one of 2
+    return fc, att, seqs
+
+
+def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
+    cpu = _model()
+    gpu = _model().cuda()
+    fc, att, seqs = _inputs(4)
+    outs = {}
+    for name, net, dev in (("cpu", cpu, "cpu"), ("cuda", gpu, "cuda")):
+        net.train()
+        tok, mask = net.token_logprobs(fc.to(dev), att.to(dev), seqs.to(dev))
+        w = torch.linspace(-1, 1, tok.shape[0], dtype=torch.float64, device=dev)
+        pg_loss(tok, mask, w).backward()
+        outs[name] = (tok.detach().cpu(), mask.cpu(), {k: p.grad.cpu() for k, p in net.named_parameters()})
+    tok_c, mask_c, grad_c = outs["cpu"]
+    tok_g, mask_g, grad_g = outs["cuda"]
+    assert torch.equal(mask_c, mask_g)
+    torch.testing.assert_close(tok_g, tok_c, rtol=1e-10, atol=1e-10)
+    assert grad_c.keys() == grad_g.keys()
+    for k in grad_c:
+        torch.testing.assert_close(grad_g[k], grad_c[k], rtol=1e-8, atol=1e-10, msg=k)
+    assert any(g.abs().sum() > 0 for g in grad_c.values())
+
+
+def test_attention_scores_gradient_on_cuda():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k2 = torch.randn(2, 5, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
+    q = torch.randn(2, 3, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(_AttScores.apply, (k2, q, w))
+
+
+@pytest.mark.parametrize("cfg", [
+    DecodeConfig(method="greedy"),
+    DecodeConfig(method="beam", beam=4, n=3, max_len=L),
+    DecodeConfig(method="dbs", beam=2, groups=3, n=6, max_len=L, diversity_lambda=0.5),
+], ids=["greedy", "beam", "dbs"])
+def test_deterministic_decoding_matches_the_cpu(cfg):
+    fc, att, _ = _inputs(8)
+    cpu = decode(_model(), fc, att, cfg)
+    gpu = decode(_model().cuda(), fc.cuda(), att.cuda(), cfg)
+    assert torch.equal(gpu.tokens.cpu(), cpu.tokens)
+    torch.testing.assert_close(gpu.logprobs.cpu(), cpu.logprobs, rtol=1e-6, atol=1e-6)  # float32 out
+
+
+def test_random_sampling_on_cuda_follows_the_model():
+    """First words of 20,000 samples on the GPU against the model's own first-step distribution."""
+    net = _model().cuda()
+    fc, att, _ = _inputs(1)
+    fc, att = fc.cuda(), att.cuda()
+    n = 20000
+    out = decode(net, fc, att, DecodeConfig(method="random", n=n, max_len=L),
+                 generator=torch.Generator(device="cuda").manual_seed(0))
+    first = out.tokens.reshape(n, -1)[:, 0].cpu()
+    with torch.no_grad():
+        probs = net(fc, att, torch.zeros(1, 1, L, dtype=torch.long, device="cuda"))[0, 0].exp().cpu()
+    freq = torch.bincount(first, minlength=V + 1).double() / n
+    assert 0.5 * (freq - probs).abs().sum() < 0.03  # total variation; ~0.01 expected from noise
+
+
+def test_dpp_weights_on_cuda_equal_the_cpu():
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(16, 5, generator=g, dtype=torch.float64) * 3
+    X = torch.rand(16, 5, 8, generator=g, dtype=torch.float64)
+    S = 10 * X @ X.transpose(1, 2) / (X.norm(dim=-1, keepdim=True) * X.norm(dim=-1)[:, None])
+    torch.testing.assert_close(dpp_weights(q.cuda(), S.cuda()).cpu(), dpp_weights(q, S), rtol=1e-9, atol=1e-12)
+
+
+def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
+    from rdpp_cli.decoding.sample import sample
+    from rdpp_cli.training.finetune import finetune
+    from rdpp_cli.training.xe import train_xe
+
+    ws = tmp_path / "ws"
+    data = prepro_toy(workspace=ws, images=200, seed=5)
+    xe = train_xe(data.path, workspace=ws, preset="small", epochs=2, batch_size=40, lr=1e-3, val_images=20,
+                  device="cuda")
+    dpp = finetune(xe.path, data=data.path, workspace=ws, reward="dpp", m=3, epochs=1, batch_size=40,
+                   val_images=20, device="cuda")
+    assert read_artifact(dpp.path, "rdpp.model").manifest["config"]["reward"] == "dpp"
+    for method in ("random", "beam", "nucleus", "dbs"):
+        extra = {"nucleus": {"top_p": 0.9}, "beam": {"beam": 4}, "dbs": {"groups": 2, "beam": 2}}.get(method, {})
+        art = sample(dpp.path, data=data.path, workspace=ws, n=4, method=method, device="cuda", **extra)
+        recs = json.loads((art.path / "samples.json").read_text())
+        assert len(recs) == 20 and all(len(r["captions"]) == 4 for r in recs), method
+    net, vocab, _ = load_model(dpp.path / "checkpoints" / "best.pt", device="cpu")
+    assert next(net.parameters()).device.type == "cpu" and len(vocab) == net.config.vocab_size
