@@ -88,16 +88,23 @@ def rdpp_step(step: RewardStep, model: Att2in, opt: torch.optim.Optimizer, batch
     t0 = time.perf_counter()
     model.train()
     samples, greedy = step.draw(model, batch)
+    samples_np = samples.cpu().numpy()  # (waits for the GPU, if any)
     t1 = time.perf_counter()
-    w, _ = step.weights(samples.numpy(), greedy, refs)
+    w, _ = step.weights(samples_np, greedy, refs)
     t2 = time.perf_counter()
     loss, _ = step.loss(model, batch, samples, w)
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    _sync(batch.att)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
+
+
+def _sync(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,9 +122,9 @@ def ref_sample(model: Att2in, att: torch.Tensor, n: int, greedy: bool) -> tuple[
     N = B * n
     h = att.new_zeros(N, H)
     c = att.new_zeros(N, H)
-    it = torch.zeros(N, dtype=torch.long)
+    it = torch.zeros(N, dtype=torch.long, device=att.device)
     seqs, logps = [], []
-    unfinished = torch.ones(N, dtype=torch.bool)
+    unfinished = torch.ones(N, dtype=torch.bool, device=att.device)
     for t in range(MAX_LEN):
         x = model.dropout(F.relu(model.embed(it)))
         att_h = model.h2att(h)
@@ -176,16 +183,18 @@ def ref_scst_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M
     seqs, logps = ref_sample(model, batch.att, M, greedy=False)
     t1 = time.perf_counter()
     T = max(seqs.shape[1], greedy.shape[1])
-    hyps = np.concatenate([F.pad(seqs, (0, T - seqs.shape[1])).numpy(), F.pad(greedy, (0, T - greedy.shape[1])).numpy()])
+    hyps = np.concatenate([F.pad(seqs, (0, T - seqs.shape[1])).cpu().numpy(),
+                           F.pad(greedy, (0, T - greedy.shape[1])).cpu().numpy()])
     scores = ref_cider(hyps, refs_str, np.concatenate([np.repeat(np.arange(B), M), np.arange(B)]))
-    reward = torch.from_numpy(scores[:B * M] - np.repeat(scores[B * M:], M)).float()
+    reward = torch.from_numpy(scores[:B * M] - np.repeat(scores[B * M:], M)).float().to(seqs.device)
     t2 = time.perf_counter()
-    mask = torch.cat([torch.ones(B * M, 1), (seqs > 0).float()[:, :-1]], 1)
+    mask = torch.cat([seqs.new_ones(B * M, 1).float(), (seqs > 0).float()[:, :-1]], 1)
     loss = -(logps * reward.unsqueeze(1) * mask).sum() / mask.sum()
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    _sync(batch.att)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
 
@@ -197,7 +206,7 @@ def ref_dpp_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M:
     model.train()
     draws = [ref_sample(model, batch.att, 1, greedy=False) for _ in range(M)]
     t1 = time.perf_counter()
-    caps = [d[0].numpy() for d in draws]
+    caps = [d[0].cpu().numpy() for d in draws]
     q = np.stack([ref_cider(c, refs_str, np.arange(B)) for c in caps], 1)
     S = np.zeros((B, M, M))
     for i in range(M):
@@ -210,12 +219,14 @@ def ref_dpp_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M:
     t2 = time.perf_counter()
     loss = 0.0
     for i, (seqs, logps) in enumerate(draws):
-        mask = torch.cat([torch.ones(B, 1), (seqs > 0).float()[:, :-1]], 1)
-        loss = loss + (-(logps * torch.from_numpy(w[:, i]).float().unsqueeze(1) * mask)).sum() / mask.sum()
+        mask = torch.cat([seqs.new_ones(B, 1).float(), (seqs > 0).float()[:, :-1]], 1)
+        wi = torch.from_numpy(w[:, i]).float().to(seqs.device)
+        loss = loss + (-(logps * wi.unsqueeze(1) * mask)).sum() / mask.sum()
     (loss / M).backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    _sync(batch.att)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
 
@@ -237,7 +248,9 @@ def main() -> None:
     ap.add_argument("--ms", default="2,3,4,5,6,7", help="samples per image to time")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (after one warm-up)")
     ap.add_argument("--no-reference", action="store_true", help="skip the slow reference steps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     ms = [int(x) for x in args.ms.split(",")]
 
@@ -246,13 +259,14 @@ def main() -> None:
     cider = CiderD(df)
     refs = make_refs(rng, args.batch)
     refs_str = [[_to_str(r) for r in rs] for rs in refs]
-    batch = make_batch(args.batch)
-    model = make_model()
+    batch = make_batch(args.batch).to(device)
+    model = make_model().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-6)  # tiny steps: the shapes of the captions stay put
 
     results: dict = OrderedDict(setting=dict(threads=args.threads, batch=args.batch, vocab=VOCAB,
-                                             att=f"{REGIONS}x{ATT_DIM}", preset="paper", max_len=MAX_LEN))
-    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, CPU {args.threads} threads "
+                                             att=f"{REGIONS}x{ATT_DIM}", preset="paper", max_len=MAX_LEN, device=args.device))
+    where = f"CPU {args.threads} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, {where} "
           "(seconds; best of runs)")
     print(f"{'step':<16}{'m':>3}{'decode':>9}{'reward':>9}{'backward':>10}{'total':>9}{'images/s':>10}", flush=True)
 
