@@ -5,14 +5,17 @@
 # (filepath/filename as in the JSON), ImageNet ResNet-101 weights as a local file (torchvision's
 # resnet101-63fe2227.pth), one GPU (or several with torchrun), Java for METEOR / the PTB tokenizer.
 #
-# Sizes and times per stage (estimates for one recent GPU; not measured on this project's CI machine,
-# which has no GPU — see docs/reproduction.md for what was measured):
+# Sizes and times per stage. Step rates were measured on one NVIDIA H200 with synthetic inputs at the
+# paper's shapes (benchmarks/train.py, benchmarks/finetune.py --device cuda); reading the features from
+# disk (~0.8 MB per image) is not in them and decides the epoch time on most disks:
 #   prepro coco   123,287 images; features.h5 ~99 GB (14x14x2048 fp16 att + fc), captions.h5 ~70 MB,
-#                 cider_df.h5 ~20 MB; ~1 h on one GPU with 8 loader workers (JPEG decoding bound)
-#   train-xe      100 epochs x 113,287 training images, batch 50; ~4-6 min/epoch -> 7-10 h on one GPU,
-#                 about 1/N of that with torchrun on N GPUs; checkpoints ~90 MB each
-#   finetune      R-DPP m=5, 30 epochs; ~2x an XE epoch each (M samples + reward) -> ~3-5 h
-#   sample        5,000 test images x 20 captions; minutes
+#                 cider_df.h5 ~20 MB; ~1 h on one GPU with 8 loader workers (JPEG decoding bound; estimate)
+#   train-xe      100 epochs x 113,287 training images, batch 50; the step runs at 1,300-1,500 images/s
+#                 (~80 s of compute per epoch), so ~1.5-3 min/epoch at 0.5-1 GB/s of feature reads
+#                 -> 2.5-5 h on one GPU, about 1/N of that with torchrun on N GPUs; checkpoints ~90 MB each
+#   finetune      R-DPP m=5, 30 epochs; the step runs at ~1,100 images/s (SCST ~900) -> ~2-3 min/epoch,
+#                 1-1.5 h per model
+#   sample        5,000 test images x 20 captions; about a minute
 #   score         oracle + self-CIDEr over 100,000 captions; METEOR dominates, ~5-10 min on CPU
 set -euo pipefail
 
