@@ -35,6 +35,8 @@ def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
         assert all(isinstance(row[k], float) for k in FIELDS)
         assert 0.0 <= row["self_cider"] <= 1.0 and 0.0 <= row["div2"] <= 1.0
         assert row["oracle_cider"] >= row["mean_cider"] - 1e-9  # best of n is at least their mean
+    # even the smoke run's XE model captions: its beam captions are not empty (CIDEr ~0.6, not 0)
+    assert summary["rows"]["XE"]["beam_cider"] > 0.3
     png = ws / "demo_plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in (*MODELS, "CIDEr (beam 3)", "mean CIDEr", "oracle CIDEr", "self-CIDEr", "Div-2", "demo_plot.png"):
