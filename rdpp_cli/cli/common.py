@@ -23,6 +23,27 @@ WorkspaceOpt = typer.Option(
     None, "--workspace", help="Workspace folder holding every artifact (default: $RDPP_WORKSPACE, else ./runs).",
 )
 ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
+DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
+
+# The options `rdpp train-xe` and `rdpp finetune` share (the training loop's, DESIGN §6). Typer reads
+# options from each command's signature, so they are shared as default values, like ConfigOpt.
+GradClipOpt = typer.Option(0.1, "--grad-clip", help="Gradient clipping threshold (0 = off).")
+GradClipModeOpt = typer.Option(
+    "value", "--grad-clip-mode", help="value: clamp each gradient entry (self-critical.pytorch); norm: global L2.")
+LrDecayRateOpt = typer.Option(0.8, "--lr-decay-rate", help="LR decay factor.")
+ValImagesOpt = typer.Option(
+    None, "--val-images", help="Validate on the first N val images (default: all; 0 = no validation).")
+ValBatchSizeOpt = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch.")
+SaveEveryStepsOpt = typer.Option(
+    0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch).")
+WorkersOpt = typer.Option(0, "--workers", help="DataLoader worker processes reading batches.")
+ResumeOpt = typer.Option(
+    True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over.")
+BatchSizeOpt = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together).")
+
+
+def lr_decay_every_opt(default: int) -> Any:
+    return typer.Option(default, "--lr-decay-every", help="Multiply the LR by --lr-decay-rate every k epochs (0 = never).")
 
 
 def load_config_file(path: Path) -> dict:

@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
-from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt,
+                                 LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
+                                 WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
 from rdpp_cli.errors import RdppError
 from rdpp_cli.training.finetune import finetune
 
@@ -28,24 +30,20 @@ def command(
         "none", "--baseline", help="R-DPP only: none (as the published code) or mean (w minus its mean over the m samples)."),
     lam: float = typer.Option(5.0, "--lam", help="xe-cider: weight of the SCST loss added to the XE loss."),
     epochs: int = typer.Option(6, "--epochs", help="Passes over the training images."),
-    batch_size: int = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together)."),
+    batch_size: int = BatchSizeOpt,
     lr: float = typer.Option(1e-4, "--lr", help="Adam learning rate (tuned on the bundled set; the paper used 4e-4 for 100 COCO epochs)."),
-    grad_clip: float = typer.Option(0.1, "--grad-clip", help="Gradient clipping threshold (0 = off)."),
-    grad_clip_mode: str = typer.Option(
-        "value", "--grad-clip-mode", help="value: clamp each gradient entry (self-critical.pytorch); norm: global L2."),
-    lr_decay_every: int = typer.Option(0, "--lr-decay-every", help="Multiply the LR by --lr-decay-rate every k epochs (0 = never)."),
-    lr_decay_rate: float = typer.Option(0.8, "--lr-decay-rate", help="LR decay factor."),
-    val_images: Optional[int] = typer.Option(
-        None, "--val-images", help="Validate on the first N val images (default: all; 0 = no validation)."),
-    val_batch_size: int = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch."),
-    save_every_steps: int = typer.Option(
-        0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch)."),
+    grad_clip: float = GradClipOpt,
+    grad_clip_mode: str = GradClipModeOpt,
+    lr_decay_every: int = lr_decay_every_opt(0),
+    lr_decay_rate: float = LrDecayRateOpt,
+    val_images: Optional[int] = ValImagesOpt,
+    val_batch_size: int = ValBatchSizeOpt,
+    save_every_steps: int = SaveEveryStepsOpt,
     checkpoint: str = typer.Option("best", "--checkpoint", help="Start from the XE model's best or last checkpoint."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    workers: int = typer.Option(0, "--workers", help="DataLoader worker processes reading batches."),
+    device: str = DeviceOpt,
+    workers: int = WorkersOpt,
     seed: int = typer.Option(123, "--seed", help="Seed of the batch order, the sampling and dropout."),
-    resume: bool = typer.Option(
-        True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over."),
+    resume: bool = ResumeOpt,
     out: Optional[Path] = typer.Option(
         None, "--out", help="Folder to write (default: a new version <workspace>/finetune/<reward>-v<k>)."),
     force: bool = ForceOpt,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
 from rdpp_cli.decoding.decode import METHODS
 
 
@@ -30,7 +30,7 @@ def command(
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    device: str = DeviceOpt,
     out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
     force: bool = ForceOpt,
     workspace: Path = WorkspaceOpt,
