@@ -2,3 +2,18 @@ import os
 
 # Progress bars are for people; tests read stdout/stderr.
 os.environ.setdefault("RDPP_NO_PROGRESS", "1")
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models: they run fastest on one, and on a shared
+    2-core machine two spinning OpenMP threads make them 10-50x slower. Results do not depend on it.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -27,13 +27,7 @@ def model(seed=0, scale=1.0):
     return m
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for the CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

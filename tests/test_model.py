@@ -20,13 +20,7 @@ from rdpp_cli.models import (
 from rdpp_cli.models.att2in import _AttScores
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (two OpenMP threads on a busy machine spin for ages)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(vocab=12, seed=0, dropout=0.0, **kw):

@@ -29,13 +29,7 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     return art
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models decode fastest on one thread (two OpenMP threads on a busy machine spin)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,7 @@ from test_loader import write_tiny_data  # noqa: E402
 os.environ["RDPP_NO_PROGRESS"] = "1"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, spinning OpenMP threads make tiny models
-    10-50x slower. Results do not depend on it (each test compares runs made alike)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Crash(Exception):
