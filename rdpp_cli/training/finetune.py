@@ -250,7 +250,7 @@ def resolve_data_for(model_art: Artifact, data: str | Path | None, workspace: Pa
             info(f"using data artifact: [bold]{art.path}[/bold] (the XE model's training data; --data to pick another)")
     else:
         art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                            make_with="rdpp prepro toy  (or rdpp prepro coco)", quiet=quiet)
+                            make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=quiet)
     if not _same_artifact(trained_on, art):
         raise RdppError(f"model artifact {model_art.path} was XE-trained on {trained_on.get('path')}, not on data "
                         f"artifact {art.path}; pass --data {trained_on.get('path')} or train an XE model on "

@@ -129,7 +129,7 @@ def train_xe(
     rt = D.setup(device)  # RdppError for --device cuda without a GPU, before anything is touched
     try:
         art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                            make_with="rdpp prepro toy  (or rdpp prepro coco)", quiet=not rt.is_main)
+                            make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=not rt.is_main)
         ds = DataArtifact(art)
         ds.split_indices("train")
         val_idx = validation_images(ds, val_images)
