@@ -137,13 +137,18 @@ def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 _NUCLEUS_K = 128  # the nucleus is looked for among the top 128 words first (a full sort is slow)
 
 
+def _draw_from_prefix(p: Tensor, i: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """Word ids drawn from the smallest prefix of the descending probabilities ``p`` (ids ``i``)
+    that reaches ``top_p`` (never empty)."""
+    keep = (p.cumsum(-1) - p) < top_p
+    keep[:, 0] = True
+    return i.gather(1, _draw(p * keep, generator).unsqueeze(1)).squeeze(1)
+
+
 def _nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
     """Sample from the smallest set of most probable words whose probability reaches ``top_p``."""
     if probs.device.type != "cpu":  # a full sort is cheap on a GPU; row selection would wait for it
-        p, i = probs.sort(-1, descending=True)
-        keep = (p.cumsum(-1) - p) < top_p
-        keep[:, 0] = True
-        return i.gather(1, _draw(p * keep, generator).unsqueeze(1)).squeeze(1)
+        return _draw_from_prefix(*probs.sort(-1, descending=True), top_p, generator)
     V = probs.shape[-1]
     out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     sp, si = probs.topk(min(_NUCLEUS_K, V), dim=-1)  # sorted, descending
@@ -152,9 +157,7 @@ def _nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> 
         if not bool(rows.any()):
             continue
         p, i = probs[rows].sort(-1, descending=True) if full_sort else (sp[rows], si[rows])
-        keep = (p.cumsum(-1) - p) < top_p  # the smallest prefix reaching top_p (never empty)
-        keep[:, 0] = True
-        out[rows] = i.gather(1, _draw(p * keep, generator).unsqueeze(1)).squeeze(1)
+        out[rows] = _draw_from_prefix(p, i, top_p, generator)
     return out
 
 
