@@ -93,18 +93,20 @@ def rdpp_step(step: RewardStep, model: Att2in, opt: torch.optim.Optimizer, batch
     w, _ = step.weights(samples_np, greedy, refs)
     t2 = time.perf_counter()
     loss, _ = step.loss(model, batch, samples, w)
-    loss.backward()
-    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    _sync(batch.att)
+    _update(model, opt, loss)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
 
 
-def _sync(x: torch.Tensor) -> None:
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
+def _update(model: Att2in, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """Backward, clipping (value 0.1, as rdpp and self-critical.pytorch) and the Adam step; returns
+    once the GPU, if any, has finished, so the caller's clock covers the work."""
+    loss.backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if loss.is_cuda:
+        torch.cuda.synchronize(loss.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,11 +192,7 @@ def ref_scst_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M
     t2 = time.perf_counter()
     mask = torch.cat([seqs.new_ones(B * M, 1).float(), (seqs > 0).float()[:, :-1]], 1)
     loss = -(logps * reward.unsqueeze(1) * mask).sum() / mask.sum()
-    loss.backward()
-    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    _sync(batch.att)
+    _update(model, opt, loss)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
 
@@ -222,11 +220,7 @@ def ref_dpp_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M:
         mask = torch.cat([seqs.new_ones(B, 1).float(), (seqs > 0).float()[:, :-1]], 1)
         wi = torch.from_numpy(w[:, i]).float().to(seqs.device)
         loss = loss + (-(logps * wi.unsqueeze(1) * mask)).sum() / mask.sum()
-    (loss / M).backward()
-    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    _sync(batch.att)
+    _update(model, opt, loss / M)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
 
