@@ -10,7 +10,7 @@
 # disk (~0.8 MB per image) is not in them and decides the epoch time on most disks:
 #   prepro coco   123,287 images; features.h5 ~99 GB (14x14x2048 fp16 att + fc), captions.h5 ~70 MB,
 #                 cider_df.h5 ~20 MB; ~1 h on one GPU with 8 loader workers (JPEG decoding bound; estimate)
-#   train-xe      100 epochs x 113,287 training images, batch 50; the step runs at 1,300-1,500 images/s
+#   train-xe      100 epochs x 113,287 training images, batch 50; the step runs at 1,300-1,700 images/s
 #                 (~80 s of compute per epoch), so ~1.5-3 min/epoch at 0.5-1 GB/s of feature reads
 #                 -> 2.5-5 h on one GPU, about 1/N of that with torchrun on N GPUs; checkpoints ~90 MB each
 #   finetune      R-DPP m=5, 30 epochs; the step runs at ~1,100 images/s (SCST ~900) -> ~2-3 min/epoch,
