@@ -21,7 +21,7 @@ from rdpp_cli.errors import RdppError
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
-KINDS = ("rdpp.data", "rdpp.model", "rdpp.samples", "rdpp.scores")
+KINDS = ("rdpp.data", "rdpp.model", "rdpp.samples", "rdpp.scores", "rdpp.captions")
 _CHUNK = 1 << 20
 
 

@@ -26,6 +26,7 @@ GROUPS = {
     "finetune": "rdpp.model",
     "samples": "rdpp.samples",
     "scores": "rdpp.scores",
+    "captions": "rdpp.captions",
 }
 _VERSION = re.compile(r"^(?P<stem>.*?)-?v(?P<k>\d+)$")
 

@@ -169,13 +169,14 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
     with Image.open(path) as im:
         im = ImageOps.exif_transpose(im)  # a copy, upright (the same image when there is no EXIF)
-        im = _to_rgb(im)
+        im = to_rgb(im)
         if im.size != (size, size):
             im = im.resize((size, size), Image.BILINEAR)
         return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
 
-def _to_rgb(im):
+def to_rgb(im):
+    """``im`` as an RGB PIL image (the conversions of ``read_image``)."""
     from PIL import Image
 
     if im.mode == "RGB":

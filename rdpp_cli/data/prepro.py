@@ -174,7 +174,7 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
         ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk_train:.2%} of training "
                        f"tokens, {unk:.2%} of all)"),
         ("features", feat_desc),
-        *([("extraction", f"{speed:,.1f} images/s ({plan.workers} decoding workers)")] if speed else []),
+        *([("extraction", f"{speed:,.1f} images/s ({plan.workers} image-reading worker process(es))")] if speed else []),
         ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
     ]))
     return artifact

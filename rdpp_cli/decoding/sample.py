@@ -19,6 +19,7 @@ import torch
 from rdpp_cli.artifacts import Artifact, finish, prepare_output, read_artifact, resolve_input, write_manifest
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.vocab import unk_id
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
@@ -55,6 +56,7 @@ def sample(
     diversity_lambda: float = 0.5,
     length_norm: float = 0.0,
     max_len: int | None = None,
+    allow_unk: bool = False,
     batch_size: int = 50,
     max_images: int | None = None,
     seed: int = 0,
@@ -86,6 +88,7 @@ def sample(
                         f"{ds.att_dim}-d ones; sample with the data the model was trained on")
     if max_len is None:
         cfg.max_len = ds.seq_length
+    cfg.unk_id = None if allow_unk else unk_id(vocab)  # evaluation decoding never says UNK unless asked
     images = ds.split_indices(split)
     if max_images is not None:
         images = images[:max_images]
