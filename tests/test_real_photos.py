@@ -236,3 +236,14 @@ def test_imagenet_trunk_on_real_photos_gives_distinct_informative_features(tmp_p
     sim = fc @ fc.T
     assert sim[0, 1] > max(sim[0, 2:].max(), sim[1, 2:].max())
     assert sim[2, 3] > max(sim[2, :2].max(), sim[3, :2].max())
+
+
+def test_rdpp_ls_shows_the_vocabulary_unk_rate_and_clipping(tmp_path):
+    ws = tmp_path / "runs"
+    prepro_coco(REAL6_JSON, REAL6 / "images", workspace=ws, backbone="pixstats", att_size=2, image_size=16,
+                workers=0, max_length=8)
+    r = runner.invoke(app, ["ls", "--workspace", str(ws)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    row = next(ln for ln in r.output.splitlines() if "coco-v1" in ln)
+    for field in ("vocab=", "word_count_threshold=1", "unk_rate=", "unk_rate_train=", "clipped="):
+        assert field in row, row
