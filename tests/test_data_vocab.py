@@ -158,3 +158,20 @@ def test_every_caption_has_a_length_and_ids_within_vocab(tmp_path, threshold):
     assert (lengths >= 1).all() and labels.max() <= n_words
     for row, n in zip(labels, lengths):
         assert (row[:n] > 0).all() and (row[n:] == 0).all()
+
+
+def test_auto_threshold_is_the_references_on_coco_and_scales_down_to_one():
+    assert V.auto_threshold(113_287) == 5  # Karpathy train + restval: the reference's count > 5
+    assert V.auto_threshold(1_000_000) == 5
+    assert [V.auto_threshold(n) for n in (56_643, 56_644, 33_986, 33_987)] == [2, 3, 1, 2]
+    assert V.auto_threshold(312) == 1 and V.auto_threshold(0) == 1  # words seen once stay UNK
+
+
+def test_auto_threshold_on_the_fixture_and_a_bad_value(tmp_path):
+    from rdpp_cli.errors import RdppError
+
+    art = run_fixture(tmp_path / "auto", word_count_threshold="auto")
+    assert art.config["word_count_threshold"] == "auto" and art.manifest["summary"]["word_count_threshold"] == 1
+    assert json.loads((art.path / "vocab.json").read_text())["words"] == ["a", "cat", "dog", "ran", "UNK"]
+    with pytest.raises(RdppError, match="neither a count nor 'auto'"):
+        run_fixture(tmp_path / "bad", word_count_threshold="many")
