@@ -97,20 +97,24 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
         assert torch.allclose(d.seq_logprob, d.logprobs.sum(-1)), method
 
 
+class StepTable:
+    """A model for hand-computed cases: ``step`` (a fixed table in subclasses) ignores the image."""
+
+    def encode(self, fc, att, mask=None):
+        return att
+
+    def expand(self, enc, n):
+        return enc.repeat_interleave(n, 0)
+
+    def init_state(self, N):
+        return torch.zeros(N, 1), torch.zeros(N, 1)
+
+
 def test_greedy_by_hand_and_max_len():
     """A model whose step is a fixed table: greedy must follow it; max_len forces the EOS."""
 
-    class Table:
+    class Table(StepTable):
         # next word = (it + 1) % 4 with prob 0.7, EOS only after word 3
-        def encode(self, fc, att, mask=None):
-            return att
-
-        def expand(self, enc, n):
-            return enc.repeat_interleave(n, 0)
-
-        def init_state(self, N):
-            return torch.zeros(N)
-
         def step(self, it, enc, state):
             lp = torch.full((it.shape[0], 5), 0.075).log()
             lp[torch.arange(it.shape[0]), (it + 1) % 4] = torch.tensor(0.7).log()
@@ -312,16 +316,7 @@ def test_unk_suppression_by_hand():
     """Word 4 (UNK) is the most probable after every word; suppressed, greedy and beam search take
     word 1, then the EOS: log-prob log(0.3 · 0.3), against log 0.05 for the empty caption."""
 
-    class Table:
-        def encode(self, fc, att, mask=None):
-            return att
-
-        def expand(self, enc, n):
-            return enc.repeat_interleave(n, 0)
-
-        def init_state(self, N):
-            return torch.zeros(N, 1), torch.zeros(N, 1)
-
+    class Table(StepTable):
         def step(self, it, enc, state):
             p = torch.tensor([0.05, 0.3, 0.05, 0.05, 0.55]).expand(it.shape[0], 5).clone()
             p[it == 1] = torch.tensor([0.3, 0.05, 0.05, 0.05, 0.55])  # after word 1: EOS, else UNK

@@ -133,7 +133,10 @@ def test_default_workers_fit_the_cores_and_torch_does_not_warn(tmp_path, monkeyp
 # ---- files as cameras and downloads make them --------------------------------------------------------
 
 def _read(path: Path, size: int = 96) -> np.ndarray:
-    return F.read_image(path, size)
+    """The photo as the extraction loop's dataset gives it (before normalisation)."""
+    x, _, err = F.ImageFiles([path], size)[0]
+    assert err == "", err
+    return x.numpy()
 
 
 def _jpeg(im: Image.Image, path: Path, **kw) -> Path:
