@@ -168,7 +168,8 @@ def read_image(path: Path, size: int) -> np.ndarray:
     from PIL import Image, ImageOps
 
     with Image.open(path) as im:
-        im = ImageOps.exif_transpose(im)  # a copy, upright (the same image when there is no EXIF)
+        if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: not stored upright
+            im = ImageOps.exif_transpose(im)
         im = to_rgb(im)
         if im.size != (size, size):
             im = im.resize((size, size), Image.BILINEAR)
