@@ -36,7 +36,7 @@ def command(
     metrics: Optional[str] = typer.Option(
         None, "--metrics", help="Comma-separated subset of Bleu_1..Bleu_4,METEOR,ROUGE_L,CIDEr,SPICE (default: all)."),
     out: Optional[Path] = typer.Option(
-        None, "--out", help="Folder to write (default: a new version <workspace>/scores/<samples>-v<k>)."),
+        None, "--out", help="Folder to write (default: <workspace>/scores/<samples name>, then <samples name>-v2, ...)."),
     force: bool = ForceOpt,
     config: Optional[Path] = ConfigOpt,
     workspace: Optional[Path] = WorkspaceOpt,
