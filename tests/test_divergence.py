@@ -14,7 +14,7 @@ from rdpp_cli.artifacts import atomic_write_json, read_artifact
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.training.loop import Diverged, TrainConfig, run_training
+from rdpp_cli.training.loop import TrainConfig, run_training
 from rdpp_cli.training.xe import xe_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,7 +52,7 @@ def test_a_nan_loss_stops_the_run_and_no_checkpoint_holds_it(data, tmp_path):
         loss = xe_loss(net, batch)
         return loss * float("nan") if (batch.epoch, batch.batch) == (1, 0) else loss
 
-    with pytest.raises(Diverged) as e:
+    with pytest.raises(RdppError) as e:
         _train(data, tmp_path / "m", nan_at_step_3)
     msg = str(e.value)
     assert msg.startswith("training diverged at epoch 2, step 3: the loss is nan (last finite loss ")
@@ -68,7 +68,7 @@ def test_divergence_in_epoch_one_writes_no_best_pt(data, tmp_path):
         loss = xe_loss(net, batch)
         return loss + float("inf") if batch.batch == 1 else loss
 
-    with pytest.raises(Diverged, match="at epoch 1, step 2: the loss is inf"):
+    with pytest.raises(RdppError, match="at epoch 1, step 2: the loss is inf"):
         _train(data, tmp_path / "m", nan_at_step_2)
     assert not (tmp_path / "m" / "checkpoints" / "best.pt").exists()
     assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
@@ -84,7 +84,7 @@ def test_non_finite_weights_are_never_validated_or_saved(data, tmp_path):
             with torch.no_grad():
                 model.logit.weight[0, 0] = float("inf")
 
-    with pytest.raises(Diverged, match=r"at epoch 1, step 2: parameter logit\.weight holds NaN or infinity"):
+    with pytest.raises(RdppError, match=r"at epoch 1, step 2: parameter logit\.weight holds NaN or infinity"):
         _train(data, tmp_path / "m", xe_loss, model=model, after_step=poison_after_step_2)
     assert not (tmp_path / "m" / "checkpoints" / "best.pt").exists()
     assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
@@ -137,3 +137,32 @@ def test_json_never_holds_nan(tmp_path):
     with pytest.raises(RdppError, match=r"x\.json: scores\.1\.CIDEr is not a finite number and JSON cannot hold it"):
         atomic_write_json(tmp_path / "x.json", {"scores": [{"CIDEr": 1.0}, {"CIDEr": float("nan")}]})
     assert list(tmp_path.iterdir()) == []
+
+
+def _any_true_on(rank: int, world: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    from rdpp_cli.training import distributed as D
+
+    D.setup("cpu")
+    try:
+        results.put((rank, D.any_true(rank == 1), D.any_true(False)))
+    finally:
+        D.teardown()
+
+
+def test_under_ddp_every_process_learns_that_one_diverged():
+    """The loop's per-step check under torchrun: a NaN on one process stops all of them at the same step
+    (otherwise the others would wait forever in the next all-reduce)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_any_true_on, args=(2, port, results), nprocs=2, start_method="spawn")
+    got = sorted(results.get() for _ in range(2))
+    assert got == [(0, True, False), (1, True, False)]

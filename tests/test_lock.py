@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from rdpp_cli.artifacts import finish, prepare_output
-from rdpp_cli.artifacts.lock import LOCK
 from rdpp_cli.errors import RdppError
 from rdpp_cli.training.xe import train_xe
 
@@ -23,6 +22,7 @@ from test_loader import write_tiny_data  # noqa: E402
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 RDPP = os.path.join(os.path.dirname(sys.executable), "rdpp")
+LOCK = ".rdpp-lock"  # rdpp_cli.artifacts.lock.LOCK
 
 
 def test_a_second_identical_run_is_refused_while_the_first_runs(tmp_path):

@@ -41,7 +41,6 @@ def test_a_moved_workspace_samples_scores_lists_and_resumes(tmp_path, capsys):
     ws = tmp_path / "runs"
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=3)
     xe = train_xe("tiny-v1", workspace=ws, epochs=1, **XE)
-    assert xe.inputs[0]["path"] == "data/tiny-v1"  # relative to the workspace
     assert rdpp("sample", "--n", "2", "--workspace", ws, "--device", "cpu").exit_code == 0
     with pytest.raises(Crash):  # a run killed after its first epoch's checkpoint
         train_xe("tiny-v1", workspace=ws, epochs=2, save_every_steps=1, after_step=_crash_at(3), **XE)
@@ -70,6 +69,7 @@ def test_a_moved_workspace_samples_scores_lists_and_resumes(tmp_path, capsys):
     assert resumed.path == moved / "xe" / "att2in-small-v2"
     assert "resuming unfinished" in capsys.readouterr().err
     assert sorted(p.name for p in (moved / "xe").iterdir()) == ["att2in-small-v1", "att2in-small-v2"]
+    assert xe.inputs[0]["path"] == "data/tiny-v1"  # inputs are recorded relative to the workspace
 
 
 def test_an_input_renamed_inside_the_workspace_is_found_by_its_hash(tmp_path, capsys):

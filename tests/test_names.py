@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rdpp_cli.artifacts import read_artifact, split_version, version_name
+from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.cli.ls import ls
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -21,6 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_one_version_pattern():
+    from rdpp_cli.artifacts import split_version, version_name
+
     assert version_name("toy", 1) == "toy-v1" and version_name("toy", 12) == "toy-v12"
     assert split_version("dpp-m5-v1.random-n20-v3") == ("dpp-m5-v1.random-n20", 3)
     assert split_version("toy") is None and split_version("toy-v0") is None

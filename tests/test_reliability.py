@@ -10,6 +10,7 @@ and commit docs/reliability.md.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def _error_classes(trees: dict[Path, ast.Module]) -> set[str]:
     return names
 
 
+@functools.lru_cache(maxsize=1)
 def messages() -> list[tuple[str, str, str]]:
     """(module, function, message template) of every refusal in rdpp_cli/, in source order."""
     trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted((ROOT / "rdpp_cli").rglob("*.py"))}
