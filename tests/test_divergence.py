@@ -124,6 +124,8 @@ TRAIN = ["--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-image
     (["sample", "--n", "2", "--max-len", "0"], "--max-len must be at least 1 (got 0)"),
     (["sample", "--n", "2", "--seed", "-1"], "--seed must be an integer"),
     (["sample", "--n", "2", "--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["sample", "--n", "2", "--method", "dbs", "--groups", "2", "--diversity-lambda", "nan"],
+     "--diversity-lambda is nan: options must be finite numbers"),
     (["prepro", "toy", "--images", "20", "--seed", "-1"], "--seed must be an integer"),
 ])
 def test_absurd_options_are_refused_before_anything_is_written(ws, args, message):

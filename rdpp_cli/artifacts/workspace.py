@@ -13,6 +13,7 @@ run writes it; rerunning the same command with the same settings resumes an unfi
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -75,6 +76,17 @@ def _versions(parent: Path, stem: str) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def _identity(config: dict) -> dict:
+    """A run's identity as JSON sees it; RdppError (before anything is written) for an option
+    that is not a finite number."""
+    try:
+        return json.loads(json.dumps(config, default=str, allow_nan=False))
+    except ValueError:
+        bad = next((k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)), "an option")
+        raise RdppError(f"--{str(bad).replace('_', '-')} is {config.get(bad)}: options must be finite numbers; "
+                        "pass a finite value") from None
+
+
 def _partial_matches(path: Path, kind: str, config: dict) -> bool:
     marker = path / PARTIAL
     if not marker.is_file():
@@ -83,11 +95,11 @@ def _partial_matches(path: Path, kind: str, config: dict) -> bool:
         saved = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return False
-    return saved.get("kind") == kind and saved.get("config") == json.loads(json.dumps(config, default=str))
+    return saved.get("kind") == kind and saved.get("config") == _identity(config)
 
 
 def _mark_partial(path: Path, kind: str, config: dict) -> None:
-    atomic_write_json(path / PARTIAL, {"kind": kind, "config": json.loads(json.dumps(config, default=str))})
+    atomic_write_json(path / PARTIAL, {"kind": kind, "config": _identity(config)})
 
 
 def finish(path: Path) -> None:
@@ -118,6 +130,7 @@ def prepare_output(
     its inputs, never paths, so that a moved workspace still resumes). A folder another live run
     holds is refused with one line naming it.
     """
+    _identity(config)  # a NaN option is refused before any folder is made
     if out is None:
         parent = workspace_dir(workspace) / group
         parent.mkdir(parents=True, exist_ok=True)

@@ -211,7 +211,7 @@ def generate_toy(root: Path, images: int = 3000, seed: int = 0) -> Path:
             bar.advance(task)
     path = root / JSON_NAME
     atomic_write_bytes(path, json.dumps({"dataset": "toy", "generator": GENERATOR, "seed": seed,
-                                         "images": entries}, separators=(",", ":")).encode())
+                                         "images": entries}, separators=(",", ":"), allow_nan=False).encode())
     return path
 
 

@@ -25,6 +25,7 @@ from rdpp_cli.artifacts import (
     prepare_output,
     ref_name,
     resolve_input,
+    sha256_file,
     write_manifest,
 )
 from rdpp_cli.console import console, info, note, summary_table
@@ -334,7 +335,7 @@ def score(
     config = {"samples": ref_name(smp.artifact) if smp.artifact is not None else str(smp.source),
               "data": ref_name(ref.artifact) if ref.artifact is not None else None,
               "refs": str(refs) if refs is not None else None, **options}
-    identity = {"samples_sha256": smp.artifact.manifest_sha256 if smp.artifact is not None else str(smp.source),
+    identity = {"samples_sha256": smp.artifact.manifest_sha256 if smp.artifact is not None else sha256_file(smp.source),
                 "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
                 "refs": config["refs"], **options}
     path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
