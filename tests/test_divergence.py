@@ -99,6 +99,8 @@ def test_the_cli_prints_divergence_as_one_line(tmp_path, monkeypatch):
     line = error_line(rdpp("train-xe", "--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-images",
                            "0", "--device", "cpu", "--workspace", ws))
     assert line.startswith("error: training diverged at epoch 1, step 1: the loss is nan (no finite loss yet)")
+    assert not list(ws.rglob(".rdpp-lock"))  # the unfinished folder is left unlocked: a rerun may resume it
+    assert list(ws.rglob(".rdpp-partial.json"))
 
 
 # -- absurd options: refused before anything is written ----------------------------------------------

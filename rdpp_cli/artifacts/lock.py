@@ -13,7 +13,7 @@ was left by a run that died. Acquiring:
   filesystem whose locks do not cross machines; refused, with the file to delete if it is dead.
 
 ``finish`` (``artifacts.workspace``) releases the lock once the manifest is written; a stage that
-fails releases it through ``released_on_error`` (or ``release_all`` in the CLI). Under torchrun only
+fails releases it through ``released_on_error`` (or ``release_all`` when a CLI command ends). Under torchrun only
 rank 0 claims the folder, so only rank 0 holds the lock.
 """
 
@@ -150,10 +150,17 @@ def release(folder: Path | str) -> None:
     _release_fd(fd)
 
 
-def release_all() -> None:
-    """Drop every lock this process holds (the CLI calls it when a command ends, however it ends)."""
+def held() -> frozenset[str]:
+    """The folders this process holds locks on (resolved paths)."""
+    return frozenset(_held)
+
+
+def release_all(keep: frozenset[str] = frozenset()) -> None:
+    """Drop every lock this process holds except those in ``keep`` (the CLI calls it when a command
+    ends, however it ends, keeping the locks that were held before the command started)."""
     for key in list(_held):
-        release(Path(key))
+        if key not in keep:
+            release(Path(key))
 
 
 @contextlib.contextmanager

@@ -125,8 +125,9 @@ def stage(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from rdpp_cli.artifacts.lock import release_all
+        from rdpp_cli.artifacts.lock import held, release_all
 
+        before = held()
         try:
             return fn(*args, **kwargs)
         except RdppError as e:
@@ -136,6 +137,6 @@ def stage(fn):
             err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
             raise typer.Exit(130) from None
         finally:
-            release_all()  # a failed stage leaves its folder unfinished but unlocked
+            release_all(keep=before)  # a failed stage leaves its folder unfinished but unlocked
 
     return wrapper
