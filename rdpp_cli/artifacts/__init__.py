@@ -3,6 +3,7 @@
 from rdpp_cli.artifacts.manifest import (
     MANIFEST,
     SCHEMA,
+    SCHEMAS,
     Artifact,
     atomic_write_bytes,
     atomic_write_json,
@@ -22,7 +23,7 @@ from rdpp_cli.artifacts.workspace import (
 )
 
 __all__ = [
-    "MANIFEST", "SCHEMA", "Artifact", "atomic_write_bytes", "atomic_write_json", "is_complete",
+    "MANIFEST", "SCHEMA", "SCHEMAS", "Artifact", "atomic_write_bytes", "atomic_write_json", "is_complete",
     "read_artifact", "sha256_file", "write_manifest", "GROUPS", "find_reusable", "finish", "list_artifacts",
     "prepare_output", "resolve_input", "workspace_dir",
 ]

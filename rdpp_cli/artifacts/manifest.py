@@ -20,8 +20,12 @@ from rdpp_cli import __version__
 from rdpp_cli.errors import RdppError
 
 SCHEMA = 1
+# The schema each kind is written with. rdpp.data 2: cider_df.h5 counts the end token (EOS) of every
+# training reference, as the training reward does (docs/rewards.md); schema-1 data artifacts are
+# refused by the stages that need the training reward (rdpp_cli.metrics.train_cider).
+SCHEMAS = {"rdpp.data": 2, "rdpp.model": SCHEMA, "rdpp.samples": SCHEMA, "rdpp.scores": SCHEMA}
 MANIFEST = "manifest.json"
-KINDS = ("rdpp.data", "rdpp.model", "rdpp.samples", "rdpp.scores")
+KINDS = tuple(SCHEMAS)
 _CHUNK = 1 << 20
 
 
@@ -161,7 +165,7 @@ def write_manifest(
         files[rel] = entry
     manifest = {
         "kind": kind,
-        "schema": SCHEMA,
+        "schema": SCHEMAS[kind],
         "rdpp_version": __version__,
         "created": now_utc(),
         "config": _jsonable(config),
@@ -200,10 +204,11 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
         raise RdppError(f"{mpath} is not an rdpp manifest (no kind/schema); expected {want}")
     if kinds and manifest["kind"] not in kinds:
         raise RdppError(f"{path} is a {manifest['kind']} artifact; expected {want}")
-    if not isinstance(manifest["schema"], int) or manifest["schema"] > SCHEMA:
+    known = SCHEMAS.get(manifest["kind"], SCHEMA)
+    if not isinstance(manifest["schema"], int) or manifest["schema"] > known:
         raise RdppError(
             f"{mpath} has schema {manifest['schema']}, newer than this rdpp ({__version__}) reads "
-            f"(schema {SCHEMA}); upgrade rdpp"
+            f"(schema {known}); upgrade rdpp"
         )
     return Artifact(path, manifest)
 
