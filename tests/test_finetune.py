@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.finetune import RewardStep, finetune, run_name, sample_seed
@@ -58,7 +58,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _step(ws: Path, reward: str, m: int, **kw) -> tuple[RewardStep, DataArtifact]:
     d = _data(ws)
-    return RewardStep(data=d, cider=CiderD(DocFreq.from_h5(d.cider_df_path)), reward=reward, m=m,
+    return RewardStep(data=d, cider=TrainCider.for_data(d), reward=reward, m=m,
                       max_len=d.seq_length, **kw), d
 
 

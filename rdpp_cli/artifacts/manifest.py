@@ -25,10 +25,15 @@ from typing import Any, BinaryIO
 from rdpp_cli import __version__
 from rdpp_cli.errors import RdppError
 
-# The manifest schema this rdpp writes and reads, per kind. An artifact of an older schema is
-# refused with the command that remakes it (REMAKE); a newer one asks for a newer rdpp.
-SCHEMAS = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
-SCHEMA = SCHEMAS["rdpp.data"]  # kept for old imports; use SCHEMAS[kind]
+# The manifest schema each kind is written with, and the oldest schema this rdpp still reads. An
+# artifact older than that is refused with the command that remakes it (REMAKE); a newer one asks for
+# a newer rdpp. rdpp.data 2: cider_df.h5 counts the end token (EOS) of every training reference, as
+# the training reward does (docs/rewards.md); schema-1 data artifacts are still read (their references
+# score, their models sample) and refused by the stages that need the training reward
+# (rdpp_cli.metrics.train_cider).
+SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
+OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
+SCHEMA = 1  # kept for old imports; use SCHEMAS[kind]
 REMAKE = {
     "rdpp.data": "rdpp prepro toy` or `rdpp prepro coco",
     "rdpp.model": "rdpp train-xe` (XE) or `rdpp finetune",
@@ -289,9 +294,9 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
             f"{mpath} has schema {schema}, newer than this rdpp ({__version__}) reads "
             f"({kind_} schema {current}); upgrade rdpp"
         )
-    if schema < current:
+    if schema < OLDEST_READ[kind_]:
         raise RdppError(f"{path} is an {kind_} artifact of schema {schema}, older than this rdpp reads (schema "
-                        f"{current}); remake it with `{REMAKE[kind_]}`")
+                        f"{OLDEST_READ[kind_]} to {current}); remake it with `{REMAKE[kind_]}`")
     return Artifact(path, manifest)
 
 

@@ -284,7 +284,7 @@ def score(
 
     # ---- diversity -----------------------------------------------------------------------
     div: dict[str, Any] = {"self_cider": None, "div1": None, "div2": None, "mbleu4": None, "distinct": None,
-                           "vocab": None, "novel": None}
+                           "vocab": None, "novel": None, "bad_ending": None, "unk_ending": None}
     per_div: dict[str, np.ndarray] = {}
     human = None
     df_source = None
@@ -304,7 +304,11 @@ def score(
         div.update(div1=_nanmean(per_div["div1"]), div2=_nanmean(per_div["div2"]),
                    mbleu4=_nanmean(per_div["mbleu4"]), distinct=_nanmean(per_div["distinct"]),
                    vocab=divstats.vocabulary_size(ev.captions))
+        per_div["bad_ending"] = divstats.ending_share(ev.captions)  # PTB-tokenized: lower case
+        div["bad_ending"] = _nanmean(per_div["bad_ending"])
         if ref.data is not None:
+            per_div["unk_ending"] = divstats.ending_share(ev.captions, {"unk"})
+            div["unk_ending"] = _nanmean(per_div["unk_ending"])
             # raw references are Karpathy tokens (lower case, no punctuation): compared as they are
             # with the PTB-tokenized captions, without sending every training caption through Java
             train = [c.lower() for c in training_captions(ref.data)]

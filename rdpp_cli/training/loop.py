@@ -171,15 +171,16 @@ def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
 def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, batch_size: int = 100,
                  device: torch.device | str = "cpu", cider=None,
                  epoch_metrics_fn: EpochMetricsFn | None = None) -> dict[str, float]:
-    """Sums over ``images`` of the greedy caption's CIDEr-D (training df) and of any extra metric.
+    """Sums over ``images`` of the greedy caption's CIDEr-D (the training reward's: training df, end
+    token counted) and of any extra metric.
 
     Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
     theirs up). The model is put in eval mode and back.
     """
     from rdpp_cli.decoding.decode import DecodeConfig, decode
-    from rdpp_cli.metrics.cider import CiderD, DocFreq
+    from rdpp_cli.metrics.train_cider import TrainCider
 
-    cider = cider or CiderD(DocFreq.from_h5(data.cider_df_path))
+    cider = cider or TrainCider.for_data(data)
     m = unwrap(model)
     greedy = DecodeConfig(method="greedy", max_len=data.seq_length)
     was_training = m.training
@@ -305,9 +306,9 @@ def run_training(
     val_share = np.array_split(val_all, rt.world_size)[rt.rank]
     cider = None
     if len(val_all):
-        from rdpp_cli.metrics.cider import CiderD, DocFreq
+        from rdpp_cli.metrics.train_cider import TrainCider
 
-        cider = CiderD(DocFreq.from_h5(data.cider_df_path))
+        cider = TrainCider.for_data(data)
 
     optimizer = torch.optim.Adam(core.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = (torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_decay_every, gamma=cfg.lr_decay_rate)

@@ -58,11 +58,11 @@ def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
 def baseline_cider(data: DataArtifact, images: np.ndarray) -> tuple[float, str]:
     """Mean CIDEr-D (training df) over ``images`` of the trivial captioner that answers every image
     with the most frequent training caption; and that caption."""
-    from rdpp_cli.metrics.cider import CiderD, DocFreq
+    from rdpp_cli.metrics.train_cider import TrainCider
 
     cap = most_frequent_caption(data)
     hyps = np.repeat(cap[None, :], len(images), axis=0)
-    scores = CiderD(DocFreq.from_h5(data.cider_df_path)).score(hyps, data.references_ids(images))
+    scores = TrainCider.for_data(data).score(hyps, data.references_ids(images))
     return float(np.mean(scores)), data.decode(cap)
 
 
@@ -133,6 +133,10 @@ def train_xe(
         ds = DataArtifact(art)
         ds.split_indices("train")
         val_idx = validation_images(ds, val_images)
+        if len(val_idx):  # validation scores with the training reward: refuse an outdated df now
+            from rdpp_cli.metrics.train_cider import TrainCider
+
+            TrainCider.for_data(ds)
         init_ckpt, init_where = _init_checkpoint(init_from, workspace, ds) if init_from else (None, None)
 
         seed_everything(seed)  # the same initial weights on every process
