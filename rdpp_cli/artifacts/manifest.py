@@ -292,7 +292,7 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
     if not isinstance(schema, int) or isinstance(schema, bool) or schema > current:
         raise RdppError(
             f"{mpath} has schema {schema}, newer than this rdpp ({__version__}) reads "
-            f"({kind_} schema {current}); upgrade rdpp"
+            f"(schema {current}); upgrade rdpp"
         )
     if schema < OLDEST_READ[kind_]:
         raise RdppError(f"{path} is an {kind_} artifact of schema {schema}, older than this rdpp reads (schema "
