@@ -10,7 +10,6 @@ import typer
 from rdpp_cli.cli.common import (ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt, ResumeOpt,
                                  SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt, WorkersOpt, WorkspaceOpt,
                                  resolve_options, stage)
-from rdpp_cli.errors import RdppError
 from rdpp_cli.training.finetune import finetune
 
 
@@ -74,8 +73,7 @@ def command(
 
     Example: rdpp finetune --reward dpp --m 5
     """
+    from rdpp_cli.cli.common import parent_option
+
     opts = resolve_options(ctx, "finetune")
-    chosen, alias = opts.pop("model"), opts.pop("from_")
-    if chosen and alias and chosen != alias:
-        raise RdppError(f"MODEL {chosen} and --from {alias} name different models; give one of them")
-    finetune(chosen or alias, **opts)
+    finetune(parent_option(opts, "model", "models"), **opts)
