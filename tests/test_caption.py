@@ -65,8 +65,8 @@ def test_caption_folder_writes_results_and_a_self_contained_contact_sheet(real):
     ws, data, model, _ = real
     r = rdpp("caption", PHOTOS, "--workspace", ws, "--device", "cpu")
     assert r.exit_code == 0, r.output
-    art = read_artifact(ws / "captions" / f"{model.name}-beam-b3-n1-v1", "rdpp.captions")
-    assert [i["path"] for i in art.inputs] == [str(model.path.resolve()), str(data.path.resolve())]
+    art = read_artifact(ws / "captions" / f"{model.name}.beam-b3-n1-v1", "rdpp.captions")
+    assert [i["manifest_sha256"] for i in art.inputs] == [model.manifest_sha256, data.manifest_sha256]
     results = json.loads((art.path / "results.json").read_text())
     files = sorted(PHOTOS.glob("*.jpg"))
     # one entry per photo, coco-caption's results form, ids from the COCO file names

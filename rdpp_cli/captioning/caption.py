@@ -131,11 +131,13 @@ def caption(
 ) -> Artifact:
     """Caption the image files (or folders) ``paths`` with a model artifact (default: the newest
     fine-tuned, else XE model); returns the captions artifact."""
+    from rdpp_cli import checks
+    from rdpp_cli.artifacts.lineage import ref_name, resolve_data_for
+    from rdpp_cli.artifacts.workspace import derived_name
     from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
     from rdpp_cli.decoding.sample import model_checkpoint, run_name
     from rdpp_cli.models.checkpoint import load_model
     from rdpp_cli.training.distributed import resolve_device
-    from rdpp_cli.training.finetune import resolve_data_for
 
     try:
         cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
@@ -143,6 +145,10 @@ def caption(
                            length_norm=length_norm).check()
     except ValueError as e:
         raise RdppError(str(e)) from None
+    checks.at_least("--batch-size", batch_size, 1)
+    checks.at_least("--workers", workers, 0)
+    checks.seed(seed)
+    checks.finite("--temperature", temperature)
     files = find_images(paths)
     for f in files:  # every photo readable before anything is written
         problem = image_problem(f)
@@ -164,10 +170,12 @@ def caption(
     workers = default_workers() if workers is None else workers
     ids = image_ids(files)
 
-    config = {"model": str(model_art.path), "data": str(data_art.path), "files": [str(f) for f in files],
-              **cfg.to_dict(), "seed": seed, "weights": str(bb.weights), "device": str(dev)}
-    out_dir = prepare_output(out, workspace=workspace, group="captions", name=f"{model_art.name}-{run_name(cfg)}",
-                             kind="rdpp.captions", config=config, force=force)
+    settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": seed, "weights": str(bb.weights),
+                "device": str(dev)}
+    config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
+    identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
+    out_dir = prepare_output(out, workspace=workspace, group="captions", name=derived_name(model_art.name, run_name(cfg)),
+                             kind="rdpp.captions", config=identity, force=force)
     info(f"captioning {len(files)} photo(s) with {model_art.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
          f"images, {bb.att_size}×{bb.att_size} grid, as {data_art.path}")
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -197,7 +205,7 @@ def caption(
     flush(final=True)
     elapsed = time.perf_counter() - t0
 
-    atomic_write_json(out_dir / "results.json", records)
+    atomic_write_json(out_dir / "results.json", records, indent=1)
     entries = [SheetEntry(Path(r["file"]), r["image_id"], r["captions"], r["logprobs"]) for r in records]
     sheet = render_html(entries, title=f"{model_art.name}: {run_name(cfg)}",
                         subtitle=f"{len(records)} photos · model {model_art.path} · features {bb.name} "

@@ -28,6 +28,7 @@ from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import DocFreq
+from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
 
 KIND = "rdpp.data"
 RUNTIME_ONLY = ("workers", "device")
@@ -143,14 +144,19 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     raws = [_raw(r, j) for r in recs for j in range(len(r.captions))]
     _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
                                                                           label_end, image_ids, recs, raws))
-    train_rows = [i for i, r in enumerate(recs) if r.split == "train"]
-    # n-grams of the encoded (UNK-mapped, clipped, 0-padded) references, once per training image
-    df = DocFreq.from_references([labels[label_start[i]:label_end[i]] for i in train_rows], words=words)
-    _write_h5_atomic(out_dir / "cider_df.h5", df.save_h5)
+    # the training reward's document frequencies, as self-critical.pytorch's prepro_ngrams.py counts
+    # them: each training reference's UNK-mapped tokens, not clipped, plus the end token; an n-gram
+    # once per image (docs/rewards.md)
+    unk = w2i[V.UNK]
+    train_refs = [[[w2i.get(t, unk) for t in c] for c in r.captions] for r in recs if r.split == "train"]
+    eos = eos_id(len(words))
+    df = doc_freq_with_eos(train_refs, eos, words=words)
+    _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: _save_df(df, tmp, eos))
 
-    unk = V.unk_rate(labels, lengths, w2i[V.UNK])
-    train_caps = np.concatenate([np.arange(label_start[i], label_end[i]) for i in train_rows])
-    unk_train = V.unk_rate(labels[train_caps], lengths[train_caps], w2i[V.UNK])
+    unk_all = V.unk_rate(labels, lengths, unk)
+    train_caps = np.concatenate([np.arange(label_start[i], label_end[i])
+                                 for i, r in enumerate(recs) if r.split == "train"])
+    unk_train = V.unk_rate(labels[train_caps], lengths[train_caps], unk)
     clipped = float(np.mean([len(c) > plan.max_length for c in captions]))
     if unk_train > V.HIGH_UNK:
         note(f"{unk_train:.1%} of the training tokens are UNK at --word-count-threshold {plan.word_count_threshold} "
@@ -162,7 +168,7 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     splits = Counter(r.split for r in recs)
     summary = {"images": len(recs), "captions": len(captions), "vocab": len(words),
                **{s: splits.get(s, 0) for s in ("train", "val", "test")},
-               "word_count_threshold": plan.word_count_threshold, "unk_rate": round(unk, 6),
+               "word_count_threshold": plan.word_count_threshold, "unk_rate": round(unk_all, 6),
                "unk_rate_train": round(unk_train, 6), "clipped": round(clipped, 6)}
     artifact = write_manifest(out_dir, KIND, config, precomputed={"features.h5": features_hash}, summary=summary)
     finish(out_dir)
@@ -172,7 +178,7 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
                    f"test {splits.get('test', 0):,})"),
         ("captions", f"{len(captions):,} (max length {plan.max_length}, {clipped:.1%} clipped)"),
         ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk_train:.2%} of training "
-                       f"tokens, {unk:.2%} of all)"),
+                       f"tokens, {unk_all:.2%} of all)"),
         ("features", feat_desc),
         *([("extraction", f"{speed:,.1f} images/s ({plan.workers} image-reading worker process(es))")] if speed else []),
         ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
@@ -200,10 +206,10 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
 
 
 def _drop_strangers(out_dir: Path, keep: set[str]) -> None:
-    from rdpp_cli.artifacts.workspace import PARTIAL
+    from rdpp_cli.artifacts.workspace import RESERVED  # the partial marker and the run's lock
 
     for p in out_dir.iterdir():
-        if p.name in keep or p.name == PARTIAL:
+        if p.name in keep or p.name in RESERVED:
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
@@ -216,6 +222,12 @@ def _write_h5_atomic(path: Path, write) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _save_df(df: DocFreq, path: Path, eos: int) -> None:
+    df.save_h5(path)
+    with h5py.File(path, "a") as f:
+        f.attrs["eos_id"] = eos  # the end token's id: counted in every training reference
 
 
 def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, raws) -> None:
