@@ -24,6 +24,14 @@ from pathlib import Path
 
 MODELS = [("xe", "XE"), ("scst", "SCST"), ("dpp-m5", "R-DPP m=5")]
 SHOWABLE = ("Attribution License", "Attribution-ShareAlike License")
+SHORT = {"Attribution License": "CC BY 2.0", "Attribution-ShareAlike License": "CC BY-SA 2.0",
+         "Attribution-NoDerivs License": "CC BY-ND 2.0", "Attribution-NonCommercial License": "CC BY-NC 2.0",
+         "Attribution-NonCommercial-ShareAlike License": "CC BY-NC-SA 2.0",
+         "Attribution-NonCommercial-NoDerivs License": "CC BY-NC-ND 2.0"}
+
+
+def short(licence: str) -> str:
+    return SHORT.get(licence, licence)
 
 
 def _json(p: Path) -> dict | list:
@@ -73,7 +81,7 @@ def report(ws: Path, lic: dict[int, tuple[str, str]]) -> list[int]:
     shown = [i for i in test_ids if lic.get(i, ("",))[0] in SHOWABLE][:3] or test_ids[:3]
     print("\nCaption sets (the first 5 of the 10 random captions, distinct ones) of three test photos:\n")
     for i in shown:
-        where = f" ({lic[i][0]}, {lic[i][1]})" if i in lic else ""
+        where = f" ({short(lic[i][0])}, {lic[i][1]})" if i in lic else ""
         print(f"- COCO {i}{where}")
         for name, label in MODELS:
             caps = list(dict.fromkeys(samples[name][i][:5]))
@@ -93,7 +101,7 @@ def render_sheet(ws: Path, lic: dict[int, tuple[str, str]], out: Path) -> None:
     thumb, pad, line = 150, 10, 17
     font, bold = ImageFont.load_default(size=13), ImageFont.load_default(size=14)
     col = 430
-    row_h = max(thumb, 22 + line * 6) + pad
+    row_h = max(thumb + line + 4, 22 + line * 5) + pad
     W = pad + thumb + pad + col * len(runs) + pad
     H = 40 + row_h * len(ids) + 40
     sheet = Image.new("RGB", (W, H), "white")
@@ -108,9 +116,9 @@ def render_sheet(ws: Path, lic: dict[int, tuple[str, str]], out: Path) -> None:
             sheet.paste(im, (pad + (thumb - im.width) // 2, y + (thumb - im.height) // 2))
         else:
             d.rectangle([pad, y, pad + thumb, y + thumb], fill=(225, 225, 225))
-            for j, text in enumerate(("photo not shown:", name.replace("Attribution-", "CC BY-").replace(" License", ""))):
-                d.text((pad + 6, y + 60 + j * line), text, fill=(90, 90, 90), font=font)
-        d.text((pad, y + thumb - 2), f"COCO {i}", fill=(90, 90, 90), font=font)
+            for j, text in enumerate(("photo not shown;", "licence", short(name))):
+                d.text((pad + 8, y + 50 + j * line), text, fill=(90, 90, 90), font=font)
+        d.text((pad, y + thumb + 2), f"COCO {i}", fill=(90, 90, 90), font=font)
         for c, (label, res) in enumerate(runs):
             x = pad + thumb + pad + c * col
             d.text((x, y), label, fill=(30, 60, 150), font=bold)
@@ -118,13 +126,12 @@ def render_sheet(ws: Path, lic: dict[int, tuple[str, str]], out: Path) -> None:
                 text = cap if d.textlength(cap, font=font) < col - 20 else cap[:60] + "…"
                 d.text((x, y + 20 + j * line), f"{j + 1}. {text}", fill="black", font=font)
         d.line([pad, y + row_h - pad // 2, W - pad, y + row_h - pad // 2], fill=(230, 230, 230))
-    shown = [f"{i} ({lic[i][1]}, {lic[i][0].replace('Attribution', 'CC BY').replace(' License', '')} 2.0)"
-             for i in ids if lic.get(i, ("",))[0] in SHOWABLE]
+    shown = [f"{i} ({lic[i][1]}, {short(lic[i][0])})" for i in ids if lic.get(i, ("",))[0] in SHOWABLE]
     y = 40 + row_h * len(ids) + 8
     d.text((pad, y), "Photos shown: Flickr via COCO (cocodataset.org), unchanged but scaled; see the attribution list "
                      "in docs/reproduction.md. Captions of the others only.", fill=(90, 90, 90), font=font)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out, optimize=True)
+    sheet.quantize(256, dither=Image.Dither.NONE).save(out, optimize=True)  # a quarter of the bytes
     print(f"\nContact sheet: {out} ({len(ids)} photos, {len(shown)} shown). Photos shown (COCO id, original, licence):\n")
     for s_ in shown:
         print(f"- {s_}")
