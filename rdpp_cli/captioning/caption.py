@@ -151,9 +151,9 @@ def caption(
     checks.finite("--temperature", temperature)
     files = find_images(paths)
     for f in files:  # every photo readable before anything is written
-        problem = image_problem(f)
+        problem = image_problem(f, what="leave it out or replace it")
         if problem:
-            raise RdppError(problem.replace("remove it from the caption file or replace it", "leave it out"))
+            raise RdppError(problem)
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")

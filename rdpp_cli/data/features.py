@@ -222,13 +222,13 @@ class ImageFiles(Dataset):
 _END_MARKERS = {"JPEG": (b"\xff\xd9",), "PNG": (b"IEND\xaeB`\x82",), "GIF": (b";",)}
 
 
-def image_problem(p: Path) -> str | None:
+def image_problem(p: Path, what: str = "remove it from the caption file or replace it") -> str | None:
     """Why ``p`` cannot be used as an image (None when it can), reading only its header and its
     last bytes: a JPEG/PNG/GIF that does not end with its end marker (a truncated download, a
-    copy that stopped) is decoded in full to tell a truncated file from one with trailing bytes."""
+    copy that stopped) is decoded in full to tell a truncated file from one with trailing bytes.
+    ``what``: what the user should do about it (the end of the message)."""
     from PIL import Image, UnidentifiedImageError
 
-    what = "remove it from the caption file or replace it"
     try:
         with Image.open(p) as im:
             im.size  # header only
