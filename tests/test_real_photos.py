@@ -250,3 +250,18 @@ def test_rdpp_ls_shows_the_vocabulary_unk_rate_and_clipping(tmp_path):
     row = next(ln for ln in r.output.splitlines() if "coco-v1" in ln)
     for field in ("vocab=", "word_count_threshold=1", "unk_rate=", "unk_rate_train=", "clipped="):
         assert field in row, row
+
+
+def test_a_relative_weights_path_is_recorded_so_caption_finds_it_from_any_folder(tmp_path, monkeypatch):
+    """`rdpp prepro coco --weights ../shared/weights/x.pth` then `rdpp caption` from another folder."""
+    from rdpp_cli.captioning.caption import backbone_of
+
+    (tmp_path / "here").mkdir()
+    headless_mobilenet(tmp_path / "w.pth")
+    monkeypatch.chdir(tmp_path / "here")
+    art = prepro_coco(REAL6_JSON, REAL6 / "images", tmp_path / "art", backbone="mobilenet_v2",
+                      weights=Path("../w.pth"), image_size=64, att_size=2, workers=0)
+    assert art.config["weights"] == str((tmp_path / "w.pth").resolve())
+    monkeypatch.chdir(tmp_path / "art")
+    bb, dtype = backbone_of(art)
+    assert bb.weights_sha256 == art.config["weights_sha256"] and dtype == "float16"

@@ -319,7 +319,8 @@ def prepro_coco(
         "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
         "restval_to_train": restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
-        "image_size": bb.image_size if bb else None, "weights": str(weights) if weights else None,
+        # absolute, so that `rdpp caption` finds the file from any folder
+        "image_size": bb.image_size if bb else None, "weights": str(Path(weights).resolve()) if weights else None,
         # what `rdpp caption` checks to extract with the very same weights
         "weights_sha256": bb.weights_sha256 if bb else None,
         "weights_missing_head": bb.missing_head if bb else [],
