@@ -77,15 +77,18 @@ def report(ws: Path, lic: dict[int, tuple[str, str]]) -> list[int]:
               f"| {_f(r['diversity']['self_cider'])} | {_f(r['diversity']['div2'])} |")
     samples = {name: {e["image_id"]: e["captions"] for e in _json(ws / "samples" / f"{name}-random10" / "samples.json")}
                for name, _ in MODELS}
+    greedy = {name: {e["image_id"]: e["captions"][0] for e in _json(ws / "samples" / f"{name}-greedy" / "samples.json")}
+              for name, _ in MODELS}
     test_ids = list(samples["xe"])
     shown = [i for i in test_ids if lic.get(i, ("",))[0] in SHOWABLE][:3] or test_ids[:3]
-    print("\nCaption sets (the first 5 of the 10 random captions, distinct ones) of three test photos:\n")
+    print("\nThree test photos: each model's greedy caption, then its caption set (the first 5 of the 10 random "
+          "captions, distinct ones):\n")
     for i in shown:
         where = f" ({short(lic[i][0])}, {lic[i][1]})" if i in lic else ""
         print(f"- COCO {i}{where}")
         for name, label in MODELS:
             caps = list(dict.fromkeys(samples[name][i][:5]))
-            print(f"  - {label}: " + " · ".join(f"“{c}”" for c in caps))
+            print(f"  - {label}: greedy “{greedy[name][i]}”; random " + " · ".join(f"“{c}”" for c in caps))
     return shown
 
 
