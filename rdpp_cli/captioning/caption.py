@@ -42,7 +42,7 @@ from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
 from rdpp_cli.data.vocab import unk_id
-from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.decoding.decode import decode
 from rdpp_cli.errors import RdppError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -135,20 +135,15 @@ def caption(
     from rdpp_cli.artifacts.lineage import ref_name, resolve_data_for
     from rdpp_cli.artifacts.workspace import derived_name
     from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
-    from rdpp_cli.decoding.sample import model_checkpoint, run_name
+    from rdpp_cli.decoding.sample import decode_config, model_checkpoint, run_name
     from rdpp_cli.models.checkpoint import load_model
     from rdpp_cli.training.distributed import resolve_device
 
-    try:
-        cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
-                           top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                           length_norm=length_norm).check()
-    except ValueError as e:
-        raise RdppError(str(e)) from None
+    cfg = decode_config(method=method, n=n, max_len=max_len, temperature=temperature, top_k=top_k, top_p=top_p,
+                        beam=beam, groups=groups, diversity_lambda=diversity_lambda, length_norm=length_norm)
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--workers", workers, 0)
     checks.seed(seed)
-    checks.finite("--temperature", temperature)
     files = find_images(paths)
     for f in files:  # every photo readable before anything is written
         problem = image_problem(f, what="leave it out or replace it")

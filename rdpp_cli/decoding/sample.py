@@ -44,6 +44,21 @@ def run_name(cfg: DecodeConfig) -> str:
     return f"{cfg.method}{extra}-n{cfg.n}"
 
 
+def decode_config(*, method: str, n: int, max_len: int | None, temperature: float, top_k: int, top_p: float,
+                  beam: int, groups: int, diversity_lambda: float, length_norm: float) -> DecodeConfig:
+    """The checked decoding settings of `rdpp sample` and `rdpp caption` (``max_len`` None: 16 until
+    the caller knows the data's); RdppError (one line) for settings that make no sense."""
+    from rdpp_cli import checks
+
+    checks.finite("--temperature", temperature)
+    try:
+        return DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
+                            top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+                            length_norm=length_norm).check()
+    except ValueError as e:
+        raise RdppError(str(e)) from None
+
+
 def sample(
     model: str | Path | None = None,
     *,
@@ -72,16 +87,11 @@ def sample(
     ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``)."""
     from rdpp_cli import checks
 
-    try:
-        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
-                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                           length_norm=length_norm).check()
-    except ValueError as e:
-        raise RdppError(str(e)) from None
+    cfg = decode_config(method=method, n=n, max_len=max_len, temperature=temperature, top_k=top_k, top_p=top_p,
+                        beam=beam, groups=groups, diversity_lambda=diversity_lambda, length_norm=length_norm)
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--max-images", max_images, 1)
     checks.seed(seed)
-    checks.finite("--temperature", temperature)
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
