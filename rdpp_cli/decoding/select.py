@@ -1,0 +1,202 @@
+"""Choosing K captions per image out of C candidates, without references (`rdpp sample --select`).
+
+- ``dpp``      greedy MAP inference of the DPP ``L = S ⊙ q qᵀ`` — the kernel of the R-DPP reward used
+               at test time: ``S`` the pairwise CIDEr-D among the candidates (training df), ``q`` their
+               quality (``consensus`` or ``logprob``);
+- ``mbr``      the K candidates of highest consensus (minimum Bayes risk with CIDEr-D as the utility);
+- ``logprob``  the K candidates of highest (length-normalised) model probability.
+
+Qualities of candidate i of an image, without references:
+
+- ``consensus``: its mean CIDEr-D against the *other* C - 1 candidates of the image (training df),
+  i.e. its expected utility under the model's own samples (duplicates count: they are the model's
+  mass);
+- ``logprob``: ``exp(log p(c_i) / (len_i + 1))``, the geometric mean of its token probabilities
+  (the EOS counted).
+
+Exact duplicates are never chosen twice while a distinct candidate is left; an image with fewer
+than K distinct candidates gets its distinct ones first, then copies of the best of them.
+
+:func:`greedy_map` is the incremental-Cholesky greedy of Chen, Zhang & Zhou ("Fast greedy MAP
+inference for determinantal point process", NeurIPS 2018): at each of the K steps it adds the
+candidate with the largest ``d_i² = L_ii - |c_i|²`` (the factor by which it multiplies ``det L_Y``)
+and updates every ``c_i`` with one row of ``L``; O(C·K²) per image, batched over images, with no
+Python loop over candidates.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+SELECTS = ("dpp", "mbr", "logprob")
+QUALITIES = ("consensus", "logprob")
+
+
+@dataclass
+class SelectConfig:
+    method: str = "dpp"  # dpp | mbr | logprob
+    candidates: int = 50  # C samples drawn per image, K = n of them kept
+    quality: str | None = None  # dpp: consensus (default) | logprob; mbr: consensus; logprob: logprob
+
+    def check(self, n: int) -> "SelectConfig":
+        """Fill the quality each method implies; raise ValueError with one clear line otherwise."""
+        if self.method not in SELECTS:
+            raise ValueError(f"unknown --select '{self.method}'; use one of {', '.join(SELECTS)}")
+        implied = {"mbr": "consensus", "logprob": "logprob"}.get(self.method)
+        if self.quality is None:
+            self.quality = implied or "consensus"
+        if self.quality not in QUALITIES:
+            raise ValueError(f"unknown --quality '{self.quality}'; use one of {', '.join(QUALITIES)}")
+        if implied and self.quality != implied:
+            raise ValueError(f"--select {self.method} ranks by {implied}; --quality {self.quality} is for "
+                             f"--select dpp (leave --quality out)")
+        if self.candidates < max(n, 2):
+            raise ValueError(f"--candidates {self.candidates} must be at least --n {n} (and at least 2)")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- the greedy MAP step (pure) -------------------------------------------------------------------
+
+def greedy_map(L: Tensor, k: int, valid: Tensor | None = None, fallback: Tensor | None = None,
+               eps: float = 1e-9) -> Tensor:
+    """Greedy MAP of the DPPs ``L`` (B, C, C) (symmetric): the indices (B, k) of the chosen items,
+    in the order chosen.
+
+    Each step adds the item with the largest gain ``d² = det L_{Y+i} / det L_Y`` among the
+    ``valid`` ones (B, C) not chosen yet (default: all). When no such item has a gain above
+    ``eps × max_i L_ii`` — ``L_Y`` would stop being positive definite, e.g. fewer independent
+    items than k, or a kernel that is not PSD — the image's remaining items are taken by
+    ``fallback`` (B, C) (default: the diagonal of L), valid ones first, then the others.
+    Computed in float64 whatever the input dtype.
+    """
+    L = L.to(torch.float64)
+    B, C, _ = L.shape
+    if not 1 <= k <= C:
+        raise ValueError(f"greedy_map: k = {k} must be between 1 and the {C} items")
+    dev = L.device
+    ar = torch.arange(B, device=dev)
+    d2 = torch.diagonal(L, dim1=1, dim2=2).clone()  # (B, C) gains of the first step
+    tol = eps * d2.abs().amax(1).clamp_min(torch.finfo(torch.float64).tiny)  # (B,)
+    valid = torch.ones(B, C, dtype=torch.bool, device=dev) if valid is None else valid.to(dev, torch.bool)
+    fallback = d2.clone() if fallback is None else fallback.to(dev, torch.float64)
+    cis = L.new_zeros(B, k, C)  # rows of the incremental Cholesky factor
+    chosen = torch.zeros(B, C, dtype=torch.bool, device=dev)
+    active = torch.ones(B, dtype=torch.bool, device=dev)  # still choosing by the DPP
+    out = torch.empty(B, k, dtype=torch.long, device=dev)
+    ninf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
+    for t in range(k):
+        avail = valid & ~chosen
+        gain, j = torch.where(avail, d2, ninf).max(1)
+        active &= gain > tol
+        pool = torch.where(avail.any(1, keepdim=True), avail, ~chosen)
+        j = torch.where(active, j, torch.where(pool, fallback, ninf).argmax(1))
+        out[:, t] = j
+        chosen[ar, j] = True
+        if t == k - 1:
+            break
+        dj = d2[ar, j].clamp_min(tol).sqrt()  # (B,)
+        cj = cis[ar, :, j][:, :t]  # (B, t): the chosen item's column of the factor
+        e = (L[ar, j] - torch.einsum("bt,btc->bc", cj, cis[:, :t])) / dj.unsqueeze(1)
+        e = e * active.unsqueeze(1)  # images past their DPP steps: no update (and no NaN)
+        cis[:, t] = e
+        d2 = d2 - e * e
+    return out
+
+
+def rank_distinct(score: Tensor, k: int, valid: Tensor | None = None) -> Tensor:
+    """The k items of highest ``score`` (B, C), ``valid`` items (B, C) first: (B, k) indices.
+    Ties keep the candidates' order."""
+    order = torch.argsort(score, dim=1, descending=True, stable=True)
+    if valid is not None:
+        invalid_sorted = (~valid.to(torch.bool)).gather(1, order).to(torch.int8)
+        order = order.gather(1, torch.argsort(invalid_sorted, dim=1, stable=True))
+    return order[:, :k]
+
+
+def log_det(L: Tensor, idx: Tensor) -> Tensor:
+    """``log det L_Y`` (B,) of the subsets ``idx`` (B, k) (-inf where it is not positive)."""
+    sub = L.to(torch.float64).gather(1, idx.unsqueeze(-1).expand(-1, -1, L.shape[-1]))
+    sub = sub.gather(2, idx.unsqueeze(1).expand(-1, idx.shape[1], -1))
+    sign, ld = torch.linalg.slogdet(sub)
+    return torch.where(sign > 0, ld, torch.full_like(ld, float("-inf")))
+
+
+# -- candidates' qualities and kernel ---------------------------------------------------------------
+
+def first_occurrence(tokens: Tensor) -> Tensor:
+    """(B, C) True where no earlier candidate of the image has exactly the same tokens (B, C, T)."""
+    same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)).all(-1)  # (B, C, C)
+    earlier = torch.ones(same.shape[-2:], dtype=torch.bool, device=tokens.device).tril(-1)
+    return ~(same & earlier).any(-1)
+
+
+def logprob_quality(seq_logprob: Tensor, lengths: Tensor) -> Tensor:
+    """``exp(log p / (words + 1))``: the geometric mean of the token probabilities, EOS counted."""
+    return torch.exp(seq_logprob.to(torch.float64) / (lengths.to(torch.float64) + 1))
+
+
+@functools.lru_cache(maxsize=2)
+def _scorer(df_path: str):
+    from rdpp_cli.metrics.cider import CiderD, DocFreq
+
+    return CiderD(DocFreq.from_h5(df_path))
+
+
+def _cider_terms(tokens: np.ndarray, lengths: np.ndarray, df_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The one place that scores candidates: ``(consensus (B, C), S (B, C, C))`` for the token ids
+    (B, C, T) (``lengths`` (B, C) words) of C candidates per image, with the reward's training-mode
+    CIDEr-D (document frequencies of ``cider_df.h5`` at ``df_path``).
+
+    ``S`` is the reward's kernel (``pairwise``); ``consensus[i]`` is the mean CIDEr-D of candidate i
+    against each other candidate as a single reference. With fixed document frequencies a score
+    against a set is the mean of the scores against its members, so it is read off one scoring
+    against all C candidates: ``(C · mean_all - S_ii) / (C - 1)``.
+    """
+    C = tokens.shape[1]
+    to_all, S = _scorer(str(df_path)).score_and_pairwise(tokens, tokens)
+    consensus = (C * to_all - np.diagonal(S, axis1=1, axis2=2)) / (C - 1)
+    return consensus, S
+
+
+def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: SelectConfig,
+           df_path: str | Path | None) -> Tensor:
+    """The k of C candidates per image chosen by ``cfg`` (a checked :class:`SelectConfig`): (B, k)
+    indices into the candidates, in the order chosen. ``tokens`` (B, C, T), ``seq_logprob`` and
+    ``lengths`` (B, C) are ``Decoded``'s fields; ``df_path`` the data's ``cider_df.h5`` (unused by
+    ``logprob``)."""
+    tokens, seq_logprob, lengths = tokens.cpu(), seq_logprob.cpu(), lengths.cpu()
+    valid = first_occurrence(tokens)
+    q_lp = logprob_quality(seq_logprob, lengths)
+    if cfg.method == "logprob":
+        return rank_distinct(q_lp, k, valid)
+    consensus, S = _cider_terms(tokens.numpy(), lengths.numpy(), df_path)
+    consensus = torch.from_numpy(consensus)
+    if cfg.method == "mbr":
+        return rank_distinct(consensus, k, valid)
+    q = consensus if cfg.quality == "consensus" else q_lp
+    L = torch.from_numpy(S) * q.unsqueeze(2) * q.unsqueeze(1)
+    return greedy_map(L, k, valid=valid, fallback=q)
+
+
+class Chooser:
+    """``select`` over the decoding batches of ``rdpp sample``; ``seconds`` adds up its time."""
+
+    def __init__(self, cfg: SelectConfig, k: int, df_path: str | Path) -> None:
+        self.cfg, self.k, self.df_path = cfg, k, df_path
+        self.seconds = 0.0
+
+    def __call__(self, dec) -> np.ndarray:
+        t0 = time.perf_counter()
+        idx = select(dec.tokens, dec.seq_logprob, dec.lengths, self.k, self.cfg, self.df_path).numpy()
+        self.seconds += time.perf_counter() - t0
+        return idx
