@@ -146,3 +146,19 @@ def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_pa
     assert torch.allclose(got, want, atol=1e-4)
     distinct = sum(len(set(rec["captions"])) for rec in recs) / 6
     assert art.manifest["summary"]["distinct"] == pytest.approx(distinct)
+
+
+def test_every_method_runs_as_typed_and_records_its_defaults(ws, tmp_path):
+    """`rdpp sample --method M` with no other flag (n = 20 by default) works for every method, and
+    the manifest records the settings the method used."""
+    root, _, model = ws
+    want = {"topk": {"top_k": 10}, "nucleus": {"top_p": 0.9}, "beam": {"beam": 20},
+            "dbs": {"groups": 20, "beam": 1, "diversity_lambda": 0.5}}
+    for method, settings in want.items():
+        r = _run(["sample", str(model.path), "--method", method, "--max-images", "2", "--out", str(tmp_path / method),
+                  "--workspace", str(root), "--device", "cpu"])
+        assert r.exit_code == 0, r.output
+        art = read_artifact(tmp_path / method, "rdpp.samples")
+        assert {k: art.config[k] for k in settings} == settings and art.config["n"] == 20
+        assert all(len(rec["captions"]) == 20 for rec in json.loads((art.path / "samples.json").read_text()))
+

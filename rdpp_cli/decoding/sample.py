@@ -35,8 +35,8 @@ def model_checkpoint(model_art: Artifact) -> Path:
 
 
 def run_name(cfg: DecodeConfig) -> str:
-    extra = {"beam": f"-b{cfg.beam}", "dbs": f"-g{cfg.groups}b{cfg.beam}", "topk": f"-k{cfg.top_k}",
-             "nucleus": f"-p{cfg.top_p:g}"}.get(cfg.method, "")
+    extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
+             "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
     return f"{cfg.method}{extra}-n{cfg.n}"
 
 
@@ -48,10 +48,10 @@ def sample(
     n: int = 20,
     method: str = "random",
     temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    beam: int = 3,
-    groups: int = 1,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam: int | None = None,
+    groups: int | None = None,
     diversity_lambda: float = 0.5,
     length_norm: float = 0.0,
     max_len: int | None = None,
