@@ -30,6 +30,10 @@ def command(
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
+    select: str = typer.Option(None, "--select", help="Keep n of --candidates per image: dpp, mbr or logprob."),
+    candidates: int = typer.Option(50, "--candidates", help="Captions decoded per image for --select."),
+    quality: str = typer.Option(None, "--quality", help="--select dpp's quality: consensus (default) or logprob."),
+    keep_candidates: bool = typer.Option(False, "--keep-candidates", help="Also write every candidate of --select."),
     device: str = DeviceOpt,
     out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
     force: bool = ForceOpt,
@@ -39,6 +43,8 @@ def command(
     """Decode n captions per image (greedy, beam, random, topk, nucleus, dbs).
 
     Example: rdpp sample --n 20 --method random
+
+    Example: rdpp sample --n 5 --select dpp --candidates 50
     """
     from rdpp_cli.decoding.sample import sample
 

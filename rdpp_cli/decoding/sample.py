@@ -5,6 +5,10 @@ data artifact it was trained on; decodes in batches of images with ``decode`` (e
 once, expanded to its n rows); writes a samples artifact with ``samples.json``:
 ``[{"image_id", "captions": [...n...], "logprobs": [...n...]}]`` (logprob = the caption's
 log-probability under the model, EOS included).
+
+With ``select`` (``dpp``, ``mbr`` or ``logprob``; ``rdpp_cli.decoding.select``) it decodes
+``candidates`` captions per image and keeps the n chosen ones; ``keep_candidates`` also writes all
+of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices) in each record.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from rdpp_cli.artifacts import Artifact, finish, prepare_output, read_artifact, 
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.distributed import resolve_device
@@ -34,9 +39,12 @@ def model_checkpoint(model_art: Artifact) -> Path:
     raise RdppError(f"model artifact {model_art.path} has no checkpoints/best.pt or last.pt; retrain it")
 
 
-def run_name(cfg: DecodeConfig) -> str:
+def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None = None) -> str:
     extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
              "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
+    if sel is not None:  # n of cfg.n candidates, e.g. random-c50.dpp-consensus-n5
+        how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
+        return f"{cfg.method}{extra}-c{cfg.n}.{how}-n{n}"
     return f"{cfg.method}{extra}-n{cfg.n}"
 
 
@@ -58,20 +66,29 @@ def sample(
     batch_size: int = 50,
     max_images: int | None = None,
     seed: int = 0,
+    select: str | None = None,
+    candidates: int = 50,
+    quality: str | None = None,
+    keep_candidates: bool = False,
     device: str = "auto",
     out: Path | str | None = None,
     force: bool = False,
     workspace: Path | str | None = None,
 ) -> Artifact:
-    """Decode ``n`` captions per image of ``split``; returns the samples artifact."""
+    """Decode ``n`` captions per image of ``split`` (with ``select``: ``candidates`` per image, of
+    which ``n`` are kept); returns the samples artifact."""
     try:
-        cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
+        sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
+        cfg = DecodeConfig(method=method, n=sel.candidates if sel else n, max_len=max_len or 16,
+                           temperature=temperature, top_k=top_k,
                            top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
                            length_norm=length_norm).check()
     except ValueError as e:
         raise RdppError(str(e)) from None
     if batch_size < 1:
         raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
+    if keep_candidates and sel is None:
+        raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
@@ -90,39 +107,53 @@ def sample(
     if max_images is not None:
         images = images[:max_images]
 
-    config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(),
+    config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(), "n": n,
+              "select": select, "candidates": cfg.n if sel else None, "quality": sel.quality if sel else None,
+              "keep_candidates": keep_candidates if sel else None,
               "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
-    out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg), kind="rdpp.samples",
-                             config=config, force=force)
+    out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg, sel, n),
+                             kind="rdpp.samples", config=config, force=force)
+    chooser = Chooser(sel, n, ds.cider_df_path) if sel else None
     gen = torch.Generator(device=dev).manual_seed(seed)
     records: list[dict] = []
     t0 = time.perf_counter()
     with progress("captions") as bar:
-        task = bar.add_task(f"sample {cfg.method}", total=len(images) * n, info="")
+        task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
             fc, att, mask = ds.features(idx, dev)
             out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
+            chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))
             for b, i in enumerate(idx):
-                records.append({"image_id": int(ds.image_ids[i]),
-                                "captions": [ds.decode(toks[b, j]) for j in range(n)],
-                                "logprobs": [round(float(x), 6) for x in lps[b]]})
-            bar.advance(task, len(idx) * n)
+                rec = {"image_id": int(ds.image_ids[i]),
+                       "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
+                       "logprobs": [round(float(lps[b, j]), 6) for j in chosen[b]]}
+                if chooser and keep_candidates:
+                    rec.update(candidates=[ds.decode(t) for t in toks[b]],
+                               candidate_logprobs=[round(float(x), 6) for x in lps[b]],
+                               chosen=[int(j) for j in chosen[b]])
+                records.append(rec)
+            bar.advance(task, len(idx) * cfg.n)
     elapsed = time.perf_counter() - t0
     (out_dir / "samples.json").write_text(json.dumps(records, indent=1) + "\n")
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
-    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art],
-                         summary={"images": len(records), "n": n, "method": cfg.method, "distinct": distinct})
+    summary = {"images": len(records), "n": n, "method": cfg.method, "distinct": distinct}
+    if sel:
+        summary.update(select=sel.method, candidates=cfg.n, quality=sel.quality)
+    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art], summary=summary)
     finish(out_dir)
 
     console.print(summary_table("rdpp sample", {
         "artifact": out_dir,
         "model": model_art.path,
-        "decoding": f"{cfg.method}, n={n}" + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        "decoding": f"{cfg.method}, {'candidates' if sel else 'n'}={cfg.n}"
+                    + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        **({"selection": f"{n} of {cfg.n} per image by {sel.method} ({sel.quality} quality), "
+                         f"{chooser.seconds:.1f} s"} if sel else {}),
         "images": f"{len(records)} ({split} split)",
-        "captions/s": f"{len(records) * n / max(elapsed, 1e-9):,.0f}",
+        "captions/s": f"{len(records) * cfg.n / max(elapsed, 1e-9):,.0f}",
         "distinct per image": f"{distinct:.2f} of {n}",
         **{f"e.g. {r['image_id']}": " | ".join(r["captions"][:3]) for r in records[:3]},
     }))
