@@ -79,6 +79,9 @@ def test_first_occurrence_and_rank_distinct_by_hand():
     # distinct ones by score (0, 1, 3), then the duplicates by score (2, then 4)
     assert rank_distinct(score, 5, valid).tolist() == [[0, 1, 3, 2, 4]]
     assert rank_distinct(score, 2, valid).tolist() == [[0, 1]]
+    many = torch.randint(0, 3, (4, 30, 2), generator=torch.Generator().manual_seed(0))  # many duplicates
+    want = [[r.tolist() not in img[:i].tolist() for i, r in enumerate(img)] for img in many]
+    assert first_occurrence(many).tolist() == want
 
 
 def test_logprob_quality_is_the_geometric_mean_token_probability():

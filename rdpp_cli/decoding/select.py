@@ -135,9 +135,13 @@ def log_det(L: Tensor, idx: Tensor) -> Tensor:
 
 def first_occurrence(tokens: Tensor) -> Tensor:
     """(B, C) True where no earlier candidate of the image has exactly the same tokens (B, C, T)."""
-    same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)).all(-1)  # (B, C, C)
-    earlier = torch.ones(same.shape[-2:], dtype=torch.bool, device=tokens.device).tril(-1)
-    return ~(same & earlier).any(-1)
+    B, C, T = tokens.shape
+    pos = torch.arange(B * C, device=tokens.device)
+    rows = torch.cat([pos.div(C, rounding_mode="floor").unsqueeze(1), tokens.reshape(B * C, T)], 1)
+    _, group = torch.unique(rows, dim=0, return_inverse=True)  # equal rows of one image: one group
+    first = torch.full((B * C,), B * C, dtype=torch.long, device=tokens.device)
+    first = first.scatter_reduce(0, group, pos, "amin")
+    return (first[group] == pos).view(B, C)
 
 
 def logprob_quality(seq_logprob: Tensor, lengths: Tensor) -> Tensor:
