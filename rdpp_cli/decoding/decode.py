@@ -42,8 +42,8 @@ METHODS = ("greedy", "beam", "random", "topk", "nucleus", "dbs")
 # order (docs/decoding.md says where each comes from): top-k 10 (Fan et al., 2018, who introduced
 # top-k sampling); nucleus p = 0.9 (Holtzman et al., 2020); beam search: n beams, at least 3
 # (self-critical.pytorch's n captions by beam search; bw 3 for one caption); diverse beam search:
-# one group per caption with one beam each (Vijayakumar et al.'s G = B; self-critical.pytorch's
-# `sample_n_method dbs`), or as many as n needs when one of the two is given; λ = 0.5 (both).
+# one group per caption (self-critical.pytorch's `sample_n_method dbs`) with one beam each
+# (Vijayakumar et al.'s G = B), or as many as n needs when one of the two is given; λ = 0.5 (both).
 DEFAULTS: dict[str, dict] = {
     "topk": {"top_k": lambda c: 10},
     "nucleus": {"top_p": lambda c: 0.9},

@@ -15,15 +15,26 @@ from rdpp_cli.errors import RdppError
 Point = tuple[str, float | None, float | None]
 
 
-def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None) -> Path:
-    """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``."""
+Curve = tuple[str, list[tuple[float, float, str]]]
+
+
+def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None,
+                curves: list[Curve] | None = None) -> Path:
+    """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``; each of
+    ``curves`` (``(label, [(self_cider, cider, point label), ...])``, e.g. one model sampled at
+    several temperatures) is a line through its points in the given order."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_png = Path(out_png)
-    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 6) if curves else (6, 4.5), dpi=120)
+    for label, pts in curves or []:
+        xs, ys, names = zip(*pts) if pts else ((), (), ())
+        ax.plot(xs, ys, marker=".", linewidth=1, alpha=0.7, label=label, zorder=2)
+        for x, y, name in pts:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(3, -9), fontsize=6, alpha=0.8)
     drawn = 0
     for label, x, y in points:
         if x is None or y is None:
@@ -40,6 +51,8 @@ def plot_points(points: list[Point], human: dict | None, out_png: Path, title: s
     ax.set_ylabel("accuracy (mean CIDEr)")
     ax.set_title(title or "diversity vs accuracy")
     ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_png.with_name(f".{out_png.name}.tmp.png")
