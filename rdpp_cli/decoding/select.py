@@ -159,20 +159,24 @@ def _scorer(df_path: str):
     return CiderD(DocFreq.from_h5(df_path))
 
 
-def _cider_terms(tokens: np.ndarray, lengths: np.ndarray, df_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+def _cider_terms(tokens: np.ndarray, lengths: np.ndarray, df_path: str | Path,
+                 consensus: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
     """The one place that scores candidates: ``(consensus (B, C), S (B, C, C))`` for the token ids
     (B, C, T) (``lengths`` (B, C) words) of C candidates per image, with the reward's training-mode
     CIDEr-D (document frequencies of ``cider_df.h5`` at ``df_path``).
 
     ``S`` is the reward's kernel (``pairwise``); ``consensus[i]`` is the mean CIDEr-D of candidate i
-    against each other candidate as a single reference. With fixed document frequencies a score
-    against a set is the mean of the scores against its members, so it is read off one scoring
-    against all C candidates: ``(C · mean_all - S_ii) / (C - 1)``.
+    against each other candidate as a single reference (None unless asked: it costs 2.3x the
+    kernel). With fixed document frequencies a score against a set is the mean of the scores
+    against its members, so it is read off one scoring against all C candidates:
+    ``(C · mean_all - S_ii) / (C - 1)``.
     """
+    cider = _scorer(str(df_path))
+    if not consensus:
+        return None, cider.pairwise(tokens)
     C = tokens.shape[1]
-    to_all, S = _scorer(str(df_path)).score_and_pairwise(tokens, tokens)
-    consensus = (C * to_all - np.diagonal(S, axis1=1, axis2=2)) / (C - 1)
-    return consensus, S
+    to_all, S = cider.score_and_pairwise(tokens, tokens)
+    return (C * to_all - np.diagonal(S, axis1=1, axis2=2)) / (C - 1), S
 
 
 def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: SelectConfig,
@@ -186,11 +190,10 @@ def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: Se
     q_lp = logprob_quality(seq_logprob, lengths)
     if cfg.method == "logprob":
         return rank_distinct(q_lp, k, valid)
-    consensus, S = _cider_terms(tokens.numpy(), lengths.numpy(), df_path)
-    consensus = torch.from_numpy(consensus)
+    consensus, S = _cider_terms(tokens.numpy(), lengths.numpy(), df_path, consensus=cfg.quality == "consensus")
     if cfg.method == "mbr":
-        return rank_distinct(consensus, k, valid)
-    q = consensus if cfg.quality == "consensus" else q_lp
+        return rank_distinct(torch.from_numpy(consensus), k, valid)
+    q = torch.from_numpy(consensus) if cfg.quality == "consensus" else q_lp
     L = torch.from_numpy(S) * q.unsqueeze(2) * q.unsqueeze(1)
     return greedy_map(L, k, valid=valid, fallback=q)
 
