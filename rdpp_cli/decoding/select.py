@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +60,6 @@ class SelectConfig:
         if self.candidates < max(n, 2):
             raise ValueError(f"--candidates {self.candidates} must be at least --n {n} (and at least 2)")
         return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # -- the greedy MAP step (pure) -------------------------------------------------------------------
