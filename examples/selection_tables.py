@@ -29,6 +29,8 @@ METHODS = [("random-k{K}", "random sampling", "random"), ("beam-k{K}", "beam sea
            ("dpp-consensus-c{C}-k{K}", "--select dpp, consensus", "DPP-cons"),
            ("dpp-logprob-c{C}-k{K}", "--select dpp, logprob", "DPP-lp")]
 DPP_MS = (2, 3, 5, 7)
+COLOURS = {"xe": "tab:blue", "scst": "tab:orange", "dpp-m5": "tab:green", "dpp": "tab:green"}
+K_PLOT = 10  # the plot's set size: the temperature curves have 10 samples per image
 
 
 def load(ws: Path, name: str) -> dict | None:
@@ -112,11 +114,11 @@ def main() -> None:
                 print(f"- {what}: Δ self-CIDEr {s['self'] - trained['self']:+.3f}, "
                       f"Δ mean CIDEr {s['mean'] - trained['mean']:+.3f}")
 
-    curves = [(f"{model}, T = {c[0][2][2:]}–{c[-1][2][2:]}", c) for label, model in MODELS[:2]
-              if len(c := curve(ws, label)) >= 2]
+    curves = [(f"{model}, T = {c[0][2][2:]}–{c[-1][2][2:]}", c, {"color": COLOURS[label]})
+              for label, model in MODELS[:2] if len(c := curve(ws, label)) >= 2]
     print("\n### Frontier: height above (+) or below (−) the temperature curves at the same self-CIDEr "
           "(10 captions per image)\n")
-    print("| point | self-CIDEr | mean CIDEr | " + " | ".join(f"vs {n.split(',')[0]} curve" for n, _ in curves)
+    print("| point | self-CIDEr | mean CIDEr | " + " | ".join(f"vs {n.split(',')[0]} curve" for n, *_ in curves)
           + " |\n|---|---|---|" + "---|" * len(curves))
     frontier = [(f"R-DPP m={m}, random", f"dpp-m{m}-random-k10") for m in DPP_MS]
     frontier += [(f"{model} {what}", f"{label}-{tag.format(K=10, C=C)}") for label, model in MODELS
@@ -126,28 +128,31 @@ def main() -> None:
         if s is None or s["self"] is None or s["mean"] is None:
             continue
         cells = []
-        for _, pts in curves:
+        for _, pts, _ in curves:
             h = height_above(pts, s["self"], s["mean"])
             cells.append("outside its range" if h is None else f"{round(h, 9) or 0.0:+.3f}")  # no "-0.000"
         print(f"| {name} | {s['self']:.3f} | {s['mean']:.3f} | " + " | ".join(cells) + " |")
-    for n, pts in curves:
+    for n, pts, _ in curves:
         print(f"\n{n}: " + ", ".join(f"{t} ({x:.3f}, {y:.3f})" for x, y, t in pts))
 
     from rdpp_cli.scoring.plot import plot_points
 
-    points = []
+    points, styles = [], []  # colour: the model; marker: the decoding (legend: one entry per model)
     for label, model in MODELS:
-        for tag, _, short in METHODS:
+        for (tag, _, short), marker in zip(METHODS, "o^vsDP*"):
             s = load(ws, f"{label}-{tag.format(K=10, C=C)}")
             if s is not None:
-                points.append((f"{model} {short}", s["self"], s["mean"]))
+                points.append((short, s["self"], s["mean"]))
+                first = not any(st["color"] == COLOURS[label] for st in styles)
+                styles.append({"color": COLOURS[label], "marker": marker, **({"label": model} if first else {})})
     for m in DPP_MS:
         s = load(ws, f"dpp-m{m}-random-k10")
-        if s is not None and m != 5:  # m = 5 is 'R-DPP m=5 random' above
-            points.append((f"R-DPP m={m}", s["self"], s["mean"]))
+        if s is not None and m != 5:  # m = 5 is R-DPP m=5's 'random' above
+            points.append((f"m={m}", s["self"], s["mean"]))
+            styles.append({"color": COLOURS["dpp"], "marker": "o", "alpha": 0.5})
     out = args.out or ws / "selection.png"
-    plot_points(points, human, out, title="10 captions per test image: decoders, selection, temperature curves",
-                curves=curves)
+    plot_points(points, human, out, title=f"{K_PLOT} captions per image: decoders, --select from {C}, temperature curves",
+                curves=curves, styles=styles)
     print(f"\nplot: {out}")
 
 
