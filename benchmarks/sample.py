@@ -147,15 +147,15 @@ def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool) 
 # -- selection: K of C candidates per image against drawing the C ------------------------------------
 
 def _zipf_df(path, images: int = 20000, seed: int = 0):
-    """A cider_df.h5 of synthetic references: 5 per image, 12 Zipf-distributed words each."""
+    """A cider_df.h5 of synthetic references: 5 per image, 12 Zipf-distributed words and the EOS."""
     import numpy as np
 
-    from rdpp_cli.metrics.cider import DocFreq
+    from rdpp_cli.metrics.train_cider import doc_freq_with_eos
 
     rng = np.random.default_rng(seed)
     p = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
     refs = rng.choice(np.arange(1, VOCAB + 1), p=p / p.sum(), size=(images, 5, 12))
-    DocFreq.from_references(list(refs)).save_h5(path)
+    doc_freq_with_eos([r.tolist() for r in refs], VOCAB + 1).save_h5(path)
     return path
 
 
@@ -183,6 +183,8 @@ def run_select(device: torch.device, images: int, C: int, K: int, repeats: int, 
     import numpy as np
 
     from rdpp_cli.decoding.select import SelectConfig, _cider_terms, greedy_map, select
+    from rdpp_cli.metrics.cider import DocFreq
+    from rdpp_cli.metrics.train_cider import TrainCider
 
     torch.manual_seed(0)
     model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, ATT_DIM, MAX_LEN)).to(device).eval()
@@ -202,14 +204,16 @@ def run_select(device: torch.device, images: int, C: int, K: int, repeats: int, 
 
     variants = [("dpp", "consensus"), ("dpp", "logprob"), ("mbr", None), ("logprob", None)]
 
+    scorer = TrainCider(DocFreq.from_h5(df_path), VOCAB + 1, MAX_LEN, MAX_LEN)  # what rdpp sample builds
+
     def choose(method, quality):
         sel = SelectConfig(method, C, quality).check(K)
-        return lambda: [select(d.tokens, d.seq_logprob, d.lengths, K, sel, df_path) for d in drawn]
+        return lambda: [select(d.tokens, d.seq_logprob, d.lengths, K, sel, scorer) for d in drawn]
 
     draw()  # warm-up; also the captions every selection runs on
     kernels = []
     for d in drawn:
-        q, S = _cider_terms(d.tokens.cpu().numpy(), d.lengths.cpu().numpy(), df_path)
+        q, S = _cider_terms(d.tokens.cpu().numpy(), scorer)
         kernels.append(torch.from_numpy(S * q[:, :, None] * q[:, None, :]))
     ours = lambda: [greedy_map(L, K) for L in kernels]  # noqa: E731
     ref = lambda: [[ref_greedy_map(L_b, K) for L_b in L.numpy()] for L in kernels]  # noqa: E731

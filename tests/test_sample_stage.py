@@ -48,8 +48,10 @@ def test_sample_with_no_paths_writes_samples_of_the_test_split(ws):
     root, data, model = ws
     r = _run(["sample", "--n", "4", "--method", "random", "--workspace", str(root), "--device", "cpu"])
     assert r.exit_code == 0, r.output
-    art = read_artifact(root / "samples" / "random-n4-v1", "rdpp.samples")
-    assert [i["path"] for i in art.inputs] == [str(model.path.resolve()), str(data.path.resolve())]
+    # named after the model that made them; inputs recorded relative to the workspace, with their hashes
+    art = read_artifact(root / "samples" / f"{model.name}.random-n4-v1", "rdpp.samples")
+    assert [i["path"] for i in art.inputs] == [f"xe/{model.name}", f"data/{data.name}"]
+    assert [i["manifest_sha256"] for i in art.inputs] == [model.manifest_sha256, data.manifest_sha256]
     recs = json.loads((art.path / "samples.json").read_text())
     ds = DataArtifact(data)
     assert [r_["image_id"] for r_ in recs] == [int(ds.image_ids[i]) for i in ds.split_indices("test")]
@@ -113,7 +115,7 @@ def test_model_trained_on_other_data_is_refused(ws, tmp_path):
     root, data, model = ws
     other_data = prepro_toy(workspace=tmp_path, images=60, seed=4)
     r = _run(["sample", str(model.path), "--data", str(other_data.path), "--workspace", str(root)])
-    assert r.exit_code == 2 and "not on data artifact" in r.output, r.output
+    assert r.exit_code == 2 and f"was made from data artifact data/{data.name}, not from" in r.output, r.output
 
 
 def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_path):
@@ -166,13 +168,13 @@ def test_every_method_runs_as_typed_and_records_its_defaults(ws, tmp_path):
 def test_select_keeps_n_of_the_candidates_and_scores_unchanged(ws, tmp_path):
     """`--select mbr --n 3 --candidates 8 --keep-candidates`: the candidates are the 8 random
     samples the same seed gives without --select; the captions are the 3 distinct candidates of
-    highest consensus (mean CIDEr-D against the other 7, training df), computed here from the
-    strings; the manifest records method, count, quality and selection; `rdpp score` reads it."""
+    highest consensus (mean CIDEr-D against the other 7: the training reward's scorer), computed
+    here from the strings; the manifest records method, count, quality and selection; `rdpp score` reads it."""
     import shutil
 
     import numpy as np
 
-    from rdpp_cli.metrics.cider import CiderD, DocFreq
+    from rdpp_cli.metrics.train_cider import TrainCider
 
     root, data, model = ws
     common = [str(model.path), "--max-images", "6", "--seed", "7", "--workspace", str(root), "--device", "cpu"]
@@ -186,13 +188,17 @@ def test_select_keeps_n_of_the_candidates_and_scores_unchanged(ws, tmp_path):
     assert {k: art.config[k] for k in ("method", "n", "candidates", "select", "quality", "keep_candidates")} == \
         {"method": "random", "n": 3, "candidates": 8, "select": "mbr", "quality": "consensus", "keep_candidates": True}
     ds = DataArtifact(data)
-    cider = CiderD(DocFreq.from_h5(ds.cider_df_path, words=ds.words))
+    reward = TrainCider.for_data(ds)  # the training reward's CIDEr-D: train df, EOS counted
+    ids = {w: i + 1 for i, w in enumerate(ds.words)}
     for p, rec in zip(plain, recs):
         cands = rec["candidates"]
         assert cands == p["captions"] and rec["candidate_logprobs"] == p["logprobs"]
         assert rec["captions"] == [cands[j] for j in rec["chosen"]]
         assert rec["logprobs"] == [p["logprobs"][j] for j in rec["chosen"]]
-        cons = np.array([cider.score([c], [cands[:i] + cands[i + 1:]])[0] for i, c in enumerate(cands)])
+        toks = np.zeros((len(cands), ds.seq_length), np.int64)
+        for i, c in enumerate(cands):
+            toks[i, :len(c.split())] = [ids[w] for w in c.split()]
+        cons = np.array([reward.score(toks[i:i + 1], [np.delete(toks, i, 0)])[0] for i in range(len(cands))])
         first = [i for i, c in enumerate(cands) if c not in cands[:i]]
         best = sorted(first, key=lambda i: -cons[i])[:3]
         assert sorted(cons[rec["chosen"]]) == pytest.approx(sorted(cons[best]), abs=1e-12)

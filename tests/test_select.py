@@ -18,7 +18,8 @@ from rdpp_cli.decoding.select import (
     rank_distinct,
     select,
 )
-from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.cider import DocFreq
+from rdpp_cli.metrics.train_cider import TrainCider
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -165,12 +166,11 @@ def test_batched_equals_one_image_at_a_time_and_survives_a_kernel_that_is_not_ps
 # -- qualities and kernel from CIDEr-D ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def df_file(tmp_path_factory):
+def scorer():
+    """The reward's scorer over words 1..11, EOS id 12, captions of at most 6 words."""
     rng = np.random.default_rng(0)
-    refs = [rng.integers(1, 12, size=(5, 6)) for _ in range(30)]
-    path = tmp_path_factory.mktemp("df") / "cider_df.h5"
-    DocFreq.from_references(refs).save_h5(path)
-    return path
+    refs = [np.concatenate([rng.integers(1, 12, size=(5, 5)), np.full((5, 1), 12)], 1) for _ in range(30)]
+    return TrainCider(DocFreq.from_references(refs), eos=12, max_len=6, ref_len=6)
 
 
 def _candidates(rng, B=3, C=7, T=6, V=11):
@@ -182,35 +182,38 @@ def _candidates(rng, B=3, C=7, T=6, V=11):
     return toks, lens
 
 
-def test_consensus_is_the_mean_cider_d_against_the_other_candidates(df_file):
+def test_consensus_is_the_mean_cider_d_against_the_other_candidates(scorer):
+    """Each candidate scored (EOS counted where it ended) against the other C - 1 as references; the
+    kernel is the reward's, in its direction."""
     toks, lens = _candidates(np.random.default_rng(1))
-    consensus, S = _cider_terms(toks, lens, df_file)
-    cider = CiderD(DocFreq.from_h5(df_file))
+    consensus, S = _cider_terms(toks, scorer)
     B, C, _ = toks.shape
     for b in range(B):
         for i in range(C):
             others = np.delete(toks[b], i, axis=0)
-            want = cider.score(toks[b, i][None], [others])[0]
+            want = scorer.score(toks[b, i][None], [others])[0]
             assert consensus[b, i] == pytest.approx(want, rel=1e-12, abs=1e-12)
-    np.testing.assert_allclose(S, cider.pairwise(toks), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(S, scorer.pairwise(toks), rtol=0, atol=1e-12)
+    assert _cider_terms(toks, scorer, consensus=False)[0] is None
+    np.testing.assert_allclose(_cider_terms(toks, scorer, consensus=False)[1], S, rtol=0, atol=1e-12)
 
 
-def test_select_methods_on_candidates(df_file):
+def test_select_methods_on_candidates(scorer):
     toks, lens = _candidates(np.random.default_rng(2))
     T = torch.from_numpy(toks)
     lp = torch.from_numpy(-np.random.default_rng(3).uniform(1, 9, size=lens.shape))
     ln = torch.from_numpy(lens)
-    consensus, S = _cider_terms(toks, lens, df_file)
+    consensus, S = _cider_terms(toks, scorer)
     valid = first_occurrence(T)
     k = 4
-    mbr = select(T, lp, ln, k, SelectConfig("mbr").check(k), df_file)
+    mbr = select(T, lp, ln, k, SelectConfig("mbr").check(k), scorer)
     assert mbr.tolist() == rank_distinct(torch.from_numpy(consensus), k, valid).tolist()
     by_lp = select(T, lp, ln, k, SelectConfig("logprob").check(k), None)
     assert by_lp.tolist() == rank_distinct(logprob_quality(lp, ln), k, valid).tolist()
     for quality in ("consensus", "logprob"):
         q = torch.from_numpy(consensus) if quality == "consensus" else logprob_quality(lp, ln)
         L = torch.from_numpy(S) * q[:, :, None] * q[:, None, :]
-        dpp = select(T, lp, ln, k, SelectConfig("dpp", quality=quality).check(k), df_file)
+        dpp = select(T, lp, ln, k, SelectConfig("dpp", quality=quality).check(k), scorer)
         assert dpp.tolist() == greedy_map(L, k, valid=valid, fallback=q).tolist()
     for rows in (mbr, by_lp, dpp):  # the duplicate (candidate 3 = candidate 1) is never taken twice
         assert not any(1 in r and 3 in r for r in rows.tolist())

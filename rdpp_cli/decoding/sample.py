@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rdpp_cli.artifacts import Artifact, finish, prepare_output, read_artifact, resolve_input, write_manifest
+from rdpp_cli.artifacts import (Artifact, atomic_write_json, derived_name, finish, prepare_output, ref_name,
+                                resolve_input, write_manifest)
+from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
@@ -28,7 +30,6 @@ from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.distributed import resolve_device
-from rdpp_cli.training.finetune import resolve_data_for
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -40,9 +41,12 @@ def model_checkpoint(model_art: Artifact) -> Path:
 
 
 def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None = None) -> str:
+    """The decoding part of a samples artifact's name (``random-n20``); the whole stem is
+    ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it.
+    With a selection of n of the cfg.n candidates: ``random-c50.dpp-consensus-n5``."""
     extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
              "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
-    if sel is not None:  # n of cfg.n candidates, e.g. random-c50.dpp-consensus-n5
+    if sel is not None:
         how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
         return f"{cfg.method}{extra}-c{cfg.n}.{how}-n{n}"
     return f"{cfg.method}{extra}-n{cfg.n}"
@@ -76,17 +80,22 @@ def sample(
     workspace: Path | str | None = None,
 ) -> Artifact:
     """Decode ``n`` captions per image of ``split`` (with ``select``: ``candidates`` per image, of
-    which ``n`` are kept); returns the samples artifact."""
+    which ``n`` are kept); returns the samples artifact
+    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``)."""
+    from rdpp_cli import checks
+
     try:
         sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
-        cfg = DecodeConfig(method=method, n=sel.candidates if sel else n, max_len=max_len or 16,
-                           temperature=temperature, top_k=top_k,
-                           top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+        cfg = DecodeConfig(method=method, n=sel.candidates if sel else n, max_len=16 if max_len is None else max_len,
+                           temperature=temperature,
+                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
                            length_norm=length_norm).check()
     except ValueError as e:
         raise RdppError(str(e)) from None
-    if batch_size < 1:
-        raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
+    checks.at_least("--batch-size", batch_size, 1)
+    checks.at_least("--max-images", max_images, 1)
+    checks.seed(seed)
+    checks.finite("--temperature", temperature)
     if keep_candidates and sel is None:
         raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
     dev = resolve_device(device)
@@ -107,13 +116,14 @@ def sample(
     if max_images is not None:
         images = images[:max_images]
 
-    config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(), "n": n,
-              "select": select, "candidates": cfg.n if sel else None, "quality": sel.quality if sel else None,
-              "keep_candidates": keep_candidates if sel else None,
-              "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
-    out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg, sel, n),
-                             kind="rdpp.samples", config=config, force=force)
-    chooser = Chooser(sel, n, ds.cider_df_path) if sel else None
+    chooser = Chooser(sel, n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
+    settings = {"split": split, **cfg.to_dict(), "n": n, "select": select, "candidates": cfg.n if sel else None,
+                "quality": sel.quality if sel else None, "keep_candidates": keep_candidates if sel else None,
+                "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
+    config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
+    identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
+    out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg, sel, n)),
+                             kind="rdpp.samples", config=identity, force=force)
     gen = torch.Generator(device=dev).manual_seed(seed)
     records: list[dict] = []
     t0 = time.perf_counter()
@@ -137,7 +147,7 @@ def sample(
                 records.append(rec)
             bar.advance(task, len(idx) * cfg.n)
     elapsed = time.perf_counter() - t0
-    (out_dir / "samples.json").write_text(json.dumps(records, indent=1) + "\n")
+    atomic_write_json(out_dir / "samples.json", records, indent=1)
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
     summary = {"images": len(records), "n": n, "method": cfg.method, "distinct": distinct}
     if sel:

@@ -26,10 +26,8 @@ Python loop over candidates.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -149,45 +147,46 @@ def logprob_quality(seq_logprob: Tensor, lengths: Tensor) -> Tensor:
     return torch.exp(seq_logprob.to(torch.float64) / (lengths.to(torch.float64) + 1))
 
 
-@functools.lru_cache(maxsize=2)
-def _scorer(df_path: str):
-    from rdpp_cli.metrics.cider import CiderD, DocFreq
+def train_scorer(data, max_len: int):
+    """The training reward's CIDEr-D (``TrainCider``: the data's ``cider_df.h5``, EOS counted) for
+    candidates of at most ``max_len`` words, which it also uses as references (so a candidate ends
+    with its EOS exactly when it is shorter than ``max_len``, as a hypothesis or as a reference).
+    Refuses, in one line, a data artifact whose df does not count the EOS."""
+    from rdpp_cli.metrics.train_cider import TrainCider
 
-    return CiderD(DocFreq.from_h5(df_path))
+    reward = TrainCider.for_data(data, max_len)
+    return TrainCider(reward.df, reward.eos, max_len, ref_len=max_len)
 
 
-def _cider_terms(tokens: np.ndarray, lengths: np.ndarray, df_path: str | Path,
-                 consensus: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+def _cider_terms(tokens: np.ndarray, scorer, consensus: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
     """The one place that scores candidates: ``(consensus (B, C), S (B, C, C))`` for the token ids
-    (B, C, T) (``lengths`` (B, C) words) of C candidates per image, with the reward's training-mode
-    CIDEr-D (document frequencies of ``cider_df.h5`` at ``df_path``).
+    (B, C, T) of C candidates per image, with ``scorer`` (:func:`train_scorer`: the reward's
+    training-mode CIDEr-D).
 
-    ``S`` is the reward's kernel (``pairwise``); ``consensus[i]`` is the mean CIDEr-D of candidate i
-    against each other candidate as a single reference (None unless asked: it costs 2.3x the
-    kernel). With fixed document frequencies a score against a set is the mean of the scores
-    against its members, so it is read off one scoring against all C candidates:
-    ``(C · mean_all - S_ii) / (C - 1)``.
+    ``S`` is the reward's kernel (``scorer.pairwise``); ``consensus[i]`` is the mean CIDEr-D of
+    candidate i against each other candidate as a single reference (None unless asked: it costs
+    about 2x the kernel). With fixed document frequencies a score against a set is the mean of the
+    scores against its members, so it is read off one scoring against all C candidates:
+    ``(C · mean_all - S_ii) / (C - 1)`` (``S_ii``, a caption against itself, has no direction).
     """
-    cider = _scorer(str(df_path))
     if not consensus:
-        return None, cider.pairwise(tokens)
+        return None, scorer.pairwise(tokens)
     C = tokens.shape[1]
-    to_all, S = cider.score_and_pairwise(tokens, tokens)
+    to_all, S = scorer.score_and_pairwise(tokens, list(tokens))
     return (C * to_all - np.diagonal(S, axis1=1, axis2=2)) / (C - 1), S
 
 
-def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: SelectConfig,
-           df_path: str | Path | None) -> Tensor:
+def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: SelectConfig, scorer) -> Tensor:
     """The k of C candidates per image chosen by ``cfg`` (a checked :class:`SelectConfig`): (B, k)
     indices into the candidates, in the order chosen. ``tokens`` (B, C, T), ``seq_logprob`` and
-    ``lengths`` (B, C) are ``Decoded``'s fields; ``df_path`` the data's ``cider_df.h5`` (unused by
-    ``logprob``)."""
+    ``lengths`` (B, C) are ``Decoded``'s fields; ``scorer`` the CIDEr-D of :func:`train_scorer`
+    (unused by ``logprob``)."""
     tokens, seq_logprob, lengths = tokens.cpu(), seq_logprob.cpu(), lengths.cpu()
     valid = first_occurrence(tokens)
     q_lp = logprob_quality(seq_logprob, lengths)
     if cfg.method == "logprob":
         return rank_distinct(q_lp, k, valid)
-    consensus, S = _cider_terms(tokens.numpy(), lengths.numpy(), df_path, consensus=cfg.quality == "consensus")
+    consensus, S = _cider_terms(tokens.numpy(), scorer, consensus=cfg.quality == "consensus")
     if cfg.method == "mbr":
         return rank_distinct(torch.from_numpy(consensus), k, valid)
     q = torch.from_numpy(consensus) if cfg.quality == "consensus" else q_lp
@@ -198,12 +197,13 @@ def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: Se
 class Chooser:
     """``select`` over the decoding batches of ``rdpp sample``; ``seconds`` adds up its time."""
 
-    def __init__(self, cfg: SelectConfig, k: int, df_path: str | Path) -> None:
-        self.cfg, self.k, self.df_path = cfg, k, df_path
+    def __init__(self, cfg: SelectConfig, k: int, data, max_len: int) -> None:
+        self.cfg, self.k = cfg, k
+        self.scorer = train_scorer(data, max_len) if cfg.method != "logprob" else None
         self.seconds = 0.0
 
     def __call__(self, dec) -> np.ndarray:
         t0 = time.perf_counter()
-        idx = select(dec.tokens, dec.seq_logprob, dec.lengths, self.k, self.cfg, self.df_path).numpy()
+        idx = select(dec.tokens, dec.seq_logprob, dec.lengths, self.k, self.cfg, self.scorer).numpy()
         self.seconds += time.perf_counter() - t0
         return idx
