@@ -210,13 +210,43 @@ def test_rows_are_read_straight_from_the_file_where_they_are_extents(indexed, mo
     layout = indexed.artifact.manifest["config"]["layout"]
     calls = []
     real = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off, *flags: calls.append(off) or real(fd, bufs, off, *flags))
     idx = np.array([11, 2, 19])
     fc, att, _ = indexed.feature_rows(idx)
     np.testing.assert_array_equal(att.astype(np.float32), att_of(idx))
     direct = layout != "gzip"
     assert indexed._readers["att"].direct is direct and indexed._readers["fc"].direct is direct
     assert len(calls) == (2 * len(idx) if direct else 0)
+
+
+def test_rows_missing_from_the_page_cache_are_announced_then_read(indexed, monkeypatch):
+    """Cold rows (the non-blocking read finds nothing cached, or only part of a row) are asked for
+    together with POSIX_FADV_WILLNEED, then read in full; repeats are copies."""
+    import os
+
+    indexed.feature_rows([0])
+    if not indexed._readers["att"].direct:
+        pytest.skip("compressed chunks are read through h5py")
+    real = os.preadv
+    tries = []
+
+    def cold(fd, bufs, off, *flags):
+        if flags:  # RWF_NOWAIT: nothing cached, or only the first half of a row (every other try)
+            tries.append(off)
+            if len(tries) % 2:
+                raise BlockingIOError
+            return real(fd, [bufs[0][:len(bufs[0]) // 2]], off)
+        return real(fd, bufs, off)
+
+    advised = []
+    monkeypatch.setattr(os, "preadv", cold)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: advised.append(advice))
+    idx = np.array([9, 3, 9, 21])
+    fc, att, _ = indexed.feature_rows(idx)
+    np.testing.assert_array_equal(att.astype(np.float32), att_of(idx))
+    np.testing.assert_array_equal(fc.astype(np.float32), fc_of(idx))
+    assert len(tries) == 2 * 3  # one non-blocking try per distinct row of fc and of att
+    assert advised == [os.POSIX_FADV_WILLNEED] * 6
 
 
 def test_feature_rows_fill_given_arrays(indexed):

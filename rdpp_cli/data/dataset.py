@@ -185,9 +185,8 @@ class RowReader:
 
     When each row is one uncompressed extent of the file (rdpp's ``FeatureWriter`` layout: chunks
     of one row, no filters; or a contiguous dataset), a row is one ``os.preadv`` of its bytes into
-    the output array: no HDF5 selection machinery, no chunk cache, no intermediate copy. The rows
-    of a batch are first announced together (``posix_fadvise(WILLNEED)``), so that rows not in the
-    page cache are fetched from disk concurrently rather than one after the other. (h5py's
+    the output array: no HDF5 selection machinery, no chunk cache, no intermediate copy; rows not
+    in the page cache are fetched from disk concurrently (see ``_pread``). (h5py's
     fancy indexing ``ds[[i, j, ...]]`` on one-row chunks ran at ~70 COCO images/s here; see
     docs/data.md.) Any other layout (compressed or multi-row chunks, non-native byte order) is
     read through h5py, one row at a time. The extents are checked once against h5py's own read of
@@ -201,6 +200,7 @@ class RowReader:
         self._fd: int | None = None
         self._fd_pid = 0
         self._lock = threading.Lock()
+        self._nowait = hasattr(os, "RWF_NOWAIT")
         self.offsets = self._extents(ds)
         if self.offsets is not None and self.n and not self._agrees(ds, [0, self.n - 1]):
             self.offsets = None
@@ -261,32 +261,53 @@ class RowReader:
         return out
 
     def _pread(self, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows in file order, each one ``preadv`` into its place in ``out``. A first pass reads
+        what the page cache holds without waiting (``RWF_NOWAIT``); the rows it could not finish
+        are then announced together (``POSIX_FADV_WILLNEED``, so the disk fetches them
+        concurrently) and read. Warm batches thus cost one call per row, cold ones do not wait
+        for one row after another."""
         if out is None:
             out = np.empty((len(idx), *self.row_shape), dtype=self.dtype)
         with self._lock:
             if self._fd is None or self._fd_pid != os.getpid():  # a forked process opens its own descriptor
                 self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        fd = self._fd
-        order = np.argsort(idx, kind="stable")  # file order: sequential where rows are adjacent
-        if len(idx) > 1 and hasattr(os, "posix_fadvise"):  # rows not in the page cache: ask for all at once
-            for i in idx[order]:
-                os.posix_fadvise(fd, int(self.offsets[i]), self.row_bytes, os.POSIX_FADV_WILLNEED)
+        fd, rb = self._fd, self.row_bytes
         flat = out.reshape(len(idx), -1).view(np.uint8)
         first: dict[int, int] = {}
-        for j in order:
+        repeats, todo = [], []
+        for j in np.argsort(idx, kind="stable"):  # file order: sequential where rows are adjacent
             i = int(idx[j])
-            if i in first:  # a repeated row: copy the one already read
-                flat[j] = flat[first[i]]
+            if i in first:
+                repeats.append((int(j), first[i]))
                 continue
             first[i] = int(j)
-            buf, done = memoryview(flat[j]), 0
-            while done < self.row_bytes:
+            done = self._read_cached(fd, flat[j], int(self.offsets[i])) if self._nowait else 0
+            if done < rb:
+                todo.append((int(j), i, done))
+        if len(todo) > 1 and hasattr(os, "posix_fadvise"):
+            for _, i, done in todo:
+                os.posix_fadvise(fd, int(self.offsets[i]) + done, rb - done, os.POSIX_FADV_WILLNEED)
+        for j, i, done in todo:
+            buf = memoryview(flat[j])
+            while done < rb:
                 got = os.preadv(fd, [buf[done:]], int(self.offsets[i]) + done)
                 if got <= 0:
                     raise RdppError(f"{self.path} ends inside row {i} of {self.name}; the file is truncated: "
                                     "rerun the prepro command that wrote it")
                 done += got
+        for j, k in repeats:  # a repeated row: a copy of the one read
+            flat[j] = flat[k]
         return out
+
+    def _read_cached(self, fd: int, dest: np.ndarray, offset: int) -> int:
+        """Bytes of one row read from the page cache without waiting for the disk (0 if none)."""
+        try:
+            return max(0, os.preadv(fd, [memoryview(dest)], offset, os.RWF_NOWAIT))
+        except BlockingIOError:
+            return 0
+        except OSError:  # RWF_NOWAIT not supported here: always the blocking path
+            self._nowait = False
+            return 0
 
     def close(self) -> None:
         if self._fd is not None and self._fd_pid == os.getpid():
