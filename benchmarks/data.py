@@ -450,6 +450,46 @@ def bench_loader(art: Path, npy_dir: Path, workers: list[int], images: int, roun
     return res
 
 
+def bench_bounds(art: Path, batches: int = 20, rounds: int = 3, seed: int = 1) -> dict:
+    """What one warm batch's 50 att rows cost by each way of reading them (ms per batch, median of
+    interleaved rounds over the same cached rows): where the loader's time goes."""
+    import torch
+
+    from rdpp_cli.data.dataset import DataArtifact
+
+    data = DataArtifact.open(art)
+    data.feature_rows([0])
+    reader = data._readers["att"]
+    rng = np.random.default_rng(seed)
+    sets = [np.sort(rng.choice(len(data.image_ids), BATCH, replace=False)) for _ in range(batches)]
+    reused = np.empty((BATCH, REGIONS, DIM), np.float16)
+    f = h5py.File(art / "features.h5", "r")
+
+    def shared(idx):  # what a DataLoader worker process must do before handing a batch over
+        t = torch.empty(0, dtype=torch.float16).set_(torch.UntypedStorage._new_shared(reused.nbytes), 0, reused.shape)
+        reader.read(idx, None, t.numpy())
+
+    ways = {"preadv into a reused buffer": lambda idx: reader.read(idx, None, reused),
+            "preadv into new memory (the loader on CPU)": lambda idx: reader.read(idx, None),
+            "preadv into new shared memory (a worker process)": shared,
+            "h5py, one row at a time": lambda idx: [f["att"][int(i)] for i in idx],
+            "h5py fancy indexing (787cd4c)": lambda idx: f["att"][idx]}
+    for idx in sets:  # cached
+        reader.read(idx, None, reused)
+    times: dict[str, list] = {k: [] for k in ways}
+    for _ in range(rounds):
+        for name, fn in ways.items():
+            todo = sets if "h5py" not in name else sets[:2]
+            t = time.perf_counter()
+            for idx in todo:
+                fn(idx)
+            times[name].append((time.perf_counter() - t) / len(todo))
+    f.close()
+    data.close()
+    return {k: {"ms_per_batch": 1e3 * float(np.median(v)), "images_per_s": BATCH / float(np.median(v))}
+            for k, v in times.items()}
+
+
 # ----------------------------------------------------------------------------------------------
 # (c) one XE epoch with data loading, on a GPU
 # ----------------------------------------------------------------------------------------------
@@ -561,6 +601,7 @@ def main() -> None:
                 spec.write_text(json.dumps(built))
             built = json.loads(spec.read_text())
             res = bench_loader(art, npy, workers, args.images, args.rounds, args.old_batches)
+            res["bounds"] = bench_bounds(art)
             result["loader"] = {**built, **res}
             warm = {w: res[f"warm loader w{w}"]["images_per_s"] for w in workers}
             best = max(warm, key=warm.get)
@@ -588,6 +629,12 @@ def main() -> None:
                           f"{cd['images_per_s']:,.0f}" if cd else "n/a", f"{cd['gb_per_s']:.2f}" if cd else "n/a",
                           f"{wm['images_per_s'] / kept_ref:.2f}×", f"{wm['images_per_s'] / pass_ref:.2f}×",
                           f"{wm['first_batch_s']:.2f}")
+            console.print(t)
+            t = Table(title="where a warm batch's time goes: 50 att rows (40 MB), read by each way")
+            for c in ("way", "ms per batch", "images/s"):
+                t.add_column(c, justify="right")
+            for k, v in res["bounds"].items():
+                t.add_row(k, f"{v['ms_per_batch']:.1f}", f"{v['images_per_s']:,.0f}")
             console.print(t)
     finally:
         if not args.keep:
