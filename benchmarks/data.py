@@ -244,7 +244,7 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
     base = base.astype(np.float16)
     for s in range(0, rows, block):
         k = min(block, rows - s)
-        att = base[(np.arange(s, s + k) % len(base))].copy()
+        att = base[np.arange(s, s + k) % len(base)]  # a new array (fancy indexing copies)
         att[:, 0, 0] = np.arange(s, s + k) % 2048
         yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
 
