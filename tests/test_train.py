@@ -276,7 +276,7 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     model = _tiny_model(d).eval()
     from rdpp_cli.data.loader import CaptionBatches
 
-    batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0)
+    batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0).to("cpu")  # float32 features
     labels = batch.labels.clone()
     labels[0, 0, 2:] = 0  # a 2-word caption: 3 tokens count (2 words + EOS)
     batch.labels = labels
