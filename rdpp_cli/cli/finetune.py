@@ -11,7 +11,6 @@ from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, G
                                  LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
                                  WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
 from rdpp_cli.errors import RdppError
-from rdpp_cli.training.finetune import finetune
 
 
 @stage
@@ -62,6 +61,8 @@ def command(
 
     Example: rdpp finetune --reward dpp --m 5
     """
+    from rdpp_cli.training.finetune import finetune
+
     opts = resolve_options(ctx, "finetune")
     chosen, alias = opts.pop("model"), opts.pop("from_")
     if chosen and alias and chosen != alias:

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.plot import plot
 
 
 @stage
@@ -26,4 +25,6 @@ def command(
 
     Example: rdpp plot runs/scores/random-n20-v1 runs/scores/dpp-v1 --labels XE,R-DPP
     """
+    from rdpp_cli.scoring.plot import plot
+
     plot(**resolve_options(ctx, "plot"))

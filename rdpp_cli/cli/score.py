@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.score import score
 
 
 @stage
@@ -48,4 +47,6 @@ def command(
 
     Example: rdpp score results.json --refs captions_val2014.json
     """
+    from rdpp_cli.scoring.score import score
+
     score(**resolve_options(ctx, "score"))

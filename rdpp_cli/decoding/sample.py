@@ -22,8 +22,8 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
-from rdpp_cli.training.distributed import resolve_device
-from rdpp_cli.training.finetune import resolve_data_for
+from rdpp_cli.device import resolve_device
+from rdpp_cli.artifacts.training_data import resolve_data_for
 
 
 def model_checkpoint(model_art: Artifact) -> Path:

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, read_artifact, resolve_input
-from rdpp_cli.console import info
+from rdpp_cli.artifacts import Artifact, resolve_input
+from rdpp_cli.artifacts.training_data import resolve_data_for
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.decoding.decode import DecodeConfig, decode
@@ -217,14 +217,6 @@ def check_options(reward: str, m: int, baseline: str, lam: float) -> None:
         raise RdppError(f"--lam must be ≥ 0 (got {lam})")
 
 
-def _same_artifact(ref: dict, art: Artifact) -> bool:
-    """Whether a manifest's input entry ``ref`` names artifact ``art`` (same manifest bytes)."""
-    sha = ref.get("manifest_sha256")
-    if sha:
-        return sha == art.manifest_sha256
-    return Path(ref.get("path", "")).resolve() == art.path.resolve()
-
-
 def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
     """The XE model artifact to fine-tune; RdppError when it is not one."""
     art = resolve_input(model, workspace=workspace, groups=("xe",), kind="rdpp.model", what="XE model artifact",
@@ -233,28 +225,6 @@ def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, qui
     if stage != "xe":
         raise RdppError(f"model artifact {art.path} is {'a ' + stage if stage else 'not an XE'}-trained model "
                         f"(stage {stage!r}), not XE-trained; fine-tune from a model made by `rdpp train-xe`")
-    return art
-
-
-def resolve_data_for(model_art: Artifact, data: str | Path | None, workspace: Path | str | None,
-                     quiet: bool = False) -> Artifact:
-    """The data artifact: ``data`` if given, else the one the XE model was trained on; it must be
-    the model's training data (same manifest)."""
-    trained_on = model_art.input_of_kind("rdpp.data")
-    if trained_on is None:
-        raise RdppError(f"model artifact {model_art.path} records no data artifact among its inputs; "
-                        "retrain it with `rdpp train-xe`")
-    if data is None and Path(trained_on.get("path", "")).is_dir():
-        art = read_artifact(trained_on["path"], "rdpp.data")
-        if not quiet:
-            info(f"using data artifact: [bold]{art.path}[/bold] (the XE model's training data; --data to pick another)")
-    else:
-        art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                            make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=quiet)
-    if not _same_artifact(trained_on, art):
-        raise RdppError(f"model artifact {model_art.path} was XE-trained on {trained_on.get('path')}, not on data "
-                        f"artifact {art.path}; pass --data {trained_on.get('path')} or train an XE model on "
-                        f"{art.path} with `rdpp train-xe --data {art.path}`")
     return art
 
 
