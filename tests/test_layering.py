@@ -124,3 +124,35 @@ def test_sample_method_help_names_exactly_the_decoders_methods():
     sample = typer.main.get_command(app).commands["sample"]
     help_ = next(p for p in sample.params if p.name == "method").help
     assert help_.removeprefix("One of: ").removesuffix(".").split(", ") == list(METHODS)
+
+
+def test_architecture_doc_lists_every_module_where_it_is():
+    """docs/architecture.md's module map names every module of rdpp_cli under its own package (and
+    the layer list every package)."""
+    import re
+
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    start = doc.index("```\nrdpp_cli/")
+    tree = doc[start:doc.index("```", start + 3)]
+    sections: dict[str, str] = {}  # "data/", "cider/", ...: the text of that entry of the map
+    key = None
+    for line in tree.splitlines()[2:]:
+        m = re.match(r"^ {2,4}([a-z_0-9]+/)", line)
+        if m:
+            key = m.group(1)
+        elif re.match(r"^ {2,4}[a-z_]", line):
+            key = None
+        if key:
+            sections[key] = sections.get(key, "") + line + "\n"
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if path.stem == "__init__" and len(rel.parts) > 1:
+            continue
+        where = sections.get(rel.parts[-2] + "/", "") if len(rel.parts) > 1 else tree
+        if not re.search(rf"\b{path.stem}\b", where):
+            missing.append(str(rel))
+    assert not missing, f"modules missing from (or misplaced in) docs/architecture.md's map: {missing}"
+    assert "### Layers" in doc
+    layers = doc[doc.index("### Layers"):]
+    assert all(f"`{pkg}`" in layers for pkg in RANK), "a package of LAYERS is missing from the doc's layer list"
