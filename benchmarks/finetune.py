@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.metrics.cider import CiderD, DocFreq
+from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id
 from rdpp_cli.models.att2in import Att2in, config_from_preset
 from rdpp_cli.training.finetune import RewardStep
 
@@ -87,12 +87,12 @@ def rdpp_step(step: RewardStep, model: Att2in, opt: torch.optim.Optimizer, batch
               refs: list[np.ndarray]) -> dict[str, float]:
     t0 = time.perf_counter()
     model.train()
-    samples, greedy = step.draw(model, batch)
-    samples_np = samples.cpu().numpy()  # (waits for the GPU, if any)
+    d = step.draw(model, batch)
+    samples_np = d.samples.cpu().numpy()  # (waits for the GPU, if any)
     t1 = time.perf_counter()
-    w, _ = step.weights(samples_np, greedy, refs)
+    w, _ = step.weights(samples_np, d.greedy, refs)
     t2 = time.perf_counter()
-    loss, _ = step.loss(model, batch, samples, w)
+    loss, _ = step.loss(model, batch, d, w)
     _update(model, opt, loss)
     t3 = time.perf_counter()
     return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
@@ -243,14 +243,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (after one warm-up)")
     ap.add_argument("--no-reference", action="store_true", help="skip the slow reference steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--sample-modes", action="store_true",
+                    help="also time m=5 with --sample-mode eval (off-policy sampling) to price on-policy sampling")
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     ms = [int(x) for x in args.ms.split(",")]
 
     rng = np.random.default_rng(0)
-    df = DocFreq.from_references(make_refs(rng, 2000))  # a "training set" of 2,000 images
-    cider = CiderD(df)
+    train_refs = make_refs(rng, 2000)  # a "training set" of 2,000 images; the df counts their EOS
+    df = doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], eos_id(VOCAB))
+    cider = TrainCider(df, eos_id(VOCAB), MAX_LEN)
     refs = make_refs(rng, args.batch)
     refs_str = [[_to_str(r) for r in rs] for rs in refs]
     batch = make_batch(args.batch).to(device)
@@ -275,6 +278,13 @@ def main() -> None:
             results[f"{reward}_m{M}"] = r
             show(f"rdpp {reward}", M, r)
         results[f"dpp_over_scst_m{M}"] = results[f"dpp_m{M}"]["total"] / results[f"scst_m{M}"]["total"]
+    if args.sample_modes and 5 in ms:  # what on-policy sampling costs: the same steps sampled in eval mode
+        for reward in ("scst", "dpp"):
+            step = RewardStep(data=None, cider=cider, reward=reward, m=5, max_len=MAX_LEN, seed=0, sample_mode="eval")
+            r = best_of(lambda: rdpp_step(step, model, opt, batch, refs), args.repeats)
+            results[f"{reward}_m5_eval_sampling"] = r
+            show(f"{reward} eval-mode", 5, r)
+            results[f"{reward}_m5_on_policy_cost"] = results[f"{reward}_m5"]["total"] / r["total"]
     if not args.no_reference:
         r = best_of(lambda: ref_scst_step(model, opt, batch, refs_str, 5), max(1, args.repeats - 1))
         results["reference_scst_m5"] = r
@@ -285,6 +295,9 @@ def main() -> None:
     print()
     for M in ms:
         print(f"m={M}: R-DPP step / SCST step = {results[f'dpp_over_scst_m{M}']:.2f}  (target ≤ 1.2)")
+    for reward in ("scst", "dpp"):
+        if f"{reward}_m5_on_policy_cost" in results:
+            print(f"{reward} m=5: on-policy step / eval-mode-sampling step = {results[f'{reward}_m5_on_policy_cost']:.2f}")
     if "scst_m5" in results:
         ips = args.batch / results["scst_m5"]["total"]
         results["scst_m5_images_per_s"] = ips

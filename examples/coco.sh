@@ -13,8 +13,8 @@
 #   train-xe      100 epochs x 113,287 training images, batch 50; the step runs at 1,300-1,700 images/s
 #                 (~80 s of compute per epoch), so ~1.5-3 min/epoch at 0.5-1 GB/s of feature reads
 #                 -> 2.5-5 h on one GPU, about 1/N of that with torchrun on N GPUs; checkpoints ~90 MB each
-#   finetune      R-DPP m=5, 30 epochs; the step runs at ~1,100 images/s (SCST ~900) -> ~2-3 min/epoch,
-#                 1-1.5 h per model
+#   finetune      --preset paper: 100 epochs of 113,287 images in batches of 128; the step ran at ~1,100
+#                 images/s for R-DPP m=5 (SCST ~900) at batch 50 -> ~2-3 min/epoch, 3.5-5 h per model
 #   sample        5,000 test images x 20 captions; about a minute
 #   score         oracle + self-CIDEr over 100,000 captions; METEOR dominates, ~5-10 min on CPU
 set -euo pipefail
@@ -35,11 +35,12 @@ rdpp prepro coco --karpathy-json "$COCO/dataset_coco.json" --images-root "$COCO"
 # 2. Cross-entropy (paper: Adam 4e-4; validation greedy CIDEr-D each epoch, best.pt kept).
 launch train-xe --preset paper --epochs 100 --batch-size 50 --lr 4e-4 --device cuda
 
-# 3. RL fine-tuning from the XE model: R-DPP with M=5 (and the baselines for the tables).
-launch finetune --reward dpp --m 5 --lr 5e-5 --epochs 30 --device cuda
+# 3. RL fine-tuning from the XE model with the authors' settings (--preset paper: 100 epochs, batch
+#    128, Adam 5e-4 x0.8 every 15 epochs; docs/rewards.md): R-DPP with M=5, and the baselines.
+launch finetune --preset paper --reward dpp --m 5 --device cuda
 XE=$(ls -d "$RDPP_WORKSPACE"/xe/*/ | tail -n 1)
-launch finetune "$XE" --reward scst --lr 5e-5 --epochs 30 --device cuda
-for m in 2 3 7; do launch finetune "$XE" --reward dpp --m "$m" --lr 5e-5 --epochs 30 --device cuda; done
+launch finetune "$XE" --preset paper --reward scst --device cuda
+for m in 2 3 7; do launch finetune "$XE" --preset paper --reward dpp --m "$m" --device cuda; done
 
 # 4. Sample 20 captions per test image (the paper's Table 1 setting) and score them.
 for model in "$RDPP_WORKSPACE"/finetune/*/; do

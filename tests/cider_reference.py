@@ -40,13 +40,13 @@ def corpus_df(refsets: list[list[str]]) -> tuple[dict, float]:
 
 
 def df_from_h5(path: Path, words: list[str]) -> tuple[dict, float]:
-    """``cider_df.h5`` read with h5py, its ids mapped to ``words`` (id i+1 = words[i]; ids outside
-    the vocabulary become tokens no caption holds)."""
+    """``cider_df.h5`` read with h5py, its ids mapped to ``words`` (id i+1 = words[i]); the training
+    reward's end token, id ``len(words) + 1``, becomes ``"<eos>"`` (a token no evaluated caption holds)."""
     with h5py.File(path, "r") as f:
         grams, df, num_docs = f["ngrams"][...], f["df"][...], int(f.attrs["num_docs"])
 
     def word(i: int) -> str:
-        return words[i - 1] if 1 <= i <= len(words) else f"<id {i}>"
+        return words[i - 1] if 1 <= i <= len(words) else "<eos>" if i == len(words) + 1 else f"<id {i}>"
 
     return {tuple(word(int(t)) for t in g if t): float(v) for g, v in zip(grams, df)}, math.log(num_docs)
 

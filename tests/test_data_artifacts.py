@@ -39,7 +39,7 @@ def test_manifest_round_trip(toy):
     art = read_artifact(toy, "rdpp.data")
     on_disk = json.loads((toy / "manifest.json").read_text())
     assert art.manifest == on_disk
-    assert on_disk["kind"] == "rdpp.data" and on_disk["schema"] == 1 and on_disk["inputs"] == []
+    assert on_disk["kind"] == "rdpp.data" and on_disk["schema"] == 2 and on_disk["inputs"] == []
     assert on_disk["config"]["images"] == 20 and on_disk["config"]["source"] == "toy"
     files = on_disk["files"]
     for name in ("vocab.json", "captions.h5", "features.h5", "cider_df.h5", "source/dataset_toy.json",
@@ -90,9 +90,9 @@ def test_wrong_kind(toy, copy):
 
 def test_newer_schema(copy):
     m = json.loads((copy / "manifest.json").read_text())
-    m["schema"] = 2
+    m["schema"] = 3
     (copy / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(RdppError, match=r"manifest\.json has schema 2, newer than this rdpp .* upgrade rdpp"):
+    with pytest.raises(RdppError, match=r"manifest\.json has schema 3, newer than this rdpp .* \(schema 2\); upgrade rdpp"):
         read_artifact(copy, "rdpp.data")
 
 

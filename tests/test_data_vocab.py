@@ -97,17 +97,23 @@ def test_captions_h5_matches_hand_encoding(tmp_path):
 
 
 def test_cider_df_hand_counts(tmp_path):
-    """Training images 11 and 22 (restval), encoded refs: 11 -> [1,2,5] [1,2] [5,3]; 22 -> [1,3,4,5]
-    (clipped) [1,2,4]. Each n-gram counted once per image."""
+    """Training images 11 and 22 (restval); the df counts each reference's ids *unclipped* plus the
+    end token (id 6 = V + 1), as self-critical.pytorch's prepro_ngrams.py: 11 -> [1,2,5,6] [1,2,6]
+    [5,3,6]; 22 -> [1,3,4,5,5,5,5,6] ("a dog ran fast and far away", not clipped to 4) [1,2,4,6].
+    Each n-gram counted once per image."""
     art = run_fixture(tmp_path)
     expected = {
-        (1,): 2, (2,): 2, (3,): 2, (4,): 1, (5,): 2,
-        (1, 2): 2, (2, 5): 1, (5, 3): 1, (1, 3): 1, (3, 4): 1, (4, 5): 1, (2, 4): 1,
-        (1, 2, 5): 1, (1, 3, 4): 1, (3, 4, 5): 1, (1, 2, 4): 1,
-        (1, 3, 4, 5): 1,
+        (1,): 2, (2,): 2, (3,): 2, (4,): 1, (5,): 2, (6,): 2,
+        (1, 2): 2, (2, 5): 1, (5, 6): 2, (2, 6): 1, (5, 3): 1, (3, 6): 1, (1, 3): 1, (3, 4): 1, (4, 5): 1,
+        (5, 5): 1, (2, 4): 1, (4, 6): 1,
+        (1, 2, 5): 1, (2, 5, 6): 1, (1, 2, 6): 1, (5, 3, 6): 1, (1, 3, 4): 1, (3, 4, 5): 1, (4, 5, 5): 1,
+        (5, 5, 5): 1, (5, 5, 6): 1, (1, 2, 4): 1, (2, 4, 6): 1,
+        (1, 2, 5, 6): 1, (1, 3, 4, 5): 1, (3, 4, 5, 5): 1, (4, 5, 5, 5): 1, (5, 5, 5, 5): 1, (5, 5, 5, 6): 1,
+        (1, 2, 4, 6): 1,
     }
     with h5py.File(art.path / "cider_df.h5", "r") as f:
-        assert f["ngrams"].dtype == np.int32 and f["ngrams"].shape == (17, 4)
+        assert f["ngrams"].dtype == np.int32 and f["ngrams"].shape == (36, 4)
+        assert int(f.attrs["eos_id"]) == 6
         assert f["df"].dtype == np.float64
         assert int(f.attrs["num_docs"]) == 2
         got = {tuple(int(x) for x in g if x): float(d) for g, d in zip(f["ngrams"][:], f["df"][:])}

@@ -79,12 +79,14 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
         f.attrs["backbone"] = "synthetic"
         f.attrs["att_size"] = grid
         f.attrs["dtype"] = "float16"
+    # the training reward's df, counted as self-critical.pytorch's prepro_ngrams.py does: every
+    # reference's word ids, not clipped, plus the end token (id V + 1), each n-gram once per image
     df: Counter = Counter()
-    labels_a = np.stack(labels)
+    eos = len(words) + 1
     for i in range(n_train):
         grams = set()
-        for row in labels_a[starts[i]:ends[i]]:
-            toks = [int(t) for t in row if t]
+        for sent in raw[starts[i]:ends[i]]:
+            toks = [wid[w] for w in sent.split()] + [eos]
             for k in range(1, 5):
                 grams.update(tuple(toks[j:j + k]) for j in range(len(toks) - k + 1))
         df.update(grams)

@@ -48,8 +48,10 @@ def test_sample_with_no_paths_writes_samples_of_the_test_split(ws):
     root, data, model = ws
     r = _run(["sample", "--n", "4", "--method", "random", "--workspace", str(root), "--device", "cpu"])
     assert r.exit_code == 0, r.output
-    art = read_artifact(root / "samples" / "random-n4-v1", "rdpp.samples")
-    assert [i["path"] for i in art.inputs] == [str(model.path.resolve()), str(data.path.resolve())]
+    # named after the model that made them; inputs recorded relative to the workspace, with their hashes
+    art = read_artifact(root / "samples" / f"{model.name}.random-n4-v1", "rdpp.samples")
+    assert [i["path"] for i in art.inputs] == [f"xe/{model.name}", f"data/{data.name}"]
+    assert [i["manifest_sha256"] for i in art.inputs] == [model.manifest_sha256, data.manifest_sha256]
     recs = json.loads((art.path / "samples.json").read_text())
     ds = DataArtifact(data)
     assert [r_["image_id"] for r_ in recs] == [int(ds.image_ids[i]) for i in ds.split_indices("test")]
@@ -118,7 +120,7 @@ def test_model_trained_on_other_data_is_refused(ws, tmp_path):
     root, data, model = ws
     other_data = prepro_toy(workspace=tmp_path, images=60, seed=4)
     r = _run(["sample", str(model.path), "--data", str(other_data.path), "--workspace", str(root)])
-    assert r.exit_code == 2 and "not on data artifact" in r.output, r.output
+    assert r.exit_code == 2 and f"was made from data artifact data/{data.name}, not from" in r.output, r.output
 
 
 def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_path):

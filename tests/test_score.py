@@ -181,7 +181,7 @@ def test_workspace_defaults_score_the_newest_samples_against_their_data(ws):
     # a second run writes a new version, never overwriting the first
     r2 = rdpp("score", "--metrics", "CIDEr", "--workspace", ws)
     assert r2.exit_code == 0, r2.output
-    assert (ws / "scores" / "random-n3-v2" / "manifest.json").is_file()
+    assert (ws / "scores" / "random-n3-v1-v2" / "manifest.json").is_file()  # the 2nd scores of random-n3-v1
 
 
 def test_oracle_of_n_copies_equals_that_captions_score(ws, tmp_path):

@@ -150,17 +150,22 @@ def test_model_artifact_contents(data_dir, tmp_path):
     sums = greedy_cider(model, d, d.split_indices("val")[:4])
     assert sums["_n"] == 4 and sums["val_cider"] / 4 == pytest.approx(ck["val_cider"], abs=1e-9)
     # the trivial baseline: the most frequent training caption (ties: smallest ids) for every val
-    # image, scored by pycocoevalcap with the df of cider_df.h5, all counted here independently
-    words = d.words
+    # image, scored by pycocoevalcap with the df of cider_df.h5, all counted here independently;
+    # the training reward's CIDEr-D counts the end token of every caption shorter than the label width
+    words, L = d.words, d.seq_length
     train_rows = [r for i in d.split_indices("train") for r in range(d.label_start[i], d.label_end[i])]
     with h5py.File(data_dir / "captions.h5", "r") as f:
         labels = f["labels"][...]
+
+    def text(row) -> str:
+        ws = [words[t - 1] for t in row if t]
+        return " ".join(ws + (["<eos>"] if len(ws) < L else []))
+
     counts = Counter(tuple(labels[r]) for r in train_rows)
     top = min(counts, key=lambda row: (-counts[row], row))
-    hyp = " ".join(words[t - 1] for t in top if t)
-    assert counts[top] == 2 and hyp == "a blue circle"  # this data's 16 training images repeat 4 captions
-    refs = [[" ".join(words[t - 1] for t in labels[r] if t) for r in range(d.label_start[i], d.label_end[i])]
-            for i in d.split_indices("val")[:4]]
+    hyp = text(top)
+    assert counts[top] == 2 and hyp == "a blue circle <eos>"  # this data's 16 training images repeat 4 captions
+    refs = [[text(labels[r]) for r in range(d.label_start[i], d.label_end[i])] for i in d.split_indices("val")[:4]]
     df, ref_len = cider_reference.df_from_h5(data_dir / "cider_df.h5", words)
     want = cider_reference.cider_d([(hyp, rs) for rs in refs], df, ref_len).mean()
     assert man["summary"]["baseline_cider"] == pytest.approx(want, abs=1e-9) and want > 0.1

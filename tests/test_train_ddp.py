@@ -37,7 +37,8 @@ def test_two_process_gloo_run_writes_one_artifact(tmp_path):
     assert sorted(p.name for p in (ws / "xe").iterdir()) == ["att2in-small-v1"]
     art = arts[0]
     assert art.manifest["config"]["processes"] == 2
-    assert Path(art.inputs[0]["path"]) == data.resolve()
+    assert art.inputs[0]["path"] == "data/tiny-v1"  # relative to the workspace
+    assert not (art.path / ".rdpp-lock").exists()  # rank 0 held the folder and let it go
     m = pd.read_csv(art.path / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m["step"]) == [3, 6]  # 16 images / 6 per step: 3 steps
     state = torch.load(art.path / "checkpoints" / "last_state.pt", weights_only=True)

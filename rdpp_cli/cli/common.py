@@ -110,11 +110,23 @@ def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
     return params
 
 
+def parent_option(opts: dict, positional: str, what: str) -> str | None:
+    """Pop the parent artifact a command continues from: its positional argument or ``--from``
+    (``opts["from_"]``), which mean the same thing (docs/workspace.md); RdppError when they differ."""
+    chosen, alias = opts.pop(positional), opts.pop("from_")
+    if chosen and alias and chosen != alias:
+        raise RdppError(f"{positional.upper()} {chosen} and --from {alias} name different {what}; give one of them")
+    return chosen or alias
+
+
 def stage(fn):
     """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from rdpp_cli.artifacts.lock import held, release_all
+
+        before = held()
         try:
             return fn(*args, **kwargs)
         except RdppError as e:
@@ -123,5 +135,7 @@ def stage(fn):
         except KeyboardInterrupt:
             err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
             raise typer.Exit(130) from None
+        finally:
+            release_all(keep=before)  # a failed stage leaves its folder unfinished but unlocked
 
     return wrapper

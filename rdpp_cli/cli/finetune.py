@@ -7,10 +7,9 @@ from typing import Optional
 
 import typer
 
-from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt,
-                                 LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
-                                 WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
-from rdpp_cli.errors import RdppError
+from rdpp_cli.cli.common import (ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt, ResumeOpt,
+                                 SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt, WorkersOpt, WorkspaceOpt,
+                                 resolve_options, stage)
 
 
 @stage
@@ -28,13 +27,22 @@ def command(
     baseline: str = typer.Option(
         "none", "--baseline", help="R-DPP only: none (as the published code) or mean (w minus its mean over the m samples)."),
     lam: float = typer.Option(5.0, "--lam", help="xe-cider: weight of the SCST loss added to the XE loss."),
-    epochs: int = typer.Option(6, "--epochs", help="Passes over the training images."),
-    batch_size: int = BatchSizeOpt,
-    lr: float = typer.Option(1e-4, "--lr", help="Adam learning rate (tuned on the bundled set; the paper used 4e-4 for 100 COCO epochs)."),
+    preset: str = typer.Option(
+        "toy", "--preset", help="Defaults of --epochs, --batch-size, --lr, --lr-decay-every, --lr-decay-rate: toy "
+        "(6, 50, 1e-4, 0, 0.8; tuned on the bundled set) or paper (100, 128, 5e-4, 15, 0.8; the authors' COCO run). "
+        "Options given explicitly win."),
+    sample_mode: str = typer.Option(
+        "train", "--sample-mode", help="train: sample with dropout on and replay the same dropout in the loss "
+        "(on-policy, as the published code); eval: sample without dropout (off-policy, rdpp < 0.2)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Passes over the training images (default: the preset's)."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Images per optimizer step, all processes together (default: the preset's)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Adam learning rate (default: the preset's)."),
     grad_clip: float = GradClipOpt,
     grad_clip_mode: str = GradClipModeOpt,
-    lr_decay_every: int = lr_decay_every_opt(0),
-    lr_decay_rate: float = LrDecayRateOpt,
+    lr_decay_every: Optional[int] = typer.Option(
+        None, "--lr-decay-every", help="Multiply the LR by --lr-decay-rate every k epochs, 0 = never (default: the preset's)."),
+    lr_decay_rate: Optional[float] = typer.Option(None, "--lr-decay-rate", help="LR decay factor (default: the preset's)."),
     val_images: Optional[int] = ValImagesOpt,
     val_batch_size: int = ValBatchSizeOpt,
     save_every_steps: int = SaveEveryStepsOpt,
@@ -51,9 +59,12 @@ def command(
 ) -> None:
     """Fine-tune an XE model with RL: R-DPP (diverse and accurate), SCST, or XE + lam x CIDEr.
 
-    Each step samples --m captions per image, scores them with CIDEr-D (training df) and, for
+    Each step samples --m captions per image from the policy (dropout on, replayed in the loss),
+    scores them with CIDEr-D (training df, the end token counted, as the published code) and, for
     R-DPP, with pairwise CIDEr-D among them, and follows the policy gradient. Validates each epoch
     (greedy CIDEr-D, and mean CIDEr-D / self-CIDEr of 5 samples per val image).
+
+    --preset paper gives the authors' COCO settings (docs/rewards.md).
 
     Rerunning the same command continues an interrupted run.
 
@@ -61,10 +72,8 @@ def command(
 
     Example: rdpp finetune --reward dpp --m 5
     """
+    from rdpp_cli.cli.common import parent_option
     from rdpp_cli.training.finetune import finetune
 
     opts = resolve_options(ctx, "finetune")
-    chosen, alias = opts.pop("model"), opts.pop("from_")
-    if chosen and alias and chosen != alias:
-        raise RdppError(f"MODEL {chosen} and --from {alias} name different models; give one of them")
-    finetune(chosen or alias, **opts)
+    finetune(parent_option(opts, "model", "models"), **opts)

@@ -23,7 +23,7 @@ def command(
 ) -> None:
     """Plot scores artifacts on the diversity-accuracy plane (the paper's Fig. 1) with the human point.
 
-    Example: rdpp plot runs/scores/random-n20-v1 runs/scores/dpp-v1 --labels XE,R-DPP
+    Example: rdpp plot runs/scores/att2in-small-v1.random-n20-v1 runs/scores/dpp-m5-v1.random-n20-v1 --labels XE,R-DPP
     """
     from rdpp_cli.scoring.plot import plot
 

@@ -41,11 +41,7 @@ def command(
     """
     from rdpp_cli.decoding.sample import sample
 
-    opts = resolve_options(ctx, "sample")
-    if opts["model"] is not None and opts["from_"] is not None:
-        from rdpp_cli.errors import RdppError
+    from rdpp_cli.cli.common import parent_option
 
-        raise RdppError("give the model either as MODEL or with --from, not both")
-    model = opts.pop("model") or opts.pop("from_")
-    opts.pop("from_", None)
-    sample(model, **opts)
+    opts = resolve_options(ctx, "sample")
+    sample(parent_option(opts, "model", "models"), **opts)

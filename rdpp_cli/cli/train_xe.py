@@ -16,7 +16,8 @@ from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, G
 def command(
     ctx: typer.Context,
     data: Optional[str] = typer.Option(
-        None, "--data", "--from", help="Data artifact folder, or its name in the workspace (default: the newest)."),
+        None, "--data", "--from", help="Data artifact folder, or its name in the workspace (default: the newest). "
+                                       "--from is the same option: a run's parent is its data (docs/workspace.md)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Folder to write (default: a new version <workspace>/xe/att2in-<preset>-v<k>)."),
     preset: str = typer.Option("paper", "--preset", help="Model size: paper (512, dropout 0.5) or small (CPU)."),

@@ -21,6 +21,15 @@ from rdpp_cli.errors import RdppError
 SPLITS = ("train", "val", "test")
 
 
+def _first_difference(features: np.ndarray | None, captions: np.ndarray) -> str:
+    if features is None:
+        return "features.h5 has no image_ids"
+    if len(features) != len(captions):
+        return f"{len(features)} feature rows, {len(captions)} captioned images"
+    i = int(np.flatnonzero(features != captions)[0])
+    return f"row {i}: image {int(features[i])} in features.h5, {int(captions[i])} in captions.h5"
+
+
 class DataArtifact:
     """A data artifact opened for reading (see docs/architecture.md for the files)."""
 
@@ -42,6 +51,11 @@ class DataArtifact:
             self.fc_dim = int(f["fc"].shape[1])
             self.att_regions, self.att_dim = int(f["att"].shape[1]), int(f["att"].shape[2])
             self.has_att_len = "att_len" in f
+            feature_ids = f["image_ids"][:].astype(np.int64) if "image_ids" in f else None
+        if feature_ids is None or not np.array_equal(feature_ids, self.image_ids):
+            raise RdppError(f"{self.path}: features.h5 and captions.h5 do not hold the same images in the same order "
+                            f"({_first_difference(feature_ids, self.image_ids)}); the artifact is inconsistent: remake "
+                            "it with `rdpp prepro toy` or `rdpp prepro coco`")
         self._handles: dict[str, h5py.File] = {}
         self._pid = os.getpid()
 

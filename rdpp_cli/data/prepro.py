@@ -28,6 +28,7 @@ from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import DocFreq
+from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
 
 KIND = "rdpp.data"
 RUNTIME_ONLY = ("workers", "device")
@@ -124,10 +125,14 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     atomic_write_json(out_dir / "vocab.json", {"words": words})
     _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
                                                                           label_end, image_ids, recs, captions))
-    train_rows = [i for i, r in enumerate(recs) if r.split == "train"]
-    # n-grams of the encoded (UNK-mapped, clipped, 0-padded) references, once per training image
-    df = DocFreq.from_references([labels[label_start[i]:label_end[i]] for i in train_rows], words=words)
-    _write_h5_atomic(out_dir / "cider_df.h5", df.save_h5)
+    # the training reward's document frequencies, as self-critical.pytorch's prepro_ngrams.py counts
+    # them: each training reference's UNK-mapped tokens, not clipped, plus the end token; an n-gram
+    # once per image (docs/rewards.md)
+    unk = w2i[V.UNK]
+    train_refs = [[[w2i.get(t, unk) for t in c] for c in r.captions] for r in recs if r.split == "train"]
+    eos = eos_id(len(words))
+    df = doc_freq_with_eos(train_refs, eos, words=words)
+    _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: _save_df(df, tmp, eos))
 
     features_hash, feat_desc = _write_features(out_dir / "features.h5", plan, image_ids)
 
@@ -165,10 +170,10 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
 
 
 def _drop_strangers(out_dir: Path, keep: set[str]) -> None:
-    from rdpp_cli.artifacts.workspace import PARTIAL
+    from rdpp_cli.artifacts.workspace import RESERVED  # the partial marker and the run's lock
 
     for p in out_dir.iterdir():
-        if p.name in keep or p.name == PARTIAL:
+        if p.name in keep or p.name in RESERVED:
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
@@ -181,6 +186,12 @@ def _write_h5_atomic(path: Path, write) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _save_df(df: DocFreq, path: Path, eos: int) -> None:
+    df.save_h5(path)
+    with h5py.File(path, "a") as f:
+        f.attrs["eos_id"] = eos  # the end token's id: counted in every training reference
 
 
 def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:

@@ -91,15 +91,20 @@ class Decoded:
 
 @torch.no_grad()
 def decode(model, fc: Tensor | None, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
-           generator: torch.Generator | None = None) -> Decoded:
+           generator: torch.Generator | None = None, drop=None) -> Decoded:
     """Decode ``cfg.n`` captions for each of the B images of ``(fc, att)``.
 
-    The model's mode is left as it is (in train mode its dropout is active; RL sampling does that).
-    ``generator`` (on the model's device) makes sampling reproducible; dropout draws from torch's
-    global RNG.
+    The model's mode is left as it is (in train mode its dropout is active). ``generator`` (on the
+    model's device) makes sampling reproducible; fresh dropout draws from torch's global RNG.
+    ``drop`` (sampling methods only): pre-drawn dropout masks (``Att2in.draw_dropout``: the image's
+    att mask and one embedding/output mask per caption row and step) used instead of fresh dropout,
+    so that a teacher-forced pass with the same masks gives exactly the log-probs the captions were
+    drawn with -- what on-policy RL sampling needs (rdpp_cli.training.finetune).
     """
     cfg.check()
-    enc = model.encode(fc, att, att_mask)
+    if drop is not None and cfg.method not in ("random", "topk", "nucleus"):
+        raise ValueError(f"dropout masks are for sampling methods, not --method {cfg.method}")
+    enc = model.encode(fc, att, att_mask, drop.att) if drop is not None else model.encode(fc, att, att_mask)
     B = att.shape[0]
     if cfg.method in ("beam", "dbs"):
         groups = cfg.groups if cfg.method == "dbs" else 1
@@ -108,7 +113,7 @@ def decode(model, fc: Tensor | None, att: Tensor, cfg: DecodeConfig, att_mask: T
     if cfg.method == "greedy":  # every copy is the same caption: decode once, repeat
         out = _sample(model, enc, B, 1, cfg, generator)
         return _repeat(out, cfg.n)
-    return _sample(model, model.expand(enc, cfg.n), B, cfg.n, cfg, generator)
+    return _sample(model, model.expand(enc, cfg.n), B, cfg.n, cfg, generator, drop)
 
 
 def _device(model) -> torch.device:
@@ -178,7 +183,7 @@ def _choose(lp: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) ->
     return _draw(probs, generator)
 
 
-def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator) -> Decoded:
+def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None) -> Decoded:
     N = B * n
     device = _device(model)
     state = model.init_state(N)
@@ -187,7 +192,10 @@ def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator) -> Decoded
     tokens = torch.zeros(N, cfg.max_len, dtype=torch.long, device=device)
     logps = torch.zeros(N, cfg.max_len + 1, device=device)
     for t in range(cfg.max_len + 1):
-        lp, state = model.step(it, enc, state)
+        if drop is None:
+            lp, state = model.step(it, enc, state)
+        else:
+            lp, state = model.step(it, enc, state, (drop.embed[:, t], drop.out[:, t]))
         lp = lp.float()
         it = _choose(lp, cfg, generator) if t < cfg.max_len else torch.zeros_like(it)  # EOS forced at the end
         it = it.masked_fill(done, 0)

@@ -7,6 +7,9 @@
   more diverse. Vectorized; equal to pycocoevalcap's per-sentence numbers.
 * ``distinct_captions``: distinct caption strings per image; ``vocabulary_size``: distinct words
   over all captions; ``novel_fraction``: captions not among the training captions.
+* ``ending_share``: per image, the share of captions whose last word is one of a set —
+  ``BAD_ENDINGS`` (words that cannot end an English sentence: a caption cut mid-phrase, the failure
+  a training reward without the end token lets through) or the UNK token.
 * ``oracle``: per image the best (max) and the average (mean) of per-caption scores.
 
 Captions are strings split on whitespace (or token-id lists); callers normalise them first (the
@@ -117,6 +120,30 @@ def novel_fraction(captions: Sequence[Sequence[str]], training: Iterable[str]) -
     seen = {" ".join(t.split()) for t in training}
     flat = [" ".join(c.split()) for caps in captions for c in caps]
     return float(np.mean([c not in seen for c in flat])) if flat else float("nan")
+
+
+# Words that cannot end an English sentence: the articles, the prepositions captions use (those that
+# are also adverbs, e.g. "outside", "below", "up", are left out), the coordinating conjunctions,
+# and possessive determiners. A caption that ends in one stopped mid-phrase ("a man riding a",
+# "a plate of food on a table with").
+BAD_ENDINGS = frozenset(
+    "a an the "
+    "of in on at with by for to from into onto near under over above behind beside beneath through across along "
+    "around between against toward towards among upon via during "
+    "and or but nor "
+    "its their his my your our".split())
+
+
+def ending_share(captions: Sequence[Sequence[str]], words: Iterable[str] = BAD_ENDINGS) -> np.ndarray:
+    """Per image, the share of its non-empty captions whose last word is in ``words`` (NaN when it
+    has none). With ``BAD_ENDINGS``: the bad-ending rate; with ``{"unk"}``: captions ending in UNK."""
+    words = frozenset(words)
+    out = np.full(len(captions), np.nan)
+    for i, caps in enumerate(captions):
+        last = [c.split()[-1] for c in caps if c.split()]
+        if last:
+            out[i] = float(np.mean([w in words for w in last]))
+    return out
 
 
 def oracle(per_caption: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

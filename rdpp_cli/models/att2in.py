@@ -80,6 +80,26 @@ class Encoded(NamedTuple):
     per_image: int = 1  # LSTM rows per image (set by Att2in.expand)
 
 
+class DropoutMasks(NamedTuple):
+    """Dropout drawn in advance (kept entries hold 1/(1-p), dropped ones 0), so that two passes over
+    the same captions -- the sampling loop and the teacher-forced pass that carries the policy
+    gradient -- see the very same dropout: the log-probabilities in the loss are then exactly those
+    the captions were drawn from (on-policy). Made by :meth:`Att2in.draw_dropout`.
+
+    ``att`` (B, R, H): the embedded att features of each image (shared by its rows, as an image is
+    encoded once); ``embed`` (N, S, E) and ``out`` (N, S, H): the word embedding fed at step t and
+    the LSTM output at step t of each caption row, for S steps.
+    """
+
+    att: Tensor
+    embed: Tensor
+    out: Tensor
+
+    def rows(self, index: Tensor) -> "DropoutMasks":
+        """The masks of caption rows ``index`` (the att masks are per image and kept)."""
+        return self._replace(embed=self.embed[index], out=self.out[index])
+
+
 _CHUNK = 1 << 19  # elements of a (b, n, R, A) block: ~2 MB, stays in cache
 
 
@@ -157,9 +177,12 @@ class Att2in(nn.Module):
         self.dropout = nn.Dropout(c.drop_prob_lm)
 
     # -- images ------------------------------------------------------------------------------
-    def encode(self, fc: Tensor | None, att: Tensor, att_mask: Tensor | None = None) -> Encoded:
-        """Embed the att features and precompute the attention keys, once per image (fc is unused)."""
-        a = self.dropout(F.relu(self.att_embed(att)))
+    def encode(self, fc: Tensor | None, att: Tensor, att_mask: Tensor | None = None,
+               drop: Tensor | None = None) -> Encoded:
+        """Embed the att features and precompute the attention keys, once per image (fc is unused).
+        ``drop`` (B, R, H): a pre-drawn dropout mask (``DropoutMasks.att``) instead of fresh dropout."""
+        a = F.relu(self.att_embed(att))
+        a = a * drop if drop is not None else self.dropout(a)
         if att_mask is not None:
             att_mask = att_mask.to(a.dtype)
         return Encoded(a, 2.0 * self.ctx2att(a), att_mask, 1)  # keys doubled: see _att_scores
@@ -173,6 +196,22 @@ class Att2in(nn.Module):
         w = self.h2h.weight
         z = w.new_zeros(batch_size, self.config.rnn_size)
         return z, z.clone()
+
+    def draw_dropout(self, batch: int, rows: int, steps: int, regions: int,
+                     generator: torch.Generator | None = None) -> DropoutMasks:
+        """Dropout masks for ``batch`` images of ``regions`` att regions and ``rows`` caption rows of
+        ``steps`` steps, drawn from ``generator`` with this model's dropout probability."""
+        w = self.h2h.weight
+        keep = 1.0 - self.config.drop_prob_lm
+        c = self.config
+
+        def draw(*shape: int) -> Tensor:
+            if keep >= 1.0:
+                return w.new_ones(shape)
+            return w.new_empty(shape).bernoulli_(keep, generator=generator).div_(keep)
+
+        return DropoutMasks(draw(batch, regions, c.rnn_size), draw(rows, steps, c.input_encoding_size),
+                            draw(rows, steps, c.rnn_size))
 
     # -- one LSTM step -----------------------------------------------------------------------
     def _attend(self, h: Tensor, enc: Encoded, q: Tensor) -> Tensor:
@@ -213,21 +252,27 @@ class Att2in(nn.Module):
         return (torch.cat([self.h2h.weight, self.h2att.weight], 0),
                 torch.cat([self.h2h.bias, self.h2att.bias], 0))
 
-    def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Feed word ids ``it`` (N,) (0 = BOS); returns log-probs (N, V + 1) of the next word and the state."""
-        x = self.dropout(F.relu(self.embed(it)))
+    def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, Tensor],
+             drop: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Feed word ids ``it`` (N,) (0 = BOS); returns log-probs (N, V + 1) of the next word and the state.
+        ``drop``: this step's pre-drawn (embedding, output) dropout masks instead of fresh dropout."""
+        x = F.relu(self.embed(it))
+        x = x * drop[0] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
-        logprobs = F.log_softmax(self.logit(self.dropout(h)), dim=-1)
+        o = h * drop[1] if drop is not None else self.dropout(h)
+        logprobs = F.log_softmax(self.logit(o), dim=-1)
         return logprobs, (h, c)
 
     # -- teacher forcing -----------------------------------------------------------------------
-    def _hidden(self, fc: Tensor | None, att: Tensor, inputs: Tensor, att_mask: Tensor | None) -> Tensor:
+    def _hidden(self, fc: Tensor | None, att: Tensor, inputs: Tensor, att_mask: Tensor | None,
+                drop: DropoutMasks | None = None) -> Tensor:
         """LSTM outputs h (N, T, H) for input word ids (N, T) (inputs[:, 0] = 0 = BOS)."""
         B, N = att.shape[0], inputs.shape[0]
         if N % B:
             raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
-        enc = self.expand(self.encode(fc, att, att_mask), N // B)
-        x = self.dropout(F.relu(self.embed(inputs)))
+        enc = self.expand(self.encode(fc, att, att_mask, drop.att if drop is not None else None), N // B)
+        x = F.relu(self.embed(inputs))
+        x = x * drop.embed[:, :x.shape[1]] if drop is not None else self.dropout(x)
         x_proj = self.i2h(x)  # (N, T, 5H): the input half of every step in one matmul
         w_hq, b_hq = self._hq()
         state = self.init_state(N)
@@ -237,31 +282,36 @@ class Att2in(nn.Module):
             hs.append(state[0])
         return torch.stack(hs, 1)
 
-    def forward(self, fc: Tensor | None, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None) -> Tensor:
+    def forward(self, fc: Tensor | None, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                drop: DropoutMasks | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L).
 
         Input at t=0 is 0 (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at
-        t = L, the EOS. Each image is encoded once and shared by its n captions.
+        t = L, the EOS. Each image is encoded once and shared by its n captions. ``drop``: replay
+        pre-drawn dropout masks (e.g. those a sampling pass used) instead of drawing fresh ones.
         """
         seqs = seqs.reshape(-1, seqs.shape[-1])
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
-        h = self._hidden(fc, att, inputs, att_mask)
-        return F.log_softmax(self.logit(self.dropout(h)), dim=-1)  # once, over all steps
+        h = self._hidden(fc, att, inputs, att_mask, drop)
+        h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
+        return F.log_softmax(self.logit(h), dim=-1)  # once, over all steps
 
     def token_logprobs(self, fc: Tensor | None, att: Tensor, seqs: Tensor,
-                       att_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       att_mask: Tensor | None = None, drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(fc, att, seqs), seqs)``, computed faster: the LSTM stops after the
         longest caption's EOS and the output layer runs only on the tokens that count (those up to
         each caption's first EOS), with a fused log-softmax + gather. Returns (token_logp, mask),
-        both (N, L+1); use it for the XE loss and for policy-gradient log-probs.
+        both (N, L+1); use it for the XE loss and for policy-gradient log-probs (``drop``: replay
+        the dropout masks the captions were sampled with).
         """
         seqs = seqs.reshape(-1, seqs.shape[-1])
         target, mask = _targets(seqs)
         T = max(int(mask.sum(1).max()), 1)  # steps needed
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs[:, :T - 1]], 1)
-        h = self._hidden(fc, att, inputs, att_mask)  # (N, T, H)
+        h = self._hidden(fc, att, inputs, att_mask, drop)  # (N, T, H)
         keep = mask[:, :T]
-        logits = self.logit(self.dropout(h[keep]))  # (tokens, V+1)
+        h = h[keep] * drop.out[:, :T][keep] if drop is not None else self.dropout(h[keep])
+        logits = self.logit(h)  # (tokens, V+1)
         tok = -F.cross_entropy(logits, target[:, :T][keep].long(), reduction="none")
         out = logits.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)

@@ -103,6 +103,16 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def any_true(flag: bool) -> bool:
+    """Whether ``flag`` is true on any process (one tiny all-reduce; no-op with one process)."""
+    rt = runtime()
+    if not rt.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=rt.device if rt.device.type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def on_main(fn: Callable[[], T]) -> T:
     """Run ``fn`` on rank 0 only and give its result to every rank; an RdppError it raises is
     raised on every rank (so no rank waits forever for a failed one)."""

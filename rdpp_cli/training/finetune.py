@@ -1,17 +1,21 @@
 """`rdpp finetune`: RL fine-tuning of an XE model with R-DPP, SCST, mean-baseline SCST or XE+λCIDEr.
 
-Every step, for the B images of a batch:
+Every step, for the B images of a batch (the objective of the published R-DPP code and
+self-critical.pytorch; docs/rewards.md):
 
-1. sample M captions per image with the batched decoder (``method="random"``, temperature 1, the
-   model in eval mode: the policy ``rdpp sample`` will draw from), seeded by (seed, epoch, batch,
-   rank) so a resumed run draws the same captions;
-2. score them in one vectorised call each: ``q`` (B, M) = CIDEr-D against the image's encoded
-   references, and (R-DPP) ``S`` (B, M, M) = pairwise CIDEr-D among the M samples — both with the
-   fixed training document frequencies of ``cider_df.h5``;
+1. sample M captions per image from the policy with the batched decoder (``method="random"``,
+   temperature 1) with dropout on, its masks drawn in advance from a generator seeded by (seed,
+   epoch, batch, rank), so a resumed run draws the same captions (``RewardStep.sample``);
+2. score them in one vectorised call each with the training reward's CIDEr-D
+   (``rdpp_cli.metrics.train_cider``: the fixed document frequencies of ``cider_df.h5``, the end
+   token of every caption that ended counted): ``q`` (B, M) against the image's references and,
+   for R-DPP, the kernel ``S`` (B, M, M), ``S_ij`` = caption j scored against caption i (i <= j);
 3. turn them into per-sample weights (``rdpp_cli.training.rewards``): R-DPP weights, the SCST
-   advantage over the greedy caption, or the leave-one-out mean baseline;
-4. recompute the samples' log-probs with one teacher-forced ``model.forward`` in train mode and
-   minimise the policy-gradient loss ``-Σ w · log p`` per sampled token (EOS included).
+   advantage over the greedy caption (decoded in eval mode), or the leave-one-out mean baseline;
+4. compute the samples' log-probs with one teacher-forced pass that replays the sampling pass's
+   dropout masks -- exactly the log-probs the captions were drawn with (on-policy) -- and minimise
+   ``-Σ w · log p`` over the sampled tokens (the EOS a caption sampled counts; the EOS forced after a
+   caption of ``max_len`` words does not).
 
 Epochs, validation (greedy CIDEr-D), checkpoints, exact resume, metrics.csv, DDP and progress are
 the shared loop of ``rdpp_cli.training.loop``, as in ``rdpp train-xe``. Each epoch also samples
@@ -29,22 +33,24 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, resolve_input
-from rdpp_cli.artifacts.training_data import resolve_data_for
+from rdpp_cli.artifacts import Artifact, ref_name, resolve_input
+from rdpp_cli.artifacts.lineage import resolve_data_for  # noqa: F401  (re-exported)
+from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
-from rdpp_cli.metrics.cider import CiderD, DocFreq
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
-from rdpp_cli.models.att2in import sequence_logprobs
+from rdpp_cli.metrics.train_cider import TrainCider
+from rdpp_cli.models.att2in import DropoutMasks
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loop import TrainConfig, claim_output, run_training, unwrap, validation_images
+from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
     dpp_weights,
     mean_baseline_advantage,
     pg_loss,
+    sampled_mask,
     scst_advantage,
     subtract_mean,
 )
@@ -52,6 +58,18 @@ from rdpp_cli.training.state import seed_everything
 
 REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
 BASELINES = ("none", "mean")
+SAMPLE_MODES = ("train", "eval")
+# What the training reward is, recorded in the manifest: CIDEr-D with the training df counted over
+# tokens + EOS, the EOS of every caption that ended counted, the published kernel direction.
+TRAIN_REWARD = "cider-d+eos"
+# Defaults of the optimisation settings (docs/rewards.md says where each value comes from).
+PRESETS: dict[str, dict[str, Any]] = {
+    # tuned on the bundled synthetic set (docs/experiments.md): 6 epochs from `train-xe --preset small`
+    "toy": {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8},
+    # the authors' COCO run: train_dpp.sh (lr 5e-4, batch 128, decay x0.8 every 15 epochs from the
+    # start) and the paper's 100 fine-tuning epochs (Sec. 4)
+    "paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8},
+}
 VAL_SAMPLES = 5  # random samples per validation image for the per-epoch accuracy/diversity columns
 
 
@@ -59,9 +77,10 @@ VAL_SAMPLES = 5  # random samples per validation image for the per-epoch accurac
 # one step
 # ----------------------------------------------------------------------------------------------
 
-def sample_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
-    """The sampling generator's seed for one step of one process: a pure function of the position."""
-    return int(np.random.SeedSequence([seed, epoch, batch, rank]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def sample_seed(seed: int, epoch: int, batch: int, rank: int, *stream: int) -> int:
+    """The sampling generator's seed for one step of one process: a pure function of the position
+    (``stream`` tells apart further generators of the same step)."""
+    return int(np.random.SeedSequence([seed, epoch, batch, rank, *stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def _pad_to(x: Tensor, T: int) -> Tensor:
@@ -69,11 +88,22 @@ def _pad_to(x: Tensor, T: int) -> Tensor:
 
 
 @dataclass
+class Draw:
+    """One step's captions: what the policy sampled and what SCST compares them with."""
+
+    samples: Tensor  # (B, M, T) sampled word ids, 0-padded
+    lengths: Tensor  # (B, M) words of each sample (EOS excluded)
+    logprobs: Tensor  # (B, M, T + 1) the log-probability each token was drawn with (0 past the caption)
+    drop: DropoutMasks | None  # the dropout masks they were drawn with (sample_mode "train")
+    greedy: np.ndarray | None = None  # (B, T') greedy captions, eval mode (scst, xe-cider)
+
+
+@dataclass
 class RewardStep:
     """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``."""
 
     data: DataArtifact | None  # references of the batch's images (None: pass refs to ``weights`` yourself)
-    cider: CiderD
+    cider: TrainCider
     reward: str = "dpp"
     m: int = 5
     baseline: str = "none"
@@ -81,26 +111,61 @@ class RewardStep:
     max_len: int = 16
     seed: int = 123
     rank: int = 0
+    sample_mode: str = "train"
     log_self_cider: bool = True
 
-    def sample(self, model: nn.Module, batch: Batch, method: str, n: int) -> Tensor:
-        """Captions (B, n, T) decoded without gradient in eval mode; the model's mode is restored."""
+    def _generator(self, batch: Batch) -> torch.Generator:
+        gen = torch.Generator(device=batch.att.device)
+        gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank))
+        return gen
+
+    def sample(self, model: nn.Module, batch: Batch) -> Draw:
+        """M captions per image drawn from the policy (no gradient).
+
+        ``sample_mode="train"`` (default, on-policy, as the published code): dropout is on while
+        sampling, with masks drawn in advance from the step's generator; ``loss`` replays the very
+        same masks, so the log-probabilities that carry the gradient are those the captions were
+        drawn with. ``"eval"``: sampled without dropout and scored with fresh dropout in ``loss``
+        (off-policy; rdpp's behaviour before 0.2, kept as an option).
+        """
+        gen = self._generator(batch)
+        cfg = DecodeConfig(method="random", n=self.m, max_len=self.max_len)
+        was = model.training
+        drop = None
+        try:
+            if self.sample_mode == "train":
+                B, R = batch.att.shape[:2]
+                drop = model.draw_dropout(B, B * self.m, self.max_len + 1, R, generator=gen)
+                model.train()
+            else:
+                model.eval()
+            dec = decode(model, batch.fc, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
+        finally:
+            model.train(was)
+        return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
+
+    def greedy(self, model: nn.Module, batch: Batch) -> np.ndarray:
+        """The greedy captions (B, T) of SCST's baseline, decoded in eval mode (self-critical.pytorch)."""
         was = model.training
         model.eval()
         try:
-            gen = None
-            if method == "random":
-                gen = torch.Generator(device=batch.att.device)
-                gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank))
-            dec = decode(model, batch.fc, batch.att, DecodeConfig(method=method, n=n, max_len=self.max_len),
-                         att_mask=batch.att_mask, generator=gen)
+            dec = decode(model, batch.fc, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
+                         att_mask=batch.att_mask)
         finally:
             model.train(was)
-        return dec.tokens
+        return dec.tokens[:, 0].cpu().numpy()
+
+    def draw(self, model: nn.Module, batch: Batch) -> Draw:
+        """The step's M samples and, for SCST / XE+λCIDEr, the greedy captions."""
+        d = self.sample(model, batch)
+        if self.reward in ("scst", "xe-cider"):
+            d.greedy = self.greedy(model, batch)
+        return d
 
     def weights(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
                 ) -> tuple[Tensor, dict[str, float]]:
-        """Per-sample weights (B, M) float32 and the numbers to log, from the captions alone."""
+        """Per-sample weights (B, M) float32 and the numbers to log, from the captions alone
+        (training CIDEr-D with the end token, ``TrainCider``)."""
         B, M, T = samples.shape
         want_kernel = self.reward == "dpp" or (self.log_self_cider and M > 1)
         K = None
@@ -136,39 +201,56 @@ class RewardStep:
             logs["self_cider"] = float(self_cider_from_kernel(K).mean())
         return w.to(torch.float32), logs
 
-    def draw(self, model: nn.Module, batch: Batch) -> tuple[Tensor, np.ndarray | None]:
-        """The step's M random samples (B, M, T) and, for SCST / XE+λCIDEr, the greedy captions (B, T')."""
-        samples = self.sample(model, batch, "random", self.m)
-        greedy = None
-        if self.reward in ("scst", "xe-cider"):
-            greedy = self.sample(model, batch, "greedy", 1)[:, 0].cpu().numpy()
-        return samples, greedy
+    def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
+        """Teacher-forced log-probs (B*M, T+1) of the sampled tokens and the mask of those the policy
+        drew (the EOS forced after a caption of ``max_len`` words is not among them)."""
+        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, d.samples,
+                                att_mask=batch.att_mask, drop=d.drop)
+        return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
-    def loss(self, net: nn.Module, batch: Batch, samples: Tensor, w: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, float]]:
         """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
-        B, M = samples.shape[:2]
+        B, M = d.samples.shape[:2]
         w = w.reshape(-1).to(batch.att.device)
         if self.reward != "xe-cider":
-            logprobs = net(batch.fc, batch.att, samples, att_mask=batch.att_mask)
-            token_logp, mask = sequence_logprobs(logprobs, samples)
+            token_logp, mask = self.policy_logprobs(net, batch, d)
             loss = pg_loss(token_logp, mask, w, groups=M if self.reward == "dpp" else 1)
             return loss, {"pg_loss": float(loss.detach())}
         # XE + λ·SCST in one pass over the references and the samples of each image
         labels = batch.labels
         k = labels.shape[1]
-        T = max(labels.shape[-1], samples.shape[-1])
-        seqs = torch.cat([_pad_to(labels, T), _pad_to(samples, T)], dim=1)  # (B, k + M, T)
-        logprobs = net(batch.fc, batch.att, seqs, att_mask=batch.att_mask).view(B, k + M, T + 1, -1)
-        xe_logp, xe_mask = sequence_logprobs(logprobs[:, :k].reshape(B * k, T + 1, -1), seqs[:, :k])
-        s_logp, s_mask = sequence_logprobs(logprobs[:, k:].reshape(B * M, T + 1, -1), seqs[:, k:])
+        T = max(labels.shape[-1], d.samples.shape[-1])
+        seqs = torch.cat([_pad_to(labels, T), _pad_to(d.samples, T)], dim=1)  # (B, k + M, T)
+        drop = self._with_reference_rows(net, batch, d, k)
+        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, seqs, att_mask=batch.att_mask,
+                                drop=drop)
+        token_logp, mask = token_logp.view(B, k + M, -1), mask.view(B, k + M, -1)
+        xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
+        s_logp = token_logp[:, k:].reshape(B * M, -1)
+        s_mask = sampled_mask(mask[:, k:].reshape(B * M, -1), d.lengths.reshape(-1), self.max_len)
         xe = -xe_logp.sum() / xe_mask.sum()
         sc = pg_loss(s_logp, s_mask, w, groups=1)
         return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
 
+    def _with_reference_rows(self, net: nn.Module, batch: Batch, d: Draw, k: int) -> DropoutMasks | None:
+        """xe-cider's masks for rows (image b: k references, then its M samples): fresh masks for the
+        references (their own generator position), the sampling masks replayed for the samples."""
+        if d.drop is None:
+            return None
+        B, M = d.samples.shape[:2]
+        gen = torch.Generator(device=batch.att.device)
+        gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank, 1))
+        fresh = unwrap(net).draw_dropout(B, B * k, d.drop.embed.shape[1], batch.att.shape[1], generator=gen)
+
+        def rows(refs: Tensor, samples: Tensor) -> Tensor:
+            return torch.cat([refs.view(B, k, *refs.shape[1:]), samples.view(B, M, *samples.shape[1:])], 1).flatten(0, 1)
+
+        return d.drop._replace(embed=rows(fresh.embed, d.drop.embed), out=rows(fresh.out, d.drop.out))
+
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
-        samples, greedy = self.draw(unwrap(net), batch)
-        w, logs = self.weights(samples.cpu().numpy(), greedy, self.data.references_ids(batch.index))
-        loss, more = self.loss(net, batch, samples, w)
+        d = self.draw(unwrap(net), batch)
+        w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
+        loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
     def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray]:
@@ -213,8 +295,8 @@ def check_options(reward: str, m: int, baseline: str, lam: float) -> None:
     if reward == "scst-mean" and m < 2:
         raise RdppError(f"--m {m} with --reward scst-mean: the mean baseline averages the other samples "
                         "of the image; use --m 2 or more")
-    if reward == "xe-cider" and not lam >= 0:
-        raise RdppError(f"--lam must be ≥ 0 (got {lam})")
+    if reward == "xe-cider" and not 0 <= lam < float("inf"):
+        raise RdppError(f"--lam must be ≥ 0 and finite (got {lam})")
 
 
 def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
@@ -236,13 +318,15 @@ def finetune(
     m: int = 5,
     baseline: str = "none",
     lam: float = 5.0,
-    epochs: int = 6,
-    batch_size: int = 50,
-    lr: float = 1e-4,
+    preset: str = "toy",
+    sample_mode: str = "train",
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
     grad_clip: float = 0.1,
     grad_clip_mode: str = "value",
-    lr_decay_every: int = 0,
-    lr_decay_rate: float = 0.8,
+    lr_decay_every: int | None = None,
+    lr_decay_rate: float | None = None,
     val_images: int | None = None,
     val_batch_size: int = 100,
     save_every_steps: int = 0,
@@ -261,13 +345,25 @@ def finetune(
     ``model``: an XE model artifact folder or its name in the workspace (default: the newest).
     ``data``: its data artifact (default: the one the model was trained on; another is refused).
     ``reward``: dpp (R-DPP over ``m`` samples, ``baseline`` none|mean), scst (greedy baseline),
-    scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST). ``checkpoint``: which
-    XE checkpoint to start from (best or last). ``out``: default a new version
-    ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
+    scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST). ``preset``: the
+    defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
+    (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
+    given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
+    ``RewardStep.sample``). ``checkpoint``: which XE checkpoint to start from (best or last).
+    ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
     check_options(reward, m, baseline, lam)
     if checkpoint not in ("best", "last"):
         raise RdppError(f"--checkpoint {checkpoint!r}: use best or last")
+    if sample_mode not in SAMPLE_MODES:
+        raise RdppError(f"--sample-mode {sample_mode!r}: use train (on-policy) or eval")
+    if preset not in PRESETS:
+        raise RdppError(f"--preset {preset!r}: use one of {', '.join(PRESETS)}")
+    given = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "lr_decay_every": lr_decay_every,
+             "lr_decay_rate": lr_decay_rate}
+    settings = {k: (v if v is not None else PRESETS[preset][k]) for k, v in given.items()}
+    epochs, batch_size, lr = settings["epochs"], settings["batch_size"], settings["lr"]
+    lr_decay_every, lr_decay_rate = settings["lr_decay_every"], settings["lr_decay_rate"]
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=5 if reward == "xe-cider" else 1, lr=lr,
                       grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
                       lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
@@ -285,25 +381,27 @@ def finetune(
         ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
         ckpt = load_checkpoint(ckpt_path)
         check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
+        cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
         seed_everything(seed)
         net = model_from_checkpoint(ckpt, where=str(ckpt_path))
 
         identity: dict[str, Any] = {
             "stage": "finetune", "reward": reward, "m": m, "baseline": baseline,
-            "lam": lam if reward == "xe-cider" else None,
-            "model": str(model_art.path.resolve()), "checkpoint": checkpoint, "data": str(data_art.path.resolve()),
+            "lam": lam if reward == "xe-cider" else None, "preset": preset, "sample_mode": sample_mode,
+            "train_reward": TRAIN_REWARD,
+            "model_sha256": model_art.manifest_sha256, "checkpoint": checkpoint,
+            "data_sha256": data_art.manifest_sha256,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
             "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
             "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed,
         }
-        config = {**identity, "lam": lam, "device": device, "workers": workers,
-                  "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
+        config = {**identity, "model": ref_name(model_art), "data": ref_name(data_art), "lam": lam, "device": device,
+                  "workers": workers, "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
                                kind="rdpp.model", config=identity, force=force)
-        cider = CiderD(DocFreq.from_h5(ds.cider_df_path))
         step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,
-                          max_len=ds.seq_length, seed=seed, rank=rt.rank)
-        summary = {"reward": reward, "m": m}
+                          max_len=ds.seq_length, seed=seed, rank=rt.rank, sample_mode=sample_mode)
+        summary = {"reward": reward, "m": m, "preset": preset}
         if reward == "dpp":
             summary["baseline"] = baseline
         if reward == "xe-cider":

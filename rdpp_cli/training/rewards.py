@@ -8,6 +8,7 @@ Shapes: B images, M sampled captions per image, N = B*M caption rows (image-majo
 - :func:`mean_baseline_advantage` — reward minus the mean reward of the *other* samples of the image
 - :func:`subtract_mean` — weights minus their mean over the M samples (R-DPP ``--baseline mean``)
 - :func:`pg_loss` — the policy-gradient loss ``-Σ w·log p`` over the sampled tokens, per token
+- :func:`sampled_mask` — the tokens a policy drew: without the EOS forced at the length limit
 
 See docs/rewards.md for the formulas and the decisions taken where the paper is silent.
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["dpp_ensemble", "dpp_weights", "scst_advantage", "mean_baseline_advantage", "subtract_mean", "pg_loss"]
+__all__ = ["dpp_ensemble", "dpp_weights", "scst_advantage", "mean_baseline_advantage", "subtract_mean", "pg_loss",
+           "sampled_mask"]
 
 
 def dpp_ensemble(q: Tensor, S: Tensor) -> Tensor:
@@ -127,3 +129,23 @@ def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1) 
     per_slot = terms.view(N // groups, groups, T).sum(dim=(0, 2))
     tokens = mask.view(N // groups, groups, T).sum(dim=(0, 2)).clamp_min(1.0)
     return (per_slot / tokens).mean()
+
+
+def sampled_mask(mask: Tensor, lengths: Tensor, max_len: int) -> Tensor:
+    """The tokens the policy drew: ``mask`` (N, T+1) (every word and the EOS) without the EOS that
+    decoding forces after a caption of ``max_len`` words.
+
+    That EOS was never sampled, so it carries no policy gradient; the published R-DPP code and
+    self-critical.pytorch agree (their mask covers the ``seq_length`` sampled positions, up to and
+    including the first EOS, and a caption that fills them has no EOS position). ``lengths`` (N,):
+    the words of each caption. Position ``max_len`` exists only when ``T == max_len``.
+    """
+    if mask.dim() != 2 or lengths.shape != mask.shape[:1]:
+        raise ValueError(f"sampled_mask: expected mask (N, T+1) and lengths (N,); got {tuple(mask.shape)} "
+                         f"and {tuple(lengths.shape)}")
+    if mask.shape[1] <= max_len:
+        return mask
+    forced = (lengths.to(mask.device) >= max_len).to(mask.dtype)
+    out = mask.clone()
+    out[:, max_len] = out[:, max_len] * (1 - forced)
+    return out

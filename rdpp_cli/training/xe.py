@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, resolve_input
+from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
@@ -58,11 +58,11 @@ def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
 def baseline_cider(data: DataArtifact, images: np.ndarray) -> tuple[float, str]:
     """Mean CIDEr-D (training df) over ``images`` of the trivial captioner that answers every image
     with the most frequent training caption; and that caption."""
-    from rdpp_cli.metrics.cider import CiderD, DocFreq
+    from rdpp_cli.metrics.train_cider import TrainCider
 
     cap = most_frequent_caption(data)
     hyps = np.repeat(cap[None, :], len(images), axis=0)
-    scores = CiderD(DocFreq.from_h5(data.cider_df_path)).score(hyps, data.references_ids(images))
+    scores = TrainCider.for_data(data).score(hyps, data.references_ids(images))
     return float(np.mean(scores)), data.decode(cap)
 
 
@@ -126,6 +126,10 @@ def train_xe(
         ds = DataArtifact(art)
         ds.split_indices("train")
         val_idx = validation_images(ds, val_images)
+        if len(val_idx):  # validation scores with the training reward: refuse an outdated df now
+            from rdpp_cli.metrics.train_cider import TrainCider
+
+            TrainCider.for_data(ds)
         init_ckpt, init_where = _init_checkpoint(init_from, workspace, ds) if init_from else (None, None)
 
         seed_everything(seed)  # the same initial weights on every process
@@ -134,17 +138,18 @@ def train_xe(
         else:
             model = Att2in(config_from_preset(preset, vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
                                               att_feat_size=ds.att_dim, seq_length=ds.seq_length))
-        # what decides the result (a rerun with these resumes the unfinished run) ...
+        # what decides the result (a rerun with these resumes the unfinished run: content, not paths) ...
         identity: dict[str, Any] = {
-            "stage": "xe", "data": str(art.path.resolve()), "preset": preset if init_ckpt is None else None,
-            "init_from": init_where, "epochs": epochs, "batch_size": batch_size, "seq_per_img": seq_per_img,
+            "stage": "xe", "data_sha256": art.manifest_sha256, "preset": preset if init_ckpt is None else None,
+            "init_sha256": sha256_file(Path(init_where)) if init_where else None, "epochs": epochs,
+            "batch_size": batch_size, "seq_per_img": seq_per_img,
             "lr": lr, "grad_clip": grad_clip, "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every,
             "lr_decay_rate": lr_decay_rate, "val_images": val_images, "val_batch_size": val_batch_size,
             "seed": seed,
         }
         # ... and what does not (recorded in the manifest too)
-        config = {**identity, "preset": preset, "device": device, "workers": workers,
-                  "save_every_steps": save_every_steps, "processes": rt.world_size}
+        config = {**identity, "data": ref_name(art), "init_from": init_where, "preset": preset, "device": device,
+                  "workers": workers, "save_every_steps": save_every_steps, "processes": rt.world_size}
         name = f"att2in-{preset}" if init_ckpt is None else "att2in-init"
         out_dir = claim_output(out, workspace=workspace, group="xe", name=name, kind="rdpp.model",
                                config=identity, force=force)
