@@ -10,10 +10,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
-
-WORKSPACE_YAML = "rdpp.yaml"
 
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
