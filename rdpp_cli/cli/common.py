@@ -10,10 +10,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
-
-WORKSPACE_YAML = "rdpp.yaml"
 
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
@@ -36,7 +35,7 @@ ValImagesOpt = typer.Option(
 ValBatchSizeOpt = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch.")
 SaveEveryStepsOpt = typer.Option(
     0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch).")
-WorkersOpt = typer.Option(0, "--workers", help="DataLoader worker processes reading batches.")
+WorkersOpt = typer.Option(0, "--workers", help="Threads reading the next batches while a step runs (0: read in the loop; docs/data.md).")
 ResumeOpt = typer.Option(
     True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over.")
 BatchSizeOpt = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together).")

@@ -10,7 +10,6 @@ import typer
 from rdpp_cli.cli.common import (ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt, ResumeOpt,
                                  SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt, WorkersOpt, WorkspaceOpt,
                                  resolve_options, stage)
-from rdpp_cli.training.finetune import finetune
 
 
 @stage
@@ -74,6 +73,7 @@ def command(
     Example: rdpp finetune --reward dpp --m 5
     """
     from rdpp_cli.cli.common import parent_option
+    from rdpp_cli.training.finetune import finetune
 
     opts = resolve_options(ctx, "finetune")
     finetune(parent_option(opts, "model", "models"), **opts)

@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.decoding.decode import METHODS
 
 
 @stage
@@ -18,7 +17,7 @@ def command(
     data: str = typer.Option(None, "--data", help="Data artifact; default: the one the model was trained on."),
     split: str = typer.Option("test", "--split", help="train, val or test."),
     n: int = typer.Option(20, "--n", help="Captions per image."),
-    method: str = typer.Option("random", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("random", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
     temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
     top_k: int = typer.Option(None, "--top-k", help="k for --method topk (default 10)."),
     top_p: float = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9)."),

@@ -10,7 +10,6 @@ import typer
 from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt,
                                  LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
                                  WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
-from rdpp_cli.training.xe import train_xe
 
 
 @stage
@@ -53,4 +52,6 @@ def command(
 
     Example: rdpp train-xe --preset small --epochs 15
     """
+    from rdpp_cli.training.xe import train_xe
+
     train_xe(**resolve_options(ctx, "train_xe"))

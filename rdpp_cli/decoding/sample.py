@@ -28,8 +28,8 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import load_model
-from rdpp_cli.training.distributed import resolve_device
+from rdpp_cli.models.checkpoint import check_fits_data, load_model
+from rdpp_cli.device import resolve_device
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -104,12 +104,7 @@ def sample(
     data_art = resolve_data_for(model_art, data, workspace)
     ds = DataArtifact(data_art)
     net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
-    if list(vocab) != list(ds.words):
-        raise RdppError(f"model {model_art.path} has a {len(vocab)}-word vocabulary, data artifact {ds.path} a "
-                        f"{ds.vocab_size}-word one that differs; sample with the data the model was trained on")
-    if (net.config.att_feat_size != ds.att_dim):
-        raise RdppError(f"model {model_art.path} expects {net.config.att_feat_size}-d features but {ds.path} has "
-                        f"{ds.att_dim}-d ones; sample with the data the model was trained on")
+    check_fits_data(ckpt, ds, f"model {model_art.path}", "sample with the data the model was trained on")
     if max_len is None:
         cfg.max_len = ds.seq_length
     images = ds.split_indices(split)

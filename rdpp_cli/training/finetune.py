@@ -43,7 +43,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
@@ -380,12 +380,7 @@ def finetune(
         validation_images(ds, val_images)
         ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
         ckpt = load_checkpoint(ckpt_path)
-        if list(ckpt["vocab"]) != list(ds.words):
-            raise RdppError(f"{ckpt_path}: its vocabulary ({len(ckpt['vocab'])} words) differs from data artifact "
-                            f"{ds.path}'s ({ds.vocab_size} words); fine-tune on the data the model was trained on")
-        if ckpt["model_config"].get("att_feat_size") != ds.att_dim:
-            raise RdppError(f"{ckpt_path}: made for {ckpt['model_config'].get('att_feat_size')}-d att features but "
-                            f"data artifact {ds.path} has {ds.att_dim}-d; use the model's own data artifact")
+        check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
         cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
         seed_everything(seed)
         net = model_from_checkpoint(ckpt, where=str(ckpt_path))

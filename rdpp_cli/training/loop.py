@@ -100,7 +100,7 @@ class TrainConfig:
     save_every_steps: int = 0  # also save last.pt + resume state every K steps (0 = per epoch only)
     seed: int = 123
     device: str = "auto"
-    num_workers: int = 0  # DataLoader worker processes reading batches
+    num_workers: int = 0  # threads reading the next batches ahead (data.loader.read_ahead)
     resume: bool = True  # continue from out_dir's resume state when there is one
 
     def check(self) -> None:
@@ -301,7 +301,8 @@ def run_training(
     core = model
     core.to(rt.device)
     loader = CaptionBatches(data, "train", batch_size=cfg.batch_size, seq_per_img=cfg.seq_per_img, seed=cfg.seed,
-                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers)
+                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers,
+                            pin_memory=rt.device.type == "cuda")
     val_all = validation_images(data, cfg.val_images)
     val_share = np.array_split(val_all, rt.world_size)[rt.rank]
     cider = None

@@ -22,7 +22,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
 from rdpp_cli.training.state import seed_everything
@@ -77,14 +77,7 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
                             what="model artifact", make_with="rdpp train-xe", quiet=not D.runtime().is_main)
         where = art.path / "checkpoints" / "best.pt"
     ckpt = load_checkpoint(where)
-    if list(ckpt["vocab"]) != list(data.words):
-        raise RdppError(f"--init-from {where}: its vocabulary ({len(ckpt['vocab'])} words) is not the one of data "
-                        f"artifact {data.path} ({data.vocab_size} words); start from scratch or train on the data "
-                        "it was made with")
-    mc = ckpt["model_config"]
-    if mc.get("att_feat_size") != data.att_dim:
-        raise RdppError(f"--init-from {where}: made for {mc.get('att_feat_size')}-d att features but data artifact "
-                        f"{data.path} has {data.att_dim}-d; use a model trained on these features")
+    check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
     return ckpt, str(where)
 
 
