@@ -252,6 +252,27 @@ def test_bad_settings_one_line():
             DecodeConfig(**kw).check()
 
 
+def test_every_method_works_with_its_defaults(feats):
+    """No method needs an extra flag: unset settings take the method's defaults (top-k 10, top-p
+    0.9, beam search n beams (≥ 3), diverse beam search n groups of 1 beam), and check() records
+    them in the config."""
+    m = model(scale=2.0)
+    want = {"topk": dict(top_k=10), "nucleus": dict(top_p=0.9), "beam": dict(beam=6, groups=None),
+            "dbs": dict(groups=6, beam=1), "random": dict(top_k=None, top_p=None, beam=None, groups=None)}
+    for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
+        cfg = DecodeConfig(method=method, n=6, max_len=5)
+        d = decode(m, None, feats, cfg, generator=torch.Generator().manual_seed(0))
+        assert d.tokens.shape[:2] == (12, 6)
+        for k, v in want.get(method, {}).items():
+            assert getattr(cfg, k) == v, (method, k)
+    assert DecodeConfig(method="beam", n=1).check().beam == 3
+    assert DecodeConfig(method="dbs", n=20, groups=4).check().beam == 5
+    assert DecodeConfig(method="dbs", n=20, beam=5).check().groups == 4
+    assert DecodeConfig(method="topk", top_k=3).check().top_k == 3  # given settings are kept
+    d = decode(m, None, feats, DecodeConfig(method="dbs", n=6, max_len=5))
+    assert len({tuple(r) for r in d.tokens[0].tolist()}) > 1  # one caption per group, not one beam
+
+
 def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     m = model(scale=2.0)
     save_checkpoint(tmp_path / "best.pt", m, [f"w{i}" for i in range(V)])
