@@ -54,6 +54,12 @@ def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
                                                   abs=1e-9), label
     # even the smoke run's XE model captions: its beam captions are not empty (CIDEr ~0.6, not 0)
     assert summary["rows"]["XE"]["beam_cider"] > 0.3
+    # the README's headline on the smoke run's seeded models: SCST collapses its samples, R-DPP keeps
+    # at least 1.5x its diversity (self-CIDEr) with a better best-of-n (oracle) CIDEr
+    xe, scst, dpp = (summary["rows"][k] for k in MODELS)
+    assert scst["self_cider"] < 0.8 * xe["self_cider"]
+    assert dpp["self_cider"] >= 1.5 * scst["self_cider"]
+    assert dpp["oracle_cider"] > scst["oracle_cider"]
     png = ws / "demo_plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in (*MODELS, "CIDEr (beam 3)", "mean CIDEr", "oracle CIDEr", "self-CIDEr", "Div-2", "demo_plot.png"):
