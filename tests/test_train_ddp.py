@@ -128,8 +128,6 @@ def test_two_processes_train_the_same_weights_as_one(one_and_two_processes):
     assert _max_weight_diff(root / "equal-1p", root / "equal-2p") < 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason="each process averages its loss over its own tokens (weighted by its share "
-                   "of images), not over the step's tokens: exact only when tokens per image are equal")
 def test_two_processes_train_the_same_weights_as_one_with_unequal_captions(one_and_two_processes):
     root = one_and_two_processes
     assert _max_weight_diff(root / "unequal-1p", root / "unequal-2p") < 1e-6

@@ -113,6 +113,22 @@ def any_true(flag: bool) -> bool:
     return bool(t.item())
 
 
+def per_process_share(count: torch.Tensor) -> torch.Tensor:
+    """``count`` summed over the processes and divided by their number.
+
+    A loss ``Σ_local / per_process_share(N_local)`` makes DDP's average of the processes' gradients
+    equal to the gradient of ``Σ_all / N_all``, the loss of one process over the whole step: exact
+    also when the processes hold different numbers of tokens. One small all-reduce per call; with
+    one process ``count`` itself.
+    """
+    rt = runtime()
+    if not rt.distributed:
+        return count
+    t = count.detach().to(torch.float64).clone()
+    dist.all_reduce(t)
+    return (t / rt.world_size).to(count.dtype)
+
+
 def on_main(fn: Callable[[], T]) -> T:
     """Run ``fn`` on rank 0 only and give its result to every rank; an RdppError it raises is
     raised on every rank (so no rank waits forever for a failed one)."""

@@ -83,6 +83,13 @@ def sample_seed(seed: int, epoch: int, batch: int, rank: int, *stream: int) -> i
     return int(np.random.SeedSequence([seed, epoch, batch, rank, *stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+def _step_tokens(mask: Tensor, groups: int) -> Tensor:
+    """The loss denominators of the whole step, shared out over the processes (``pg_loss``'s
+    ``tokens``): the sampled-token count, or with ``groups`` > 1 the count of each sample slot."""
+    local = mask.sum() if groups == 1 else mask.view(-1, groups, mask.shape[-1]).sum(dim=(0, 2))
+    return D.per_process_share(local)
+
+
 def _pad_to(x: Tensor, T: int) -> Tensor:
     return x if x.shape[-1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[-1]))
 
@@ -214,7 +221,8 @@ class RewardStep:
         w = w.reshape(-1).to(batch.att.device)
         if self.reward != "xe-cider":
             token_logp, mask = self.policy_logprobs(net, batch, d)
-            loss = pg_loss(token_logp, mask, w, groups=M if self.reward == "dpp" else 1)
+            groups = M if self.reward == "dpp" else 1
+            loss = pg_loss(token_logp, mask, w, groups=groups, tokens=_step_tokens(mask, groups))
             return loss, {"pg_loss": float(loss.detach())}
         # XE + λ·SCST in one pass over the references and the samples of each image
         labels = batch.labels
@@ -228,8 +236,8 @@ class RewardStep:
         xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
         s_logp = token_logp[:, k:].reshape(B * M, -1)
         s_mask = sampled_mask(mask[:, k:].reshape(B * M, -1), d.lengths.reshape(-1), self.max_len)
-        xe = -xe_logp.sum() / xe_mask.sum()
-        sc = pg_loss(s_logp, s_mask, w, groups=1)
+        xe = -xe_logp.sum() / D.per_process_share(xe_mask.sum())
+        sc = pg_loss(s_logp, s_mask, w, groups=1, tokens=_step_tokens(s_mask, 1))
         return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
 
     def _with_reference_rows(self, net: nn.Module, batch: Batch, d: Draw, k: int) -> DropoutMasks | None:

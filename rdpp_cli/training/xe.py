@@ -31,9 +31,10 @@ from rdpp_cli.training.state import seed_everything
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
     captions: ``sequence_logprobs(model(fc, att, labels), labels)`` through the model's faster
-    ``token_logprobs`` (the output layer runs only on the tokens that count)."""
+    ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
+    over the whole step's tokens, all processes together, as one process would take it."""
     token_logp, mask = call(model, "token_logprobs", batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
-    return -token_logp.sum() / mask.sum()
+    return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
 def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
