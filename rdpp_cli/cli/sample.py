@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.cli.common import PrecisionOpt
 from rdpp_cli.decoding.decode import METHODS
 
 
@@ -31,6 +32,7 @@ def command(
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
     force: bool = ForceOpt,
     workspace: Path = WorkspaceOpt,

@@ -24,6 +24,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.distributed import resolve_device
 from rdpp_cli.training.finetune import resolve_data_for
+from rdpp_cli.training.precision import autocast, resolve_precision
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -59,11 +60,16 @@ def sample(
     max_images: int | None = None,
     seed: int = 0,
     device: str = "auto",
+    precision: str = "fp32",
     out: Path | str | None = None,
     force: bool = False,
     workspace: Path | str | None = None,
 ) -> Artifact:
-    """Decode ``n`` captions per image of ``split``; returns the samples artifact."""
+    """Decode ``n`` captions per image of ``split``; returns the samples artifact.
+
+    ``precision``: fp32, bf16, fp16 or auto (``training.precision``): the model's forward under
+    autocast; log-probabilities are float32 either way. The one used is in the manifest.
+    """
     try:
         cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
                            top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
@@ -73,6 +79,7 @@ def sample(
     if batch_size < 1:
         raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
     dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
     data_art = resolve_data_for(model_art, data, workspace)
@@ -91,7 +98,8 @@ def sample(
         images = images[:max_images]
 
     config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(),
-              "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
+              "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
+              "precision": prec}
     out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg), kind="rdpp.samples",
                              config=config, force=force)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -102,7 +110,8 @@ def sample(
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
             fc, att, mask = ds.features(idx, dev)
-            out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+            with autocast(prec, dev):
+                out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
             for b, i in enumerate(idx):

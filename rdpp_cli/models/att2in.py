@@ -28,6 +28,11 @@ pre-activation is one matmul for all time steps; the output layer and its log-so
 all time steps stacked after the loop; the attention scores are computed a few images at a time
 (cache-sized tanh blocks) and their backward recomputes ``tanh`` instead of storing it. The
 arithmetic is the same as the step-by-step reference.
+
+Under bf16/fp16 autocast (``--precision``, rdpp_cli.training.precision) the linear layers and the
+attention context run in the low precision; the attention keys and scores, the LSTM cell state and
+every log-softmax stay float32 (in bf16 the scores were slower on CPU and 100x less accurate), so
+log-probabilities are always float32.
 """
 
 from __future__ import annotations
@@ -185,7 +190,8 @@ class Att2in(nn.Module):
         a = a * drop if drop is not None else self.dropout(a)
         if att_mask is not None:
             att_mask = att_mask.to(a.dtype)
-        return Encoded(a, 2.0 * self.ctx2att(a), att_mask, 1)  # keys doubled: see _att_scores
+        # keys doubled (see _att_scores) and kept in float32 under autocast: see _attend
+        return Encoded(a, 2.0 * self.ctx2att(a).float(), att_mask, 1)
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
@@ -218,7 +224,7 @@ class Att2in(nn.Module):
         """Attention context (N, H) for hidden states h (N, H) with projected queries q (N, A)."""
         B, R, H = enc.att.shape
         n = h.shape[0] // B
-        q = q.view(B, n, -1)
+        q = q.view(B, n, -1).float()  # under bf16 autocast the scores stay float32 (docs/training.md)
         w = self.alpha_net.weight[0]
         k2 = enc.keys
         if torch.is_grad_enabled() and (q.requires_grad or k2.requires_grad or w.requires_grad):
@@ -260,7 +266,7 @@ class Att2in(nn.Module):
         x = x * drop[0] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
         o = h * drop[1] if drop is not None else self.dropout(h)
-        logprobs = F.log_softmax(self.logit(o), dim=-1)
+        logprobs = F.log_softmax(self.logit(o).float(), dim=-1)
         return logprobs, (h, c)
 
     # -- teacher forcing -----------------------------------------------------------------------
@@ -294,7 +300,7 @@ class Att2in(nn.Module):
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
         h = self._hidden(fc, att, inputs, att_mask, drop)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
-        return F.log_softmax(self.logit(h), dim=-1)  # once, over all steps
+        return F.log_softmax(self.logit(h).float(), dim=-1)  # once, over all steps
 
     def token_logprobs(self, fc: Tensor | None, att: Tensor, seqs: Tensor,
                        att_mask: Tensor | None = None, drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
@@ -311,7 +317,7 @@ class Att2in(nn.Module):
         h = self._hidden(fc, att, inputs, att_mask, drop)  # (N, T, H)
         keep = mask[:, :T]
         h = h[keep] * drop.out[:, :T][keep] if drop is not None else self.dropout(h[keep])
-        logits = self.logit(h)  # (tokens, V+1)
+        logits = self.logit(h).float()  # (tokens, V+1); float32 under autocast too
         tok = -F.cross_entropy(logits, target[:, :T][keep].long(), reduction="none")
         out = logits.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)

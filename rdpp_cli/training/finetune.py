@@ -53,6 +53,7 @@ from rdpp_cli.training.rewards import (
     scst_advantage,
     subtract_mean,
 )
+from rdpp_cli.training.precision import full_precision, resolve_precision
 from rdpp_cli.training.state import seed_everything
 
 REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
@@ -248,7 +249,8 @@ class RewardStep:
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         d = self.draw(unwrap(net), batch)
-        w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
+        with full_precision(batch.att.device):  # the reward never runs under autocast
+            w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -361,6 +363,7 @@ def finetune(
     save_every_steps: int = 0,
     checkpoint: str = "best",
     device: str = "auto",
+    precision: str = "fp32",
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,
@@ -378,7 +381,9 @@ def finetune(
     defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
     (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
     given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
-    ``RewardStep.sample``). ``checkpoint``: which XE checkpoint to start from (best or last).
+    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``training.precision``):
+    sampling and the teacher-forced pass run under the same autocast, the reward outside it.
+    ``checkpoint``: which XE checkpoint to start from (best or last).
     ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
     check_options(reward, m, baseline, lam)
@@ -397,9 +402,10 @@ def finetune(
                       grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
                       lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
                       save_every_steps=save_every_steps, seed=seed, device=device, num_workers=workers,
-                      resume=resume)
+                      resume=resume, precision=precision)
     cfg.check()
     rt = D.setup(device)
+    prec = resolve_precision(precision, rt.device)
     try:
         quiet = not rt.is_main
         model_art = resolve_xe_model(model, workspace, quiet=quiet)
@@ -426,9 +432,9 @@ def finetune(
             "model": str(model_art.path.resolve()), "checkpoint": checkpoint, "data": str(data_art.path.resolve()),
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
             "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
-            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed,
+            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed, "precision": prec,
         }
-        config = {**identity, "lam": lam, "device": device, "workers": workers,
+        config = {**identity, "lam": lam, "device": device, "precision_option": precision, "workers": workers,
                   "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
                                kind="rdpp.model", config=identity, force=force)

@@ -32,6 +32,9 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   ``prepare_output``), training continues from it, restoring weights, optimizer, scheduler,
   loader position, running epoch sums and every process's RNG states, so a resumed CPU run ends
   with the weights an uninterrupted one would have;
+- the model's forward (and validation decoding) under ``cfg.precision`` (``training.precision``:
+  bf16/fp16 autocast, weights, optimizer state and checkpoints in float32, a gradient scaler for
+  fp16 whose state is in the resume state);
 - DDP under torchrun: each process trains on its share of every batch; validation images are
   shared out and the scores summed; rank 0 alone writes files and prints;
 - finally the manifest (kind ``rdpp.model``; config with ``stage`` and ``model_config``; the
@@ -65,6 +68,7 @@ from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
 from rdpp_cli.training import distributed as D
+from rdpp_cli.training.precision import PRECISIONS, autocast, grad_scaler, resolve_precision
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
 StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
@@ -94,6 +98,7 @@ class TrainConfig:
     device: str = "auto"
     num_workers: int = 0  # DataLoader worker processes reading batches
     resume: bool = True  # continue from out_dir's resume state when there is one
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto: the model's arithmetic (training.precision)
 
     def check(self) -> None:
         """RdppError for settings that cannot work (before anything is written)."""
@@ -113,6 +118,8 @@ class TrainConfig:
             raise RdppError(f"--val-images must be ≥ 0 (got {self.val_images})")
         if self.save_every_steps < 0 or self.num_workers < 0:
             raise RdppError("--save-every-steps and --workers must be ≥ 0")
+        if self.precision not in PRECISIONS:
+            raise RdppError(f"--precision {self.precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
 
 
 class _Methods(nn.Module):
@@ -266,6 +273,8 @@ def run_training(
         cider = TrainCider.for_data(data)
 
     optimizer = torch.optim.Adam(core.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    precision = resolve_precision(cfg.precision, rt.device)
+    scaler = grad_scaler(precision, rt.device)  # fp16 only
     scheduler = (torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_decay_every, gamma=cfg.lr_decay_rate)
                  if cfg.lr_decay_every > 0 else None)
     # Training randomness (dropout, sampling) per process; the caller seeded the model's init.
@@ -281,6 +290,8 @@ def run_training(
         optimizer.load_state_dict(st["optimizer"])
         if scheduler is not None and st.get("scheduler") is not None:
             scheduler.load_state_dict(st["scheduler"])
+        if scaler is not None and st.get("scaler") is not None:
+            scaler.load_state_dict(st["scaler"])
         epoch0, batch0, step = int(st["epoch"]), int(st["batch"]), int(st["step"])
         elapsed0 = float(st["elapsed"])
         history, sums = list(st["history"]), dict(st["sums"])
@@ -314,6 +325,7 @@ def run_training(
             "model": {k: v.detach().cpu() for k, v in core.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
             "epoch": epoch, "batch": batch, "step": step, "elapsed": elapsed(),
             "history": history, "sums": sums, "best": best, "best_epoch": best_epoch, "last_val": last_val,
             "rng": rngs, "world_size": rt.world_size, "stage": stage,
@@ -335,10 +347,19 @@ def run_training(
             for batch in loader.epoch(epoch, batch0):
                 net.train()
                 batch = batch.to(rt.device)
-                loss, logs = _split_step(step_fn(net, batch))
-                (loss * batch.weight if batch.weight != 1.0 else loss).backward()
-                _clip(core, cfg)
-                optimizer.step()
+                with autocast(precision, rt.device):  # the forward; backward follows its precisions
+                    loss, logs = _split_step(step_fn(net, batch))
+                loss = loss * batch.weight if batch.weight != 1.0 else loss
+                if scaler is None:
+                    loss.backward()
+                    _clip(core, cfg)
+                    optimizer.step()
+                else:  # fp16: scaled loss, clipping on the true gradients, steps with inf/nan skipped
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(optimizer)
+                    _clip(core, cfg)
+                    scaler.step(optimizer)
+                    scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 for k, v in logs.items():
@@ -357,9 +378,10 @@ def run_training(
             row.update({k: v / n_img for k, v in total.items()})
             if len(val_all):
                 bar.update(task, info="validating")
-                val = _merge_sums(D.all_gather_object(greedy_cider(
-                    core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device, cider=cider,
-                    epoch_metrics_fn=epoch_metrics_fn)))
+                with autocast(precision, rt.device):  # decoding in the run's precision, scoring in numpy
+                    sums_val = greedy_cider(core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device,
+                                            cider=cider, epoch_metrics_fn=epoch_metrics_fn)
+                val = _merge_sums(D.all_gather_object(sums_val))
                 n_val = val.pop("_n")
                 row.update({k: v / n_val for k, v in val.items()})
                 last_val = row["val_cider"]
@@ -387,7 +409,8 @@ def run_training(
         if best > -math.inf:
             head["val_cider"] = best
         head.update(summary or {})
-        write_manifest(out_dir, "rdpp.model", {**manifest_config, "stage": stage, "model_config": model_config},
+        write_manifest(out_dir, "rdpp.model",
+                       {**manifest_config, "stage": stage, "precision": precision, "model_config": model_config},
                        inputs=inputs, summary=head)
         finish(out_dir)
         last = history[-1] if history else {}
@@ -405,6 +428,7 @@ def run_training(
         rows += [("time", f"{elapsed():.1f} s"),
                  ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
                   + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
+                 ("precision", precision),
                  ("checkpoints", f"{ckpt_dir}/best.pt, last.pt"),
                  ("metrics", out_dir / METRICS)]
         console.print(summary_table(f"rdpp {stage}: done", rows))
