@@ -145,6 +145,22 @@ def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
     assert loss.dtype == torch.float32 and np.isfinite(float(loss))
 
 
+def test_a_float64_model_stays_float64(tiny):
+    """The float32 casts that keep log-probs float32 under autocast must not demote a float64 model
+    (tests/test_cuda.py compares the GPU with the CPU in float64)."""
+    model = _model(tiny).double().eval()
+    batch = _batch(tiny)
+    att, labels = batch.att.double(), batch.labels
+    token_logp, mask = model.token_logprobs(None, att, labels)
+    assert token_logp.dtype == torch.float64
+    full = model(None, att, labels)
+    assert full.dtype == torch.float64
+    from rdpp_cli.models.att2in import sequence_logprobs
+
+    want, _ = sequence_logprobs(full, labels)
+    assert torch.allclose(token_logp, want, atol=1e-12, rtol=0)
+
+
 # -- runs: manifests, float32 checkpoints, exact resume -----------------------------------------------------
 
 def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):

@@ -105,6 +105,11 @@ class DropoutMasks(NamedTuple):
         return self._replace(embed=self.embed[index], out=self.out[index])
 
 
+def _f32(x: Tensor) -> Tensor:
+    """x in float32 if autocast made it bfloat16/float16; float32 and float64 are kept."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 _CHUNK = 1 << 19  # elements of a (b, n, R, A) block: ~2 MB, stays in cache
 
 
@@ -191,7 +196,7 @@ class Att2in(nn.Module):
         if att_mask is not None:
             att_mask = att_mask.to(a.dtype)
         # keys doubled (see _att_scores) and kept in float32 under autocast: see _attend
-        return Encoded(a, 2.0 * self.ctx2att(a).float(), att_mask, 1)
+        return Encoded(a, 2.0 * _f32(self.ctx2att(a)), att_mask, 1)
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
@@ -224,7 +229,7 @@ class Att2in(nn.Module):
         """Attention context (N, H) for hidden states h (N, H) with projected queries q (N, A)."""
         B, R, H = enc.att.shape
         n = h.shape[0] // B
-        q = q.view(B, n, -1).float()  # under bf16 autocast the scores stay float32 (docs/training.md)
+        q = _f32(q.view(B, n, -1))  # under bf16 autocast the scores stay float32 (docs/training.md)
         w = self.alpha_net.weight[0]
         k2 = enc.keys
         if torch.is_grad_enabled() and (q.requires_grad or k2.requires_grad or w.requires_grad):
@@ -266,7 +271,7 @@ class Att2in(nn.Module):
         x = x * drop[0] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
         o = h * drop[1] if drop is not None else self.dropout(h)
-        logprobs = F.log_softmax(self.logit(o).float(), dim=-1)
+        logprobs = F.log_softmax(_f32(self.logit(o)), dim=-1)
         return logprobs, (h, c)
 
     # -- teacher forcing -----------------------------------------------------------------------
@@ -300,7 +305,7 @@ class Att2in(nn.Module):
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
         h = self._hidden(fc, att, inputs, att_mask, drop)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
-        return F.log_softmax(self.logit(h).float(), dim=-1)  # once, over all steps
+        return F.log_softmax(_f32(self.logit(h)), dim=-1)  # once, over all steps
 
     def token_logprobs(self, fc: Tensor | None, att: Tensor, seqs: Tensor,
                        att_mask: Tensor | None = None, drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
@@ -317,7 +322,7 @@ class Att2in(nn.Module):
         h = self._hidden(fc, att, inputs, att_mask, drop)  # (N, T, H)
         keep = mask[:, :T]
         h = h[keep] * drop.out[:, :T][keep] if drop is not None else self.dropout(h[keep])
-        logits = self.logit(h).float()  # (tokens, V+1); float32 under autocast too
+        logits = _f32(self.logit(h))  # (tokens, V+1); float32 under autocast too
         tok = -F.cross_entropy(logits, target[:, :T][keep].long(), reduction="none")
         out = logits.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)
