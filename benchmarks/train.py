@@ -85,7 +85,7 @@ def rdpp_step(model: Att2in, opt, batch: Batch, precision: str) -> float:
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 
 
 def upstream_loss(model: upstream.Att2in2, fc, att, labels, masks) -> torch.Tensor:
@@ -100,7 +100,7 @@ def upstream_step(model: upstream.Att2in2, opt, fc, att, labels, masks) -> float
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def check_same_math(base: Att2in, batch: Batch, images: int = 8) -> dict[str, float]:
