@@ -75,8 +75,8 @@ def main(ws: Path) -> None:
     df = collect(ws)
     if df.empty:
         raise SystemExit(f"no runs of examples/precision_sweep.sh under {ws}")
-    order = {label: i for i, (_, label) in enumerate(MODELS)}
-    df = df.sort_values(["model", "precision", "seed"], key=lambda s: s.map(order) if s.name == "model" else s)
+    order = {label: i for i, (_, label) in enumerate(MODELS)} | {"fp32": 0, "bf16": 1, "fp16": 2}
+    df = df.sort_values(["model", "precision", "seed"], key=lambda s: s.map(order) if s.name != "seed" else s)
     print(f"Per run ({ws})\n")
     print(_md(df))
     mean = df.groupby(["model", "precision"], sort=False)[COLUMNS].mean().reset_index()
