@@ -69,7 +69,7 @@ from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
 from rdpp_cli.training.finetune import RewardStep  # noqa: E402
-from rdpp_cli.training.precision import autocast  # noqa: E402
+from rdpp_cli.precision import autocast  # noqa: E402
 from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, MAX_LEN, REFS = 9487, 196, 2048, 16, 5

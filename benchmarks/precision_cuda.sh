@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp}
 PY=${PY:-python3}
 export RDPP_NO_PROGRESS=1 COLUMNS=150
 nvidia-smi -L
-$PY -c "import torch; from rdpp_cli.training.precision import resolve_precision as r
+$PY -c "import torch; from rdpp_cli.precision import resolve_precision as r
 print('torch', torch.__version__, torch.cuda.get_device_name(), 'capability', torch.cuda.get_device_capability(),
       '| --precision auto ->', r('auto', 'cuda'))"
 echo "== 1. numerics (bf16 vs fp32, on-policy replay) =="

@@ -34,7 +34,7 @@ from rdpp_cli.data.loader import Batch
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.models.att2in import Att2in, config_from_preset
 from rdpp_cli.training.finetune import RewardStep
-from rdpp_cli.training.precision import autocast, native_bf16
+from rdpp_cli.precision import autocast, native_bf16
 from rdpp_cli.training.xe import xe_loss
 
 VOCAB, REGIONS, ATT_DIM, L = 9487, 196, 2048, 16

@@ -52,7 +52,7 @@ from timing import count_gflop, interleaved, machine, matmul_gflops  # noqa: E40
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
-from rdpp_cli.training.precision import autocast  # noqa: E402
+from rdpp_cli.precision import autocast  # noqa: E402
 from rdpp_cli.training.xe import xe_loss  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG = 9487, 196, 2048, 16, 5

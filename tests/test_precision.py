@@ -20,7 +20,7 @@ from rdpp_cli.data.loader import CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.training import precision as P
+from rdpp_cli import precision as P
 from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.xe import train_xe, xe_loss
 

@@ -22,9 +22,9 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import load_model
+from rdpp_cli.precision import autocast, resolve_precision
 from rdpp_cli.training.distributed import resolve_device
 from rdpp_cli.training.finetune import resolve_data_for
-from rdpp_cli.training.precision import autocast, resolve_precision
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -67,7 +67,7 @@ def sample(
 ) -> Artifact:
     """Decode ``n`` captions per image of ``split``; returns the samples artifact.
 
-    ``precision``: fp32, bf16, fp16 or auto (``training.precision``): the model's forward under
+    ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
     autocast; log-probabilities are float32 either way. The one used is in the manifest.
     """
     try:

@@ -29,7 +29,7 @@ all time steps stacked after the loop; the attention scores are computed a few i
 (cache-sized tanh blocks) and their backward recomputes ``tanh`` instead of storing it. The
 arithmetic is the same as the step-by-step reference.
 
-Under bf16/fp16 autocast (``--precision``, rdpp_cli.training.precision) the linear layers and the
+Under bf16/fp16 autocast (``--precision``, rdpp_cli.precision) the linear layers and the
 attention context run in the low precision; the attention keys and scores, the LSTM cell state and
 every log-softmax stay float32 (in bf16 the scores were slower on CPU and 100x less accurate), so
 log-probabilities are always float32.

@@ -43,6 +43,7 @@ from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
 from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
@@ -53,7 +54,6 @@ from rdpp_cli.training.rewards import (
     scst_advantage,
     subtract_mean,
 )
-from rdpp_cli.training.precision import full_precision, resolve_precision
 from rdpp_cli.training.state import seed_everything
 
 REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
@@ -381,7 +381,7 @@ def finetune(
     defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
     (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
     given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
-    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``training.precision``):
+    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``):
     sampling and the teacher-forced pass run under the same autocast, the reward outside it.
     ``checkpoint``: which XE checkpoint to start from (best or last).
     ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.

@@ -32,7 +32,7 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   ``prepare_output``), training continues from it, restoring weights, optimizer, scheduler,
   loader position, running epoch sums and every process's RNG states, so a resumed CPU run ends
   with the weights an uninterrupted one would have;
-- the model's forward (and validation decoding) under ``cfg.precision`` (``training.precision``:
+- the model's forward (and validation decoding) under ``cfg.precision`` (``rdpp_cli.precision``:
   bf16/fp16 autocast, weights, optimizer state and checkpoints in float32, a gradient scaler for
   fp16 whose state is in the resume state);
 - DDP under torchrun: each process trains on its share of every batch; validation images are
@@ -67,8 +67,8 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.precision import PRECISIONS, autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.precision import PRECISIONS, autocast, grad_scaler, resolve_precision
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
 StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
@@ -98,7 +98,7 @@ class TrainConfig:
     device: str = "auto"
     num_workers: int = 0  # DataLoader worker processes reading batches
     resume: bool = True  # continue from out_dir's resume state when there is one
-    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto: the model's arithmetic (training.precision)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
 
     def check(self) -> None:
         """RdppError for settings that cannot work (before anything is written)."""

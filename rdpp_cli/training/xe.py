@@ -23,9 +23,9 @@ from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
-from rdpp_cli.training.precision import resolve_precision
 from rdpp_cli.training.state import seed_everything
 
 
@@ -120,7 +120,7 @@ def train_xe(
     ``data``: a data artifact folder or its name in the workspace (default: the newest). ``out``:
     the folder to write (default: a new version ``<workspace>/xe/att2in-<preset>-v<k>``; an
     unfinished run with the same settings is resumed). ``precision``: fp32, bf16, fp16 or auto
-    (``training.precision``; the resolved one is recorded in the manifest and is part of the
+    (``rdpp_cli.precision``; the resolved one is recorded in the manifest and is part of the
     settings a rerun must share to resume). ``after_step`` is for tests.
     """
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=seq_per_img, lr=lr, grad_clip=grad_clip,
