@@ -34,8 +34,9 @@ Before timing, the script checks that both sides compute the same numbers: on on
 captions the reference's q, kernel, R-DPP weights and SCST advantages equal rdpp's (to 1e-9), and
 in eval mode both models decode the same greedy captions with the same log-probabilities.
 
-Timing (benchmarks/timing.py): every setting warmed up once (its matrix-product FLOPs counted),
-then ``--repeats`` runs of every setting in turns; medians of each phase and of the total (best
+Timing (benchmarks/timing.py ``steps``): every setting warmed up once (its matrix-product FLOPs
+counted) and run once more, untimed, for its peak memory; then ``--repeats`` runs of every setting
+in turns (the order reversed every other round); medians of each phase and of the total (best
 beside); peak memory; the matmul rate of this device measured in the same run.
 
     python benchmarks/finetune.py [--ms 2,3,4,5,6,7] [--precision fp32,bf16] [--words 9] [--repeats 3]
@@ -62,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
-from timing import count_gflop, interleaved, machine, matmul_gflops, sync  # noqa: E402
+from timing import machine_info, matmul_gflops, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
@@ -283,7 +284,7 @@ def main() -> None:
     ap.add_argument("--words", type=float, default=9.0,
                     help="mean sampled caption length the random model is set to (9 ≈ a trained COCO model, "
                          "15.5 ≈ an untrained one)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per setting, interleaved (after one warm-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per setting, interleaved (after the warm-up)")
     ap.add_argument("--matmul-size", type=int, default=4096)
     ap.add_argument("--no-reference", action="store_true", help="skip the slow reference steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -336,12 +337,7 @@ def main() -> None:
 
     rates = {p: [matmul_gflops(p, device, args.matmul_size)] for p in sorted({"fp32", *precisions})}
     load0 = os.getloadavg()[0]
-    gflop: dict[str, float] = {}
-
-    def count(name, fn):
-        gflop[name], _ = count_gflop(fn)
-
-    t = interleaved(sides, args.repeats, device, warmup=1, on_warmup=count)
+    t = steps(sides, args.repeats, device)
     load1 = os.getloadavg()[0]
     for p in rates:
         rates[p].append(matmul_gflops(p, device, args.matmul_size))
@@ -350,32 +346,32 @@ def main() -> None:
     results: dict = {"setting": dict(batch=args.batch, vocab=VOCAB, att=f"{REGIONS}x{ATT_DIM}", preset="paper",
                                      max_len=MAX_LEN, device=args.device, target_words=args.words,
                                      repeats=args.repeats),
-                     "machine": machine(), "load_average_start_end": [load0, load1], "check": check,
+                     "machine": machine_info(), "load_average_start_end": [load0, load1], "check": check,
                      "matmul_gflops": {p: {"median": rate[p], "runs": v} for p, v in rates.items()}, "steps": {}}
     for name, o in t.items():
         s = summarise(o)
         prec = labels[name][3]
-        s.update(gflop=gflop[name], gflops=gflop[name] / s["total"],
-                 matmul_fraction=gflop[name] / s["total"] / rate[prec], images_per_s=args.batch / s["total"])
+        s.update(gflop=o["gflop"], gflops=o["gflop"] / s["total"],
+                 matmul_fraction=o["gflop"] / s["total"] / rate[prec], images_per_s=args.batch / s["total"])
         results["steps"][name] = s
-    steps = results["steps"]
+    rows = results["steps"]
     ratios = {}
     for prec in precisions:
         for M in ms:
-            ratios[f"dpp_over_scst_m{M}_{prec}"] = steps[f"rdpp dpp m={M} {prec}"]["total"] / steps[f"rdpp scst m={M} {prec}"]["total"]
+            ratios[f"dpp_over_scst_m{M}_{prec}"] = rows[f"rdpp dpp m={M} {prec}"]["total"] / rows[f"rdpp scst m={M} {prec}"]["total"]
     if "fp32" in precisions and "bf16" in precisions:
         for M in ms:
             for reward in ("scst", "dpp"):
-                ratios[f"{reward}_m{M}_bf16_speedup"] = (steps[f"rdpp {reward} m={M} fp32"]["total"]
-                                                         / steps[f"rdpp {reward} m={M} bf16"]["total"])
+                ratios[f"{reward}_m{M}_bf16_speedup"] = (rows[f"rdpp {reward} m={M} fp32"]["total"]
+                                                         / rows[f"rdpp {reward} m={M} bf16"]["total"])
     if 5 in ms and not args.no_reference:
         for prec in precisions:
-            ratios[f"scst_m5_{prec}_vs_upstream"] = steps["upstream scst m=5 fp32"]["total"] / steps[f"rdpp scst m=5 {prec}"]["total"]
-            ratios[f"dpp_m5_{prec}_vs_published"] = steps["published dpp m=5 fp32"]["total"] / steps[f"rdpp dpp m=5 {prec}"]["total"]
+            ratios[f"scst_m5_{prec}_vs_upstream"] = rows["upstream scst m=5 fp32"]["total"] / rows[f"rdpp scst m=5 {prec}"]["total"]
+            ratios[f"dpp_m5_{prec}_vs_published"] = rows["published dpp m=5 fp32"]["total"] / rows[f"rdpp dpp m=5 {prec}"]["total"]
     if args.sample_modes and 5 in ms:
         for reward in ("scst", "dpp"):
-            ratios[f"{reward}_m5_on_policy_cost"] = (steps[f"rdpp {reward} m=5 fp32"]["total"]
-                                                     / steps[f"rdpp {reward} m=5 fp32 eval-mode sampling"]["total"])
+            ratios[f"{reward}_m5_on_policy_cost"] = (rows[f"rdpp {reward} m=5 fp32"]["total"]
+                                                     / rows[f"rdpp {reward} m=5 fp32 eval-mode sampling"]["total"])
     results["ratios"] = ratios
     report(results, args)
     if args.json:
@@ -384,7 +380,7 @@ def main() -> None:
 
 def report(results: dict, args) -> None:
     m = results["machine"]
-    where = m["gpu"] if args.device.startswith("cuda") else f"{m['cpu']}, {m['threads']} threads"
+    where = m["gpu"] if args.device.startswith("cuda") else f"{m['machine']}; {m['threads']} threads"
     print(f"RL fine-tuning step, paper preset, batch {args.batch} images, {where}; seconds, medians of "
           f"{args.repeats} interleaved runs per setting; captions set to {args.words:g} words on average")
     head = (f"{'step':<40}{'words':>6}{'decode':>8}{'reward':>8}{'backward':>9}{'total':>8}{'best':>8}"

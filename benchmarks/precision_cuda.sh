@@ -21,7 +21,7 @@ echo "== 1. numerics (bf16 vs fp32, on-policy replay) =="
 timeout 60 $PY benchmarks/precision_numerics.py --device cuda --json > "$OUT/precision_numerics.log" 2>&1
 echo "exit $?"; grep -v '^{' "$OUT/precision_numerics.log" | tail -12
 echo "== 2. XE step, paper shapes, 50 images x 5 captions of 16 words =="
-timeout 60 $PY benchmarks/train.py --device cuda --steps 10 --warmup 2 --json > "$OUT/precision_train.log" 2>&1
+timeout 60 $PY benchmarks/train.py --device cuda --steps 10 --json > "$OUT/precision_train.log" 2>&1
 echo "exit $?"; grep -v '^{' "$OUT/precision_train.log" | tail -14
 echo "== 3. RL steps (captions of ~9 words), m = 2 and 5 =="
 timeout 90 $PY benchmarks/finetune.py --device cuda --ms 2,5 --repeats 5 --json > "$OUT/precision_finetune.log" 2>&1

@@ -1,31 +1,76 @@
-"""How benchmarks/train.py and benchmarks/finetune.py measure (shared, so both follow one rule).
+"""How every benchmark here times two implementations: the same inputs, the same number of runs,
+interleaved, medians (the project rule; benchmarks/README.md).
 
-- ``interleaved``: every side is called once to warm up, then the sides take turns (A B C A B C
-  ...) for the same number of timed calls, so a change in the machine's load hits all alike; each
-  side's median and best are reported, and every published ratio is a ratio of medians.
-- peak memory of each timed call: CPU resident memory above the level before the call (sampled
-  every 2 ms, with freed heap handed back first), or CUDA's allocator peak;
-- ``count_gflop``: the matrix products of one call counted with ``torch.utils.flop_counter``
-  (elementwise work is not counted);
-- ``matmul_gflops``: the rate of a plain n x n matrix product in a dtype on this device -- the
-  roofline that "fraction of the matmul rate" refers to, measured in the same run.
+``interleaved({"pycocoevalcap": f, "rdpp": g}, repeat=7)`` runs f, g, g, f, f, g, ... (one run of
+each per round, the order reversed every other round so that neither always runs right after the
+other), so that on a shared machine both sample the same stretches of load; it returns each
+side's run times and last result. Ratios are taken between medians; the best run may be shown
+beside them.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+import platform
+import statistics
 import time
 from collections.abc import Callable
-
-import numpy as np
-import torch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from dataclasses import dataclass
+from typing import Any
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
+@dataclass
+class Timing:
+    times: list[float]  # seconds, one per run
+    result: Any  # the last run's return value
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, Timing]:
+    """Each function ``repeat`` times, one run of each per round: in the order given, then reversed."""
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    out = {name: Timing([], None) for name in fns}
+    items = list(fns.items())
+    for k in range(repeat):
+        for name, fn in (items if k % 2 == 0 else items[::-1]):
+            t = time.perf_counter()
+            res = fn()
+            out[name].times.append(time.perf_counter() - t)
+            out[name].result = res
+    return out
+
+
+def machine() -> str:
+    """One line for a table's caption: CPU, cores, and the load average when the run ended."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Training steps (benchmarks/train.py, benchmarks/finetune.py): warm-up, FLOPs, peak memory, roofline
+# ----------------------------------------------------------------------------------------------
+
+def sync(device) -> None:
+    """Wait for a CUDA device's queued work (nothing on a CPU)."""
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
         torch.cuda.synchronize(device)
 
 
@@ -35,6 +80,8 @@ class PeakRSS:
     the allocator does not hide this one's peak."""
 
     def __enter__(self):
+        import threading
+
         try:
             import ctypes
 
@@ -67,67 +114,42 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def timed_call(fn: Callable, device: torch.device):
-    """(seconds, peak MiB, fn's result) of one call; the clock covers the GPU's work."""
-    if device.type == "cuda":
+def peak_mib(fn: Callable[[], Any], device) -> float:
+    """Peak memory (MiB) of one call of fn above what was in use before it: CPU resident memory,
+    or CUDA's allocator peak."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        t = time.perf_counter()
-        out = fn()
+        fn()
         sync(device)
-        dt = time.perf_counter() - t
-        return dt, (torch.cuda.max_memory_allocated(device) - base) / 2**20, out
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     with PeakRSS() as mem:
-        t = time.perf_counter()
-        out = fn()
-        dt = time.perf_counter() - t
-    return dt, mem.mib, out
+        fn()
+    return mem.mib
 
 
-def interleaved(sides: dict[str, Callable], repeats: int, device: torch.device, warmup: int = 1,
-                on_warmup: Callable[[str, Callable], None] | None = None) -> dict[str, dict]:
-    """Each side warmed up ``warmup`` times (the first warm-up call goes through ``on_warmup(name,
-    fn)`` when given, e.g. to count its FLOPs), then called ``repeats`` times in turns.
-
-    Returns per side: ``times`` (s), ``median``, ``best``, ``peak_mib`` (largest over the timed
-    calls) and ``results`` (what each timed call returned)."""
-    for _ in range(warmup):
-        for name, fn in sides.items():
-            if on_warmup is not None and _ == 0:
-                on_warmup(name, fn)
-            else:
-                fn()
-    sync(device)
-    out = {k: {"times": [], "peak_mib": 0.0, "results": []} for k in sides}
-    for _ in range(repeats):
-        for name, fn in sides.items():
-            dt, mib, res = timed_call(fn, device)
-            o = out[name]
-            o["times"].append(dt)
-            o["peak_mib"] = max(o["peak_mib"], mib)
-            o["results"].append(res)
-    for o in out.values():
-        o["median"] = float(np.median(o["times"]))
-        o["best"] = float(np.min(o["times"]))
-    return out
-
-
-def count_gflop(fn: Callable) -> tuple[float, object]:
-    """(GFLOP of the matrix products in one call of fn, fn's result)."""
+def count_gflop(fn: Callable[[], Any]) -> float:
+    """GFLOP of the matrix products in one call of fn (torch.utils.flop_counter; elementwise work
+    is not counted)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as fc:
-        out = fn()
-    return fc.get_total_flops() / 1e9, out
+        fn()
+    return fc.get_total_flops() / 1e9
 
 
-def matmul_gflops(precision: str, device: torch.device, n: int = 4096, repeats: int = 3) -> float:
-    """Median GFLOP/s of an n x n by n x n product (``torch.mm``) in ``precision`` on ``device``
-    (operands already in that dtype, as autocast hands them to the products)."""
+def matmul_gflops(precision: str, device, n: int = 4096, repeats: int = 3) -> float:
+    """Median GFLOP/s of an n x n by n x n ``torch.mm`` in ``precision`` (fp32, bf16, fp16) on
+    ``device``: the roofline that "fraction of the matmul rate" refers to."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, generator=g, device=device).to(DTYPES[precision])
-    b = torch.randn(n, n, generator=g, device=device).to(DTYPES[precision])
+    a = torch.randn(n, n, generator=g, device=device).to(dtype)
+    b = torch.randn(n, n, generator=g, device=device).to(dtype)
     torch.mm(a, b)
     sync(device)
     times = []
@@ -136,20 +158,36 @@ def matmul_gflops(precision: str, device: torch.device, n: int = 4096, repeats: 
         torch.mm(a, b)
         sync(device)
         times.append(time.perf_counter() - t)
-    return 2 * n**3 / float(np.median(times)) / 1e9
+    return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def machine() -> dict:
-    """What the numbers were measured on: CPU model, threads, load average, OpenMP wait policy."""
-    cpu = "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str, dict]:
+    """Training steps timed the project's way: each side called once to warm up (its FLOPs counted
+    on that call), once more for its peak memory (untimed: handing freed memory back to the OS
+    before a timed call would add page faults to it), then ``interleaved`` ``repeat`` times, each
+    call waiting for the device. Per side: ``times``, ``median``, ``best``, ``gflop``, ``peak_mib``
+    and ``results`` (what every timed call returned)."""
+    gflop = {name: count_gflop(fn) for name, fn in sides.items()}
+    peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
+    results: dict[str, list] = {name: [] for name in sides}
+
+    def synced(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run():
+            res = fn()
+            sync(device)
+            results[name].append(res)
+            return res
+        return run
+
+    t = interleaved({name: synced(name, fn) for name, fn in sides.items()}, repeat)
+    return {name: {"times": t[name].times, "median": t[name].median, "best": t[name].best, "gflop": gflop[name],
+                   "peak_mib": peak[name], "results": results[name]} for name in sides}
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on, for the JSON line: ``machine()`` plus threads, OpenMP's
+    wait policy, torch and the GPU."""
+    import torch
+
+    return {"machine": machine(), "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

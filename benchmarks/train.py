@@ -18,9 +18,9 @@ each with its own Adam) and get the same batch. Before timing, the script checks
 reference compute the same loss and gradients (in float64, dropout off, on 8 of the images), and reports how far rdpp's
 bf16 loss is from its fp32 loss on the same batch.
 
-Timing (benchmarks/timing.py): one warm-up call per side (its matrix-product FLOPs counted with
-torch.utils.flop_counter), then ``--steps`` calls per side, interleaved; medians (best beside);
-peak memory per call; the matmul rate of this device in fp32 and bf16 measured in the same run
+Timing (benchmarks/timing.py ``steps``): one warm-up call per side (its matrix-product FLOPs
+counted with torch.utils.flop_counter), one untimed call for its peak memory, then ``--steps``
+calls per side, interleaved (the order reversed every other round); medians (best beside); the matmul rate of this device in fp32 and bf16 measured in the same run
 (before and after the steps, median of both), so each step's achieved GFLOP/s is also shown as a
 fraction of that roofline.
 
@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
-from timing import count_gflop, interleaved, machine, matmul_gflops  # noqa: E402
+from timing import machine_info, matmul_gflops, steps  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
@@ -156,26 +156,21 @@ def bench_device(device: torch.device, args) -> dict:
 
     rates = {p: [matmul_gflops(p, device, args.matmul_size)] for p in sorted({"fp32", *args.precision})}
     load0 = os.getloadavg()[0]
-    gflop: dict[str, float] = {}
-
-    def count(name, fn):
-        gflop[name], _ = count_gflop(fn)
-
-    t = interleaved(sides, args.steps, device, warmup=args.warmup, on_warmup=count)
+    t = steps(sides, args.steps, device)
     load1 = os.getloadavg()[0]
     for p in rates:
         rates[p].append(matmul_gflops(p, device, args.matmul_size))
     rate = {p: float(np.median(v)) for p, v in rates.items()}
     words = (batch.labels > 0).sum(-1).float().mean().item()
-    res = {"device": str(device), **machine(), "load_average_start_end": [load0, load1], "batch_images": args.batch,
+    res = {"device": str(device), **machine_info(), "load_average_start_end": [load0, load1], "batch_images": args.batch,
            "words_per_caption": words, "steps": args.steps, **check,
            "matmul_gflops": {p: {"median": rate[p], "runs": v} for p, v in rates.items()}, "sides": {}}
     for name, o in t.items():
         prec = name.split()[-1]
-        achieved = gflop[name] / o["median"]
+        achieved = o["gflop"] / o["median"]
         res["sides"][name] = {
             "s_per_step": o["median"], "best_s": o["best"], "times": o["times"], "images_per_s": args.batch / o["median"],
-            "gflop": gflop[name], "gflops": achieved, "matmul_fraction": achieved / rate[prec],
+            "gflop": o["gflop"], "gflops": achieved, "matmul_fraction": achieved / rate[prec],
             "peak_mib": o["peak_mib"],
             "vs_upstream": t[REF]["median"] / o["median"] if REF in t else None,
         }
@@ -200,7 +195,7 @@ def print_table(results: list[dict], args) -> None:
 
     con = Console(width=150)
     for r in results:
-        where = r["gpu"] if r["device"].startswith("cuda") else f"{r['cpu']}, {r['threads']} threads"
+        where = r["gpu"] if r["device"].startswith("cuda") else f"{r['machine']}; {r['threads']} threads"
         table = Table(title=f"XE training step, paper preset (V={VOCAB}, {REGIONS}×{ATT_DIM} att, {SEQ_PER_IMG} captions "
                             f"of {r['words_per_caption']:.1f} words per image, {args.batch} images) on {where}; "
                             f"median of {args.steps} interleaved steps")
@@ -232,7 +227,6 @@ def main() -> None:
     ap.add_argument("--words", default=str(SEQ_LEN), help="words per caption: N, or MIN-MAX drawn uniformly")
     ap.add_argument("--precision", default="fp32,bf16", help="rdpp's precisions to time, comma-separated")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per side, interleaved (median reported)")
-    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--matmul-size", type=int, default=4096, help="n of the n×n matmul that measures the roofline")
     ap.add_argument("--device", default="cpu,cuda", help="comma-separated; cuda is skipped when absent")
     ap.add_argument("--no-reference", action="store_true", help="time rdpp only")

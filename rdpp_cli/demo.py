@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rdpp_cli.artifacts import Artifact, find_reusable, read_artifact, workspace_dir
+from rdpp_cli.artifacts import Artifact, atomic_write_json, find_reusable, read_artifact, workspace_dir
 from rdpp_cli.console import console, info
 
 
@@ -120,5 +120,5 @@ def demo(out: Path | None = None, *, quick: bool = False, device: str = "cpu") -
     console.print(f"plot: {plot_path}   workspace: {ws}   ({time.perf_counter() - t_start:.0f} s)   "
                   f"see every artifact with `rdpp ls --workspace {ws}`")
     result = {"rows": rows, "plot": str(plot_path), "workspace": str(ws)}
-    (ws / "demo_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(ws / "demo_summary.json", result)
     return result

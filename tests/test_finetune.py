@@ -145,7 +145,9 @@ def test_tiny_dpp_run_writes_a_valid_model_artifact(ws, tmp_path):
     assert man["kind"] == "rdpp.model"
     cfg = man["config"]
     assert cfg["stage"] == "finetune" and cfg["reward"] == "dpp" and cfg["m"] == 3 and cfg["baseline"] == "none"
-    assert cfg["model"] == str(_xe(ws).resolve()) and cfg["model_config"]["rnn_size"] == 256
+    assert cfg["model"] == "xe/att2in-small-v1" and cfg["model_config"]["rnn_size"] == 256
+    assert cfg["model_sha256"] == read_artifact(_xe(ws)).manifest_sha256  # the resume identity: content
+    # --out outside a workspace: inputs recorded by absolute path (and hash)
     assert [i["kind"] for i in man["inputs"]] == ["rdpp.data", "rdpp.model"]
     assert Path(man["inputs"][1]["path"]) == _xe(ws).resolve()
     assert man["inputs"][1]["manifest_sha256"] == read_artifact(_xe(ws)).manifest_sha256
@@ -231,7 +233,7 @@ def test_a_finetuned_model_is_not_an_xe_model(ws, tmp_path):
 def test_an_xe_model_trained_on_other_data_is_refused(ws, tmp_path):
     other = write_tiny_data(tmp_path / "other", n_train=16, n_val=6, n_test=2, seed=9)
     r = _cli(_xe(ws), "--data", other, "--out", tmp_path / "o", "--device", "cpu")
-    _one_line_error(r, f"was XE-trained on {(ws / 'data' / 'tiny-v1').resolve()}", f"not on data artifact {other}")
+    _one_line_error(r, "xe/att2in-small-v1 was made from data artifact data/tiny-v1", f"not from {other}")
     assert not (tmp_path / "o").exists()
     before = sorted(p.name for p in (ws / "finetune").iterdir()) if (ws / "finetune").exists() else []
     r = _cli("--workspace", ws, "--from", "no-such-model", "--device", "cpu")

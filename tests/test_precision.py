@@ -56,7 +56,8 @@ def _model(d: DataArtifact, size: int = 64, dropout: float = 0.0, seed: int = 0)
 
 
 def _batch(d: DataArtifact, seq_per_img: int = 5):
-    return next(iter(CaptionBatches(d, "train", batch_size=8, seq_per_img=seq_per_img, seed=0).epoch(0)))
+    """The first training batch, on the CPU with float32 features (the loader keeps the file's float16)."""
+    return next(iter(CaptionBatches(d, "train", batch_size=8, seq_per_img=seq_per_img, seed=0).epoch(0))).to("cpu")
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

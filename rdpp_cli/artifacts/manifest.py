@@ -1,14 +1,20 @@
 """Artifact manifests: what a stage wrote, from what, with which settings.
 
 An artifact is a directory with ``manifest.json``, written last and atomically. A directory without
-a manifest is incomplete and is never read. See docs/artifacts.md.
+a manifest is incomplete and is never read. See docs/workspace.md.
+
+Inputs are recorded as ``{"kind", "name", "path", "manifest_sha256"}``: ``path`` relative to the
+workspace (``data/toy-v1``) when the input lies in the workspace the artifact is written to, else
+absolute; the manifest hash identifies the input wherever it moves (``artifacts.lineage``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -19,13 +25,25 @@ from typing import Any, BinaryIO
 from rdpp_cli import __version__
 from rdpp_cli.errors import RdppError
 
-SCHEMA = 1
-# The schema each kind is written with. rdpp.data 2: cider_df.h5 counts the end token (EOS) of every
-# training reference, as the training reward does (docs/rewards.md); schema-1 data artifacts are
-# refused by the stages that need the training reward (rdpp_cli.metrics.train_cider).
-SCHEMAS = {"rdpp.data": 2, "rdpp.model": SCHEMA, "rdpp.samples": SCHEMA, "rdpp.scores": SCHEMA}
+# The manifest schema each kind is written with, and the oldest schema this rdpp still reads. An
+# artifact older than that is refused with the command that remakes it (REMAKE); a newer one asks for
+# a newer rdpp. rdpp.data 2: cider_df.h5 counts the end token (EOS) of every training reference, as
+# the training reward does (docs/rewards.md); schema-1 data artifacts are still read (their references
+# score, their models sample) and refused by the stages that need the training reward
+# (rdpp_cli.metrics.train_cider).
+SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
+OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
+SCHEMA = 1  # kept for old imports; use SCHEMAS[kind]
+REMAKE = {
+    "rdpp.data": "rdpp prepro toy` or `rdpp prepro coco",
+    "rdpp.model": "rdpp train-xe` (XE) or `rdpp finetune",
+    "rdpp.samples": "rdpp sample",
+    "rdpp.scores": "rdpp score",
+}
 MANIFEST = "manifest.json"
 KINDS = tuple(SCHEMAS)
+# An artifact's workspace is the folder two levels up when its parent is one of these group folders.
+GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores")
 _CHUNK = 1 << 20
 
 
@@ -57,8 +75,53 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+def _non_finite(obj: Any, where: str = "") -> str | None:
+    """The key path of the first NaN or infinity in ``obj`` (None when there is none)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "(top level)"
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
+def json_bytes(obj: Any, path: Path | str, indent: int | None = 2) -> bytes:
+    """``obj`` as strict JSON (NaN and infinity are not JSON): RdppError naming the key otherwise."""
+    try:
+        text = json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False)
+    except ValueError:
+        raise RdppError(f"{path}: {_non_finite(obj)} is not a finite number and JSON cannot hold it; nothing was "
+                        "written (a bug in rdpp: please report the command)") from None
+    return (text + "\n").encode()
+
+
+def atomic_write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as strict JSON (no NaN/Infinity), atomically."""
+    atomic_write_bytes(path, json_bytes(obj, path, indent))
+
+
+def workspace_root(path: Path | str) -> Path | None:
+    """The workspace an artifact folder lies in (``<root>/<group>/<name>``), or None."""
+    p = Path(path).resolve()
+    return p.parent.parent if p.parent.name in GROUP_NAMES else None
+
+
+def input_ref(art: "Artifact", out_dir: Path | str) -> dict:
+    """How an artifact written to ``out_dir`` records its input ``art``: the path relative to their
+    common workspace (absolute when they share none) and the input's manifest hash."""
+    root = workspace_root(out_dir)
+    src = art.path.resolve()
+    path = str(src)
+    if root is not None and src.is_relative_to(root):
+        path = src.relative_to(root).as_posix()
+    return {"kind": art.kind, "name": art.name, "path": path, "manifest_sha256": art.manifest_sha256}
 
 
 @dataclass(frozen=True)
@@ -88,9 +151,19 @@ class Artifact:
     def name(self) -> str:
         return self.path.name
 
-    @property
+    @functools.cached_property
     def manifest_sha256(self) -> str:
+        """sha256 of ``manifest.json``'s bytes: the artifact's identity wherever it is moved."""
         return sha256_file(self.path / MANIFEST)
+
+    def input_path(self, entry: dict) -> Path:
+        """Where an input entry says the input is: relative paths are relative to this artifact's
+        workspace (older manifests hold absolute paths)."""
+        p = Path(entry.get("path", ""))
+        if p.is_absolute():
+            return p
+        root = workspace_root(self.path)
+        return (root if root is not None else self.path.parent) / p
 
     def file(self, name: str) -> Path:
         """Path of a listed file, after the cheap check that it exists with the recorded size."""
@@ -107,21 +180,31 @@ class Artifact:
             )
         return p
 
-    def verify(self) -> None:
-        """Full check: every listed file's size and sha256 (reads every byte)."""
+    def problems(self, full: bool = True) -> list[str]:
+        """Every listed file that is missing, has another size, or (``full``: reads every byte) another
+        sha256 than the manifest records; one line each, empty when the artifact is intact."""
+        out = []
         for name, entry in self.manifest.get("files", {}).items():
-            p = self.file(name)
-            if entry.get("hash_of", "file") == "file":
-                actual = sha256_file(p)
-            else:
-                from rdpp_cli.artifacts import content_hash
+            p = self.path / name
+            if not p.is_file():
+                out.append(f"{name}: missing (listed in the manifest)")
+            elif p.stat().st_size != entry["bytes"]:
+                out.append(f"{name}: {p.stat().st_size} bytes but the manifest says {entry['bytes']}")
+            elif full:
+                if entry.get("hash_of", "file") == "file":
+                    actual = sha256_file(p)
+                else:
+                    from rdpp_cli.artifacts import content_hash
 
-                actual = content_hash.recompute(p, entry["hash_of"])
-            if actual != entry["sha256"]:
-                raise RdppError(
-                    f"{p}: sha256 {actual[:12]}… does not match the manifest ({entry['sha256'][:12]}…); "
-                    "the file was modified; rebuild this artifact"
-                )
+                    actual = content_hash.recompute(p, entry["hash_of"])
+                if actual != entry["sha256"]:
+                    out.append(f"{name}: sha256 {actual[:12]}… does not match the manifest ({entry['sha256'][:12]}…)")
+        return out
+
+    def verify(self) -> None:
+        """Full check: every listed file's size and sha256 (reads every byte); RdppError on the first problem."""
+        for problem in self.problems(full=True):
+            raise RdppError(f"{self.path}/{problem}: the file was modified after the artifact was written; rebuild it")
 
     def input_of_kind(self, kind: str) -> dict | None:
         for inp in self.inputs:
@@ -169,10 +252,7 @@ def write_manifest(
         "rdpp_version": __version__,
         "created": now_utc(),
         "config": _jsonable(config),
-        "inputs": [
-            {"kind": a.kind, "path": str(a.path.resolve()), "name": a.name, "manifest_sha256": a.manifest_sha256}
-            for a in inputs
-        ],
+        "inputs": [input_ref(a, out_dir) for a in inputs],
         "files": files,
     }
     if summary:
@@ -204,12 +284,19 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
         raise RdppError(f"{mpath} is not an rdpp manifest (no kind/schema); expected {want}")
     if kinds and manifest["kind"] not in kinds:
         raise RdppError(f"{path} is a {manifest['kind']} artifact; expected {want}")
-    known = SCHEMAS.get(manifest["kind"], SCHEMA)
-    if not isinstance(manifest["schema"], int) or manifest["schema"] > known:
+    kind_ = manifest["kind"]
+    current = SCHEMAS.get(kind_)
+    if current is None:
+        raise RdppError(f"{mpath} is of unknown kind {kind_!r}; expected {want}")
+    schema = manifest["schema"]
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema > current:
         raise RdppError(
-            f"{mpath} has schema {manifest['schema']}, newer than this rdpp ({__version__}) reads "
-            f"(schema {known}); upgrade rdpp"
+            f"{mpath} has schema {schema}, newer than this rdpp ({__version__}) reads "
+            f"(schema {current}); upgrade rdpp"
         )
+    if schema < OLDEST_READ[kind_]:
+        raise RdppError(f"{path} is an {kind_} artifact of schema {schema}, older than this rdpp reads (schema "
+                        f"{OLDEST_READ[kind_]} to {current}); remake it with `{REMAKE[kind_]}`")
     return Artifact(path, manifest)
 
 

@@ -1,25 +1,33 @@
 """The workspace: versioned artifact folders under ``./runs`` and newest-artifact resolution.
 
-Layout: ``<workspace>/<group>/<name>-v<k>``, e.g. ``runs/data/toy-v1``, ``runs/xe/att2in-v1``,
-``runs/finetune/dpp-m5-v2``, ``runs/samples/random-n20-v1``, ``runs/scores/v1``. A new run never
-overwrites an earlier version. A folder being written holds ``.rdpp-partial.json`` (its kind and
-config) until its manifest lands; rerunning the same command with the same settings resumes it.
+Layout: ``<workspace>/<group>/<stem>-v<k>``, e.g. ``runs/data/toy-v1``, ``runs/xe/att2in-small-v1``,
+``runs/finetune/dpp-m5-v2``. Derived artifacts are named after their parent: samples
+``runs/samples/dpp-m5-v2.random-n20-v1`` (model ``dpp-m5-v2``), and their scores
+``runs/scores/dpp-m5-v2.random-n20-v1`` (then ``...-v1-v2`` for a second scoring of the same
+samples). One pattern (``version_name``/``split_version``) makes and reads every versioned name. A new
+run never overwrites an earlier version. A folder being written holds ``.rdpp-partial.json`` (its
+kind and resume identity) until its manifest lands, and ``.rdpp-lock`` (``artifacts.lock``) while a
+run writes it; rerunning the same command with the same settings resumes an unfinished folder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 from pathlib import Path
 
-from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, atomic_write_json, is_complete, read_artifact
+from rdpp_cli.artifacts import lock as _lock
+from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, Artifact, atomic_write_json, is_complete,
+                                         read_artifact)
 from rdpp_cli.console import info
 from rdpp_cli.errors import RdppError
 
 PARTIAL = ".rdpp-partial.json"
 ENV = "RDPP_WORKSPACE"
+WORKSPACE_YAML = "rdpp.yaml"  # per-workspace option defaults, one section per command (docs/workspace.md)
 GROUPS = {
     "data": "rdpp.data",
     "xe": "rdpp.model",
@@ -27,7 +35,26 @@ GROUPS = {
     "samples": "rdpp.samples",
     "scores": "rdpp.scores",
 }
-_VERSION = re.compile(r"^(?P<stem>.*?)-?v(?P<k>\d+)$")
+assert tuple(GROUPS) == GROUP_NAMES
+RESERVED = (PARTIAL, _lock.LOCK)  # bookkeeping files of a folder being written: never cleared, never hashed
+_VERSION = re.compile(r"^(?P<stem>.+)-v(?P<k>[1-9]\d*)$")
+
+
+def split_version(name: str) -> tuple[str, int] | None:
+    """``("dpp-m5-v1.random-n20", 3)`` for ``dpp-m5-v1.random-n20-v3``; None for an unversioned name."""
+    m = _VERSION.match(name)
+    return (m.group("stem"), int(m.group("k"))) if m else None
+
+
+def version_name(stem: str, k: int) -> str:
+    """Version ``k`` of ``stem``: ``<stem>-v<k>``. A stem that is itself a versioned artifact name
+    (the scores of samples ``x-v1``) is its own first version: ``x-v1``, then ``x-v1-v2``."""
+    return stem if k == 1 and split_version(stem) else f"{stem}-v{k}"
+
+
+def derived_name(parent: str, own: str) -> str:
+    """The stem of an artifact made from ``parent``: ``dpp-m5-v1.random-n20`` (samples of model dpp-m5-v1)."""
+    return f"{parent}.{own}"
 
 
 def workspace_dir(workspace: Path | str | None = None) -> Path:
@@ -41,10 +68,24 @@ def _versions(parent: Path, stem: str) -> list[tuple[int, Path]]:
     out = []
     if parent.is_dir():
         for p in parent.iterdir():
-            m = _VERSION.match(p.name)
-            if p.is_dir() and m and m.group("stem") == stem:
-                out.append((int(m.group("k")), p))
+            if not p.is_dir():
+                continue
+            if p.name == version_name(stem, 1):
+                out.append((1, p))
+            elif (sv := split_version(p.name)) and sv[0] == stem and sv[1] > 1:
+                out.append((sv[1], p))
     return sorted(out)
+
+
+def _identity(config: dict) -> dict:
+    """A run's identity as JSON sees it; RdppError (before anything is written) for an option
+    that is not a finite number."""
+    try:
+        return json.loads(json.dumps(config, default=str, allow_nan=False))
+    except ValueError:
+        bad = next((k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)), "an option")
+        raise RdppError(f"--{str(bad).replace('_', '-')} is {config.get(bad)}: options must be finite numbers; "
+                        "pass a finite value") from None
 
 
 def _partial_matches(path: Path, kind: str, config: dict) -> bool:
@@ -55,16 +96,17 @@ def _partial_matches(path: Path, kind: str, config: dict) -> bool:
         saved = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return False
-    return saved.get("kind") == kind and saved.get("config") == json.loads(json.dumps(config, default=str))
+    return saved.get("kind") == kind and saved.get("config") == _identity(config)
 
 
 def _mark_partial(path: Path, kind: str, config: dict) -> None:
-    atomic_write_json(path / PARTIAL, {"kind": kind, "config": json.loads(json.dumps(config, default=str))})
+    atomic_write_json(path / PARTIAL, {"kind": kind, "config": _identity(config)})
 
 
 def finish(path: Path) -> None:
-    """Drop the partial marker once the manifest is written."""
+    """Drop the partial marker and the run's lock once the manifest is written."""
     (Path(path) / PARTIAL).unlink(missing_ok=True)
+    _lock.release(path)
 
 
 def prepare_output(
@@ -77,13 +119,19 @@ def prepare_output(
     config: dict,
     force: bool = False,
 ) -> Path:
-    """Choose and claim the folder a stage writes to.
+    """Choose and claim the folder a stage writes to, and lock it for this run (``artifacts.lock``;
+    ``finish`` releases it).
 
     - ``out`` not given: a new version ``<workspace>/<group>/<name>-v<k>``, unless the newest
       version is an unfinished run of the same kind and config, which is resumed.
     - ``out`` given: an empty or missing folder is used; an unfinished run of the same config is
       resumed; anything else (another artifact, unrelated files) is refused unless ``force``.
+
+    ``config`` is the run's identity: what decides its result (options and the manifest hashes of
+    its inputs, never paths, so that a moved workspace still resumes). A folder another live run
+    holds is refused with one line naming it.
     """
+    _identity(config)  # a NaN option is refused before any folder is made
     if out is None:
         parent = workspace_dir(workspace) / group
         parent.mkdir(parents=True, exist_ok=True)
@@ -91,50 +139,59 @@ def prepare_output(
         if versions:
             k, newest = versions[-1]
             if not is_complete(newest) and _partial_matches(newest, kind, config):
-                info(f"resuming unfinished {newest}")
-                return newest
+                _lock.acquire(newest)
+                if is_complete(newest):  # finished while we looked
+                    _lock.release(newest)
+                else:
+                    info(f"resuming unfinished {newest}")
+                    return newest
         k = versions[-1][0] + 1 if versions else 1
         while True:
-            path = parent / f"{name}-v{k}"
+            path = parent / version_name(name, k)
             try:
                 path.mkdir()
                 break
             except FileExistsError:
                 k += 1
+        _lock.acquire(path)
         _mark_partial(path, kind, config)
         return path
 
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise RdppError(f"--out {path} is a file; give a folder path")
-    if path.is_dir() and any(path.iterdir()):
-        if is_complete(path):
-            if not force:
-                try:
-                    existing = read_artifact(path).kind
-                except RdppError:
-                    existing = "an rdpp"
-                raise RdppError(
-                    f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it"
-                )
-            (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
-            _clear(path)
-        elif _partial_matches(path, kind, config):
-            info(f"resuming unfinished {path}")
-            return path
-        elif not force:
-            what = "an unfinished run with other settings" if (path / PARTIAL).exists() else "files that are not an rdpp artifact"
-            raise RdppError(f"{path} holds {what}; choose another --out or pass --force to overwrite it")
-        else:
-            _clear(path)
     path.mkdir(parents=True, exist_ok=True)
-    _mark_partial(path, kind, config)
+    _lock.acquire(path)  # refused while another run writes it; a dead run's lock is taken over
+    with _lock.released_on_error(path):
+        if any(p.name != _lock.LOCK for p in path.iterdir()):
+            if is_complete(path):
+                if not force:
+                    try:
+                        existing = read_artifact(path).kind
+                    except RdppError:
+                        existing = "an rdpp"
+                    raise RdppError(
+                        f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it"
+                    )
+                (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
+                _clear(path)
+            elif _partial_matches(path, kind, config):
+                info(f"resuming unfinished {path}")
+                return path
+            elif not force:
+                what = ("an unfinished run with other settings" if (path / PARTIAL).exists()
+                        else "files that are not an rdpp artifact")
+                raise RdppError(f"{path} holds {what}; choose another --out or pass --force to overwrite it")
+            else:
+                _clear(path)
+        _mark_partial(path, kind, config)
     return path
 
 
 def _clear(path: Path) -> None:
     for child in path.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if child.name != _lock.LOCK:
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def list_artifacts(workspace: Path | str | None = None, groups: tuple[str, ...] | None = None) -> list[Artifact]:
@@ -164,7 +221,8 @@ def resolve_input(
     make_with: str,
     quiet: bool = False,
 ) -> Artifact:
-    """The artifact a stage reads: ``from_`` as a path or a name in the workspace, else the newest.
+    """The artifact a stage reads: ``from_`` as a path, a name in the workspace (``dpp-m5-v1``) or a
+    group/name as ``rdpp ls`` shows it (``finetune/dpp-m5-v1``); else the newest.
 
     ``groups`` are searched in order of preference (e.g. ``("finetune", "xe")``: the newest
     fine-tuned model, else the newest XE model).
@@ -174,9 +232,12 @@ def resolve_input(
         p = Path(from_)
         if p.exists():
             return read_artifact(p, kind)
-        for group in groups:
-            if (root / group / str(from_)).exists():
-                return read_artifact(root / group / str(from_), kind)
+        candidates = [root / group / str(from_) for group in groups]
+        if p.parts and p.parts[0] in groups:
+            candidates.insert(0, root / p)
+        for c in candidates:
+            if c.exists():
+                return read_artifact(c, kind)
         raise RdppError(f"{what} '{from_}' not found as a path nor under {root}/{{{','.join(groups)}}}; "
                         f"see `rdpp ls`")
     for group in groups:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from rdpp_cli import __version__
-from rdpp_cli.cli import demo, finetune, ls, plot, prepro, sample, score, train_xe
+from rdpp_cli.cli import demo, finetune, ls, plot, prepro, sample, score, train_xe, verify
 
 app = typer.Typer(
     name="rdpp",
@@ -28,6 +28,7 @@ app.command("score")(score.command)
 app.command("plot")(plot.command)
 app.command("demo")(demo.command)
 app.command("ls")(ls.command)
+app.command("verify")(verify.command)
 
 def _version(value: bool) -> None:
     if value:

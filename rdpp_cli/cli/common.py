@@ -10,10 +10,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
-
-WORKSPACE_YAML = "rdpp.yaml"
 
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
@@ -39,7 +38,7 @@ ValImagesOpt = typer.Option(
 ValBatchSizeOpt = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch.")
 SaveEveryStepsOpt = typer.Option(
     0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch).")
-WorkersOpt = typer.Option(0, "--workers", help="DataLoader worker processes reading batches.")
+WorkersOpt = typer.Option(0, "--workers", help="Threads reading the next batches while a step runs (0: read in the loop; docs/data.md).")
 ResumeOpt = typer.Option(
     True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over.")
 BatchSizeOpt = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together).")
@@ -114,11 +113,23 @@ def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
     return params
 
 
+def parent_option(opts: dict, positional: str, what: str) -> str | None:
+    """Pop the parent artifact a command continues from: its positional argument or ``--from``
+    (``opts["from_"]``), which mean the same thing (docs/workspace.md); RdppError when they differ."""
+    chosen, alias = opts.pop(positional), opts.pop("from_")
+    if chosen and alias and chosen != alias:
+        raise RdppError(f"{positional.upper()} {chosen} and --from {alias} name different {what}; give one of them")
+    return chosen or alias
+
+
 def stage(fn):
     """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from rdpp_cli.artifacts.lock import held, release_all
+
+        before = held()
         try:
             return fn(*args, **kwargs)
         except RdppError as e:
@@ -127,5 +138,7 @@ def stage(fn):
         except KeyboardInterrupt:
             err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
             raise typer.Exit(130) from None
+        finally:
+            release_all(keep=before)  # a failed stage leaves its folder unfinished but unlocked
 
     return wrapper

@@ -11,8 +11,6 @@ from rdpp_cli.cli.common import (ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt
                                  SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt, WorkersOpt, WorkspaceOpt,
                                  resolve_options, stage)
 from rdpp_cli.cli.common import PrecisionOpt
-from rdpp_cli.errors import RdppError
-from rdpp_cli.training.finetune import finetune
 
 
 @stage
@@ -76,8 +74,8 @@ def command(
 
     Example: rdpp finetune --reward dpp --m 5
     """
+    from rdpp_cli.cli.common import parent_option
+    from rdpp_cli.training.finetune import finetune
+
     opts = resolve_options(ctx, "finetune")
-    chosen, alias = opts.pop("model"), opts.pop("from_")
-    if chosen and alias and chosen != alias:
-        raise RdppError(f"MODEL {chosen} and --from {alias} name different models; give one of them")
-    finetune(chosen or alias, **opts)
+    finetune(parent_option(opts, "model", "models"), **opts)

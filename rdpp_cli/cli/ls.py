@@ -20,27 +20,42 @@ _KEY_SETTINGS = {
 }
 
 
+def model_of(art, by_sha: dict) -> str:
+    """The model that made a samples or scores artifact (scores: through their samples), as group/name."""
+    from rdpp_cli.artifacts import entry_name
+
+    entry = art.input_of_kind("rdpp.model")
+    samples = art.input_of_kind("rdpp.samples")
+    if entry is None and samples and (parent := by_sha.get(samples.get("manifest_sha256"))) is not None:
+        entry = parent.input_of_kind("rdpp.model")
+    return entry_name(entry) if entry else "-"
+
+
 def ls(workspace: Path | None = None) -> Table:
-    """Every complete artifact in the workspace with its settings, headline numbers and lineage."""
+    """Every complete artifact in the workspace with its settings, headline numbers, model and lineage."""
+    from rdpp_cli.artifacts import entry_name
+
     root = workspace_dir(workspace)
     arts = list_artifacts(root)
+    by_sha = {a.manifest_sha256: a for a in arts}
     table = Table(title=f"artifacts in {root}", title_justify="left")
-    for col in ("artifact", "kind", "created", "settings", "headline", "from"):
+    for col in ("artifact", "kind", "created", "settings", "headline", "model", "from"):
         table.add_column(col, overflow="fold")
     for a in arts:
         cfg = a.config
         settings = " ".join(f"{k}={cfg[k]}" for k in _KEY_SETTINGS.get(a.kind, ()) if cfg.get(k) is not None)
         summary = a.manifest.get("summary", {})
         headline = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
-        lineage = ", ".join(f"{Path(i['path']).parent.name}/{i.get('name', Path(i['path']).name)}" for i in a.inputs)
+        lineage = ", ".join(entry_name(i) for i in a.inputs)
+        model = model_of(a, by_sha) if a.kind in ("rdpp.samples", "rdpp.scores") else "-"
         table.add_row(f"{a.path.parent.name}/{a.name}", a.kind.removeprefix("rdpp."), a.created[:19].replace("T", " "),
-                      settings, headline, lineage or "-")
+                      settings, headline, model, lineage or "-")
     return table
 
 
 @stage
 def command(workspace: Path = WorkspaceOpt) -> None:
-    """List the workspace's artifacts: kind, created, settings, headline metrics, lineage.
+    """List the workspace's artifacts: kind, created, settings, headline metrics, model, lineage.
 
     Example: rdpp ls --workspace runs
     """

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.plot import plot
 
 
 @stage
@@ -24,6 +23,8 @@ def command(
 ) -> None:
     """Plot scores artifacts on the diversity-accuracy plane (the paper's Fig. 1) with the human point.
 
-    Example: rdpp plot runs/scores/random-n20-v1 runs/scores/dpp-v1 --labels XE,R-DPP
+    Example: rdpp plot runs/scores/att2in-small-v1.random-n20-v1 runs/scores/dpp-m5-v1.random-n20-v1 --labels XE,R-DPP
     """
+    from rdpp_cli.scoring.plot import plot
+
     plot(**resolve_options(ctx, "plot"))

@@ -8,7 +8,6 @@ import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
 from rdpp_cli.cli.common import PrecisionOpt
-from rdpp_cli.decoding.decode import METHODS
 
 
 @stage
@@ -19,7 +18,7 @@ def command(
     data: str = typer.Option(None, "--data", help="Data artifact; default: the one the model was trained on."),
     split: str = typer.Option("test", "--split", help="train, val or test."),
     n: int = typer.Option(20, "--n", help="Captions per image."),
-    method: str = typer.Option("random", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("random", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
     temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
     top_k: int = typer.Option(0, "--top-k", help="k for --method topk."),
     top_p: float = typer.Option(1.0, "--top-p", help="p for --method nucleus."),
@@ -44,11 +43,7 @@ def command(
     """
     from rdpp_cli.decoding.sample import sample
 
-    opts = resolve_options(ctx, "sample")
-    if opts["model"] is not None and opts["from_"] is not None:
-        from rdpp_cli.errors import RdppError
+    from rdpp_cli.cli.common import parent_option
 
-        raise RdppError("give the model either as MODEL or with --from, not both")
-    model = opts.pop("model") or opts.pop("from_")
-    opts.pop("from_", None)
-    sample(model, **opts)
+    opts = resolve_options(ctx, "sample")
+    sample(parent_option(opts, "model", "models"), **opts)

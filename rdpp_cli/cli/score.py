@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.score import score
 
 
 @stage
@@ -17,8 +16,10 @@ def command(
     samples: Optional[str] = typer.Argument(
         None, help="Samples artifact (folder or workspace name; default: the newest), or a JSON file: "
                    '[{"image_id", "captions": [...]}] or coco-caption results [{"image_id", "caption"}].'),
+    from_: Optional[str] = typer.Option(None, "--from", help="Same as SAMPLES: the samples artifact to score."),
     data: Optional[str] = typer.Option(
-        None, "--data", help="Data artifact whose split gives the references (default: the one the samples came from)."),
+        None, "--data", help="Data artifact whose split gives the references (default: the one the samples came from; "
+                              "another is refused: use --refs for other references)."),
     split: Optional[str] = typer.Option(
         None, "--split", help="Split of the data artifact (default: the samples' split, else test)."),
     refs: Optional[Path] = typer.Option(
@@ -34,7 +35,7 @@ def command(
     metrics: Optional[str] = typer.Option(
         None, "--metrics", help="Comma-separated subset of Bleu_1..Bleu_4,METEOR,ROUGE_L,CIDEr,SPICE (default: all)."),
     out: Optional[Path] = typer.Option(
-        None, "--out", help="Folder to write (default: a new version <workspace>/scores/<samples>-v<k>)."),
+        None, "--out", help="Folder to write (default: <workspace>/scores/<samples name>, then <samples name>-v2, ...)."),
     force: bool = ForceOpt,
     config: Optional[Path] = ConfigOpt,
     workspace: Optional[Path] = WorkspaceOpt,
@@ -48,4 +49,8 @@ def command(
 
     Example: rdpp score results.json --refs captions_val2014.json
     """
-    score(**resolve_options(ctx, "score"))
+    from rdpp_cli.cli.common import parent_option
+    from rdpp_cli.scoring.score import score
+
+    opts = resolve_options(ctx, "score")
+    score(parent_option(opts, "samples", "samples"), **opts)

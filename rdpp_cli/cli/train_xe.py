@@ -11,14 +11,14 @@ from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, G
                                  LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
                                  WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
 from rdpp_cli.cli.common import PrecisionOpt
-from rdpp_cli.training.xe import train_xe
 
 
 @stage
 def command(
     ctx: typer.Context,
     data: Optional[str] = typer.Option(
-        None, "--data", "--from", help="Data artifact folder, or its name in the workspace (default: the newest)."),
+        None, "--data", "--from", help="Data artifact folder, or its name in the workspace (default: the newest). "
+                                       "--from is the same option: a run's parent is its data (docs/workspace.md)."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Folder to write (default: a new version <workspace>/xe/att2in-<preset>-v<k>)."),
     preset: str = typer.Option("paper", "--preset", help="Model size: paper (512, dropout 0.5) or small (CPU)."),
@@ -54,4 +54,6 @@ def command(
 
     Example: rdpp train-xe --preset small --epochs 15
     """
+    from rdpp_cli.training.xe import train_xe
+
     train_xe(**resolve_options(ctx, "train_xe"))

@@ -170,10 +170,10 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
 
 
 def _drop_strangers(out_dir: Path, keep: set[str]) -> None:
-    from rdpp_cli.artifacts.workspace import PARTIAL
+    from rdpp_cli.artifacts.workspace import RESERVED  # the partial marker and the run's lock
 
     for p in out_dir.iterdir():
-        if p.name in keep or p.name == PARTIAL:
+        if p.name in keep or p.name in RESERVED:
             continue
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 

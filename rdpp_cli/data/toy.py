@@ -211,7 +211,7 @@ def generate_toy(root: Path, images: int = 3000, seed: int = 0) -> Path:
             bar.advance(task)
     path = root / JSON_NAME
     atomic_write_bytes(path, json.dumps({"dataset": "toy", "generator": GENERATOR, "seed": seed,
-                                         "images": entries}, separators=(",", ":")).encode())
+                                         "images": entries}, separators=(",", ":"), allow_nan=False).encode())
     return path
 
 
@@ -233,6 +233,10 @@ def prepro_toy(
     images are upscaled to ``image_size`` (128 by default, a 4×4 map for a stride-32 CNN)."""
     if images < 10:
         raise RdppError(f"--images {images} is too few; use at least 10 (10 % each go to val and test)")
+    from rdpp_cli import checks
+
+    checks.seed(seed)
+    checks.at_least("--batch-size", batch_size, 1)
     image_size = image_size or (IMAGE_SIZE if backbone == "pixstats" else 2 * IMAGE_SIZE)
     from rdpp_cli.data.backbones import build_backbone
 

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rdpp_cli.artifacts import Artifact, finish, prepare_output, read_artifact, resolve_input, write_manifest
+from rdpp_cli.artifacts import (Artifact, atomic_write_json, derived_name, finish, prepare_output, ref_name,
+                                resolve_input, write_manifest)
+from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import load_model
+from rdpp_cli.models.checkpoint import check_fits_data, load_model
 from rdpp_cli.precision import autocast, resolve_precision
-from rdpp_cli.training.distributed import resolve_device
-from rdpp_cli.training.finetune import resolve_data_for
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -36,6 +37,8 @@ def model_checkpoint(model_art: Artifact) -> Path:
 
 
 def run_name(cfg: DecodeConfig) -> str:
+    """The decoding part of a samples artifact's name (``random-n20``); the whole stem is
+    ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it."""
     extra = {"beam": f"-b{cfg.beam}", "dbs": f"-g{cfg.groups}b{cfg.beam}", "topk": f"-k{cfg.top_k}",
              "nucleus": f"-p{cfg.top_p:g}"}.get(cfg.method, "")
     return f"{cfg.method}{extra}-n{cfg.n}"
@@ -65,19 +68,24 @@ def sample(
     force: bool = False,
     workspace: Path | str | None = None,
 ) -> Artifact:
-    """Decode ``n`` captions per image of ``split``; returns the samples artifact.
+    """Decode ``n`` captions per image of ``split``; returns the samples artifact
+    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``).
 
     ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
     autocast; log-probabilities are float32 either way. The one used is in the manifest.
     """
+    from rdpp_cli import checks
+
     try:
-        cfg = DecodeConfig(method=method, n=n, max_len=max_len or 16, temperature=temperature, top_k=top_k,
-                           top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
+                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
                            length_norm=length_norm).check()
     except ValueError as e:
         raise RdppError(str(e)) from None
-    if batch_size < 1:
-        raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
+    checks.at_least("--batch-size", batch_size, 1)
+    checks.at_least("--max-images", max_images, 1)
+    checks.seed(seed)
+    checks.finite("--temperature", temperature)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
@@ -85,23 +93,19 @@ def sample(
     data_art = resolve_data_for(model_art, data, workspace)
     ds = DataArtifact(data_art)
     net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
-    if list(vocab) != list(ds.words):
-        raise RdppError(f"model {model_art.path} has a {len(vocab)}-word vocabulary, data artifact {ds.path} a "
-                        f"{ds.vocab_size}-word one that differs; sample with the data the model was trained on")
-    if (net.config.att_feat_size != ds.att_dim):
-        raise RdppError(f"model {model_art.path} expects {net.config.att_feat_size}-d features but {ds.path} has "
-                        f"{ds.att_dim}-d ones; sample with the data the model was trained on")
+    check_fits_data(ckpt, ds, f"model {model_art.path}", "sample with the data the model was trained on")
     if max_len is None:
         cfg.max_len = ds.seq_length
     images = ds.split_indices(split)
     if max_images is not None:
         images = images[:max_images]
 
-    config = {"model": str(model_art.path), "data": str(data_art.path), "split": split, **cfg.to_dict(),
-              "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
-              "precision": prec}
-    out_dir = prepare_output(out, workspace=workspace, group="samples", name=run_name(cfg), kind="rdpp.samples",
-                             config=config, force=force)
+    settings = {"split": split, **cfg.to_dict(), "batch_size": batch_size, "max_images": max_images, "seed": seed,
+                "device": str(dev), "precision": prec}
+    config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
+    identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
+    out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg)),
+                             kind="rdpp.samples", config=identity, force=force)
     gen = torch.Generator(device=dev).manual_seed(seed)
     records: list[dict] = []
     t0 = time.perf_counter()
@@ -120,7 +124,7 @@ def sample(
                                 "logprobs": [round(float(x), 6) for x in lps[b]]})
             bar.advance(task, len(idx) * n)
     elapsed = time.perf_counter() - t0
-    (out_dir / "samples.json").write_text(json.dumps(records, indent=1) + "\n")
+    atomic_write_json(out_dir / "samples.json", records, indent=1)
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
     art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art],
                          summary={"images": len(records), "n": n, "method": cfg.method, "distinct": distinct})

@@ -11,7 +11,6 @@ See docs/scoring.md for every definition.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,11 @@ from rdpp_cli.artifacts import (
     Artifact,
     atomic_write_json,
     finish,
+    follow_input,
     prepare_output,
-    read_artifact,
+    ref_name,
     resolve_input,
+    sha256_file,
     write_manifest,
 )
 from rdpp_cli.console import console, info, note, summary_table
@@ -35,7 +36,6 @@ from rdpp_cli.metrics.cider import CiderD, DocFreq
 from rdpp_cli.metrics.self_cider import VARIANTS, self_cider_ragged
 
 MAKE_SAMPLES = "rdpp sample --n 20 --method random"
-_VERSION = re.compile(r"-?v\d+$")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -53,8 +53,9 @@ class Samples:
 
     @property
     def name(self) -> str:
-        stem = self.artifact.name if self.artifact is not None else self.source.stem
-        return _VERSION.sub("", stem) or "scores"
+        """The scores artifact's stem: the samples artifact's name (``dpp-m5-v1.random-n20-v1``: the
+        scores say which samples, and so which model, they score), or the JSON file's stem."""
+        return self.artifact.name if self.artifact is not None else (self.source.stem or "scores")
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -153,15 +154,18 @@ class References:
 
 
 def _data_artifact(data: str | Path | None, samples: Samples, workspace) -> Artifact:
+    """``--data`` (which must be the samples' own data artifact, by manifest hash), else the data
+    artifact the samples record, else (a JSON file) the newest one."""
+    if samples.artifact is not None:
+        art = follow_input(samples.artifact, "rdpp.data", data, workspace=workspace, what="data artifact",
+                           make_with="rdpp prepro toy",
+                           refused="its references are not the ones these captions were made for; drop --data "
+                                   "to score against their own, or pass --refs FILE to score against any references")
+        if art is not None:
+            return art
     if data is not None:
         return resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data",
                              what="data artifact", make_with="rdpp prepro toy")
-    if samples.artifact is not None:
-        inp = samples.artifact.input_of_kind("rdpp.data")
-        if inp is not None:
-            art = read_artifact(inp["path"], "rdpp.data")
-            info(f"using data artifact: [bold]{art.path}[/bold] (recorded in {samples.artifact.path})")
-            return art
     return resolve_input(None, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
                          make_with="rdpp prepro toy (or pass --refs captions_val2014.json)")
 
@@ -329,14 +333,17 @@ def score(
               "human": human, "settings": settings}
 
     # ---- write -----------------------------------------------------------------------------
-    config = {"samples": str(smp.artifact.path if smp.artifact is not None else smp.source),
-              "data": str(ref.artifact.path) if ref.artifact is not None else None,
-              "refs": str(refs) if refs is not None else None, "split": settings["split"], "oracle": oracle,
-              "self_cider": self_cider, "self_cider_variant": self_cider_variant if self_cider else None,
-              "diversity": diversity,
-              "plot": plot, "metrics": list(names)}
+    options = {"split": settings["split"], "oracle": oracle, "self_cider": self_cider,
+               "self_cider_variant": self_cider_variant if self_cider else None, "diversity": diversity,
+               "plot": plot, "metrics": list(names)}
+    config = {"samples": ref_name(smp.artifact) if smp.artifact is not None else str(smp.source),
+              "data": ref_name(ref.artifact) if ref.artifact is not None else None,
+              "refs": str(refs) if refs is not None else None, **options}
+    identity = {"samples_sha256": smp.artifact.manifest_sha256 if smp.artifact is not None else sha256_file(smp.source),
+                "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
+                "refs": config["refs"], **options}
     path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
-                          config=config, force=force)
+                          config=identity, force=force)
     atomic_write_json(path / "scores.json", result)
     _per_image_frame(smp, ev, per_mean, per_best if oracle else {}, per_div).to_csv(path / "per_image.csv", index=False)
     if plot:

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, read_artifact, resolve_input
+from rdpp_cli.artifacts import Artifact, ref_name, resolve_input
+from rdpp_cli.artifacts.lineage import resolve_data_for  # noqa: F401  (re-exported)
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
@@ -42,7 +43,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
@@ -296,16 +297,8 @@ def check_options(reward: str, m: int, baseline: str, lam: float) -> None:
     if reward == "scst-mean" and m < 2:
         raise RdppError(f"--m {m} with --reward scst-mean: the mean baseline averages the other samples "
                         "of the image; use --m 2 or more")
-    if reward == "xe-cider" and not lam >= 0:
-        raise RdppError(f"--lam must be ≥ 0 (got {lam})")
-
-
-def _same_artifact(ref: dict, art: Artifact) -> bool:
-    """Whether a manifest's input entry ``ref`` names artifact ``art`` (same manifest bytes)."""
-    sha = ref.get("manifest_sha256")
-    if sha:
-        return sha == art.manifest_sha256
-    return Path(ref.get("path", "")).resolve() == art.path.resolve()
+    if reward == "xe-cider" and not 0 <= lam < float("inf"):
+        raise RdppError(f"--lam must be ≥ 0 and finite (got {lam})")
 
 
 def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
@@ -316,28 +309,6 @@ def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, qui
     if stage != "xe":
         raise RdppError(f"model artifact {art.path} is {'a ' + stage if stage else 'not an XE'}-trained model "
                         f"(stage {stage!r}), not XE-trained; fine-tune from a model made by `rdpp train-xe`")
-    return art
-
-
-def resolve_data_for(model_art: Artifact, data: str | Path | None, workspace: Path | str | None,
-                     quiet: bool = False) -> Artifact:
-    """The data artifact: ``data`` if given, else the one the XE model was trained on; it must be
-    the model's training data (same manifest)."""
-    trained_on = model_art.input_of_kind("rdpp.data")
-    if trained_on is None:
-        raise RdppError(f"model artifact {model_art.path} records no data artifact among its inputs; "
-                        "retrain it with `rdpp train-xe`")
-    if data is None and Path(trained_on.get("path", "")).is_dir():
-        art = read_artifact(trained_on["path"], "rdpp.data")
-        if not quiet:
-            info(f"using data artifact: [bold]{art.path}[/bold] (the XE model's training data; --data to pick another)")
-    else:
-        art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                            make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=quiet)
-    if not _same_artifact(trained_on, art):
-        raise RdppError(f"model artifact {model_art.path} was XE-trained on {trained_on.get('path')}, not on data "
-                        f"artifact {art.path}; pass --data {trained_on.get('path')} or train an XE model on "
-                        f"{art.path} with `rdpp train-xe --data {art.path}`")
     return art
 
 
@@ -415,12 +386,7 @@ def finetune(
         validation_images(ds, val_images)
         ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
         ckpt = load_checkpoint(ckpt_path)
-        if list(ckpt["vocab"]) != list(ds.words):
-            raise RdppError(f"{ckpt_path}: its vocabulary ({len(ckpt['vocab'])} words) differs from data artifact "
-                            f"{ds.path}'s ({ds.vocab_size} words); fine-tune on the data the model was trained on")
-        if ckpt["model_config"].get("att_feat_size") != ds.att_dim:
-            raise RdppError(f"{ckpt_path}: made for {ckpt['model_config'].get('att_feat_size')}-d att features but "
-                            f"data artifact {ds.path} has {ds.att_dim}-d; use the model's own data artifact")
+        check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
         cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
         seed_everything(seed)
         net = model_from_checkpoint(ckpt, where=str(ckpt_path))
@@ -429,13 +395,15 @@ def finetune(
             "stage": "finetune", "reward": reward, "m": m, "baseline": baseline,
             "lam": lam if reward == "xe-cider" else None, "preset": preset, "sample_mode": sample_mode,
             "train_reward": TRAIN_REWARD,
-            "model": str(model_art.path.resolve()), "checkpoint": checkpoint, "data": str(data_art.path.resolve()),
+            "model_sha256": model_art.manifest_sha256, "checkpoint": checkpoint,
+            "data_sha256": data_art.manifest_sha256,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
             "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
             "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed, "precision": prec,
         }
-        config = {**identity, "lam": lam, "device": device, "precision_option": precision, "workers": workers,
-                  "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
+        config = {**identity, "model": ref_name(model_art), "data": ref_name(data_art), "lam": lam, "device": device,
+                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
+                  "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
                                kind="rdpp.model", config=identity, force=force)
         step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,

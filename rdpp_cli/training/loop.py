@@ -37,6 +37,12 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   fp16 whose state is in the resume state);
 - DDP under torchrun: each process trains on its share of every batch; validation images are
   shared out and the scores summed; rank 0 alone writes files and prints;
+- divergence stops the run with one line (``Diverged``): the loss is checked every step (the
+  value the progress bar shows anyway; under DDP one tiny all-reduce so that every process stops
+  at the same step) before it reaches the weights, and the parameters before every validation and
+  checkpoint, so no NaN/Inf weights are ever written to last.pt, best.pt or the resume state;
+- the output folder stays locked (``artifacts.lock``) for the whole run, released when the
+  manifest is written or the run fails;
 - finally the manifest (kind ``rdpp.model``; config with ``stage`` and ``model_config``; the
   inputs; summary ``val_cider``, ``epochs``) and a summary table.
 
@@ -49,6 +55,7 @@ claims the folder.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -61,7 +68,8 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, atomic_write_bytes, finish, prepare_output, read_artifact, write_manifest
+from rdpp_cli.artifacts import (Artifact, atomic_write_bytes, finish, prepare_output, read_artifact,
+                                released_on_error, write_manifest)
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
@@ -96,17 +104,20 @@ class TrainConfig:
     save_every_steps: int = 0  # also save last.pt + resume state every K steps (0 = per epoch only)
     seed: int = 123
     device: str = "auto"
-    num_workers: int = 0  # DataLoader worker processes reading batches
+    num_workers: int = 0  # threads reading the next batches ahead (data.loader.read_ahead)
     resume: bool = True  # continue from out_dir's resume state when there is one
     precision: str = "fp32"  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
 
     def check(self) -> None:
         """RdppError for settings that cannot work (before anything is written)."""
+        from rdpp_cli import checks
+
         for name in ("epochs", "batch_size", "seq_per_img", "val_batch_size"):
             if getattr(self, name) < 1:
                 raise RdppError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
-        if not self.lr > 0:
-            raise RdppError(f"--lr must be positive (got {self.lr})")
+        checks.learning_rate(self.lr)
+        checks.seed(self.seed)
+        checks.finite("--grad-clip", self.grad_clip)
         if self.grad_clip < 0:
             raise RdppError(f"--grad-clip must be 0 (off) or positive (got {self.grad_clip})")
         if self.grad_clip_mode not in ("value", "norm"):
@@ -228,11 +239,45 @@ def _split_step(out) -> tuple[Tensor, dict[str, float]]:
     return loss, logs
 
 
+class Diverged(RdppError):
+    """Training produced a non-finite loss or non-finite weights; nothing non-finite was saved."""
+
+
+def _diverged(what: str, epoch: int, step: int, last_loss: float | None, cfg: TrainConfig) -> Diverged:
+    last = f"last finite loss {last_loss:.4g}" if last_loss is not None else "no finite loss yet"
+    clip = (f"clip gradients harder (--grad-clip, now {cfg.grad_clip:g} by {cfg.grad_clip_mode})" if cfg.grad_clip > 0
+            else "clip gradients (--grad-clip 0.1)")
+    return Diverged(f"training diverged at epoch {epoch}, step {step}: {what} ({last}); no checkpoint holds these "
+                    f"weights; lower --lr (now {cfg.lr:g}) or {clip} and rerun")
+
+
+def _non_finite_parameter(model: nn.Module) -> str | None:
+    """The name of the first parameter or buffer holding NaN or infinity (one sync per call)."""
+    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_floating_point()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
+    bad = (~flags).nonzero()
+    return tensors[int(bad[0])][0] if len(bad) else None
+
+
+def _releases_lock(fn):
+    """Release the output folder's lock when the run fails (``finish`` releases it on success)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, out_dir, **kwargs):
+        with released_on_error(out_dir):
+            return fn(*args, out_dir=out_dir, **kwargs)
+
+    return wrapper
+
+
 def _write_metrics(path: Path, history: list[dict]) -> None:
     if history:
         atomic_write_bytes(path, pd.DataFrame(history).to_csv(index=False).encode())
 
 
+@_releases_lock
 def run_training(
     *,
     stage: str,
@@ -263,7 +308,8 @@ def run_training(
     core = model
     core.to(rt.device)
     loader = CaptionBatches(data, "train", batch_size=cfg.batch_size, seq_per_img=cfg.seq_per_img, seed=cfg.seed,
-                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers)
+                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers,
+                            pin_memory=rt.device.type == "cuda")
     val_all = validation_images(data, cfg.val_images)
     val_share = np.array_split(val_all, rt.world_size)[rt.rank]
     cider = None
@@ -317,7 +363,18 @@ def run_training(
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - t0
 
+    last_loss: float | None = None
+
+    def check_weights(epoch: int) -> None:
+        """Stop before non-finite weights are validated or saved (the same on every process: DDP
+        keeps the replicas equal)."""
+        name = _non_finite_parameter(core)
+        if name is not None:
+            raise _diverged(f"parameter {name} holds NaN or infinity although the loss was finite", epoch, step,
+                            last_loss, cfg)
+
     def save_last(epoch: int, batch: int) -> None:
+        check_weights(epoch + (batch > 0))
         rngs = D.all_gather_object(rng_state())  # every process's RNG streams (a collective)
         if not rt.is_main:
             return
@@ -349,6 +406,12 @@ def run_training(
                 batch = batch.to(rt.device)
                 with autocast(precision, rt.device):  # the forward; backward follows its precisions
                     loss, logs = _split_step(step_fn(net, batch))
+                bad = not math.isfinite(logs["loss"])  # read for the progress bar anyway: no extra sync
+                if rt.distributed:
+                    bad = D.any_true(bad)
+                if bad:
+                    raise _diverged(f"the loss is {logs['loss']}", epoch + 1, step + 1, last_loss, cfg)
+                last_loss = logs["loss"]
                 loss = loss * batch.weight if batch.weight != 1.0 else loss
                 if scaler is None:
                     loss.backward()
@@ -376,6 +439,7 @@ def run_training(
             n_img = total.pop("_images", 0.0) or 1.0
             row: dict[str, Any] = {"epoch": epoch + 1, "step": step}
             row.update({k: v / n_img for k, v in total.items()})
+            check_weights(epoch + 1)  # before validating or saving them
             if len(val_all):
                 bar.update(task, info="validating")
                 with autocast(precision, rt.device):  # decoding in the run's precision, scoring in numpy

@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import Artifact, resolve_input
+from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
@@ -78,14 +78,7 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
                             what="model artifact", make_with="rdpp train-xe", quiet=not D.runtime().is_main)
         where = art.path / "checkpoints" / "best.pt"
     ckpt = load_checkpoint(where)
-    if list(ckpt["vocab"]) != list(data.words):
-        raise RdppError(f"--init-from {where}: its vocabulary ({len(ckpt['vocab'])} words) is not the one of data "
-                        f"artifact {data.path} ({data.vocab_size} words); start from scratch or train on the data "
-                        "it was made with")
-    mc = ckpt["model_config"]
-    if mc.get("att_feat_size") != data.att_dim:
-        raise RdppError(f"--init-from {where}: made for {mc.get('att_feat_size')}-d att features but data artifact "
-                        f"{data.path} has {data.att_dim}-d; use a model trained on these features")
+    check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
     return ckpt, str(where)
 
 
@@ -151,17 +144,19 @@ def train_xe(
         else:
             model = Att2in(config_from_preset(preset, vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
                                               att_feat_size=ds.att_dim, seq_length=ds.seq_length))
-        # what decides the result (a rerun with these resumes the unfinished run) ...
+        # what decides the result (a rerun with these resumes the unfinished run: content, not paths) ...
         identity: dict[str, Any] = {
-            "stage": "xe", "data": str(art.path.resolve()), "preset": preset if init_ckpt is None else None,
-            "init_from": init_where, "epochs": epochs, "batch_size": batch_size, "seq_per_img": seq_per_img,
+            "stage": "xe", "data_sha256": art.manifest_sha256, "preset": preset if init_ckpt is None else None,
+            "init_sha256": sha256_file(Path(init_where)) if init_where else None, "epochs": epochs,
+            "batch_size": batch_size, "seq_per_img": seq_per_img,
             "lr": lr, "grad_clip": grad_clip, "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every,
             "lr_decay_rate": lr_decay_rate, "val_images": val_images, "val_batch_size": val_batch_size,
             "seed": seed, "precision": prec,
         }
         # ... and what does not (recorded in the manifest too)
-        config = {**identity, "preset": preset, "device": device, "precision_option": precision, "workers": workers,
-                  "save_every_steps": save_every_steps, "processes": rt.world_size}
+        config = {**identity, "data": ref_name(art), "init_from": init_where, "preset": preset, "device": device,
+                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
+                  "processes": rt.world_size}
         name = f"att2in-{preset}" if init_ckpt is None else "att2in-init"
         out_dir = claim_output(out, workspace=workspace, group="xe", name=name, kind="rdpp.model",
                                config=identity, force=force)

@@ -1,0 +1,173 @@
+"""The lock a run holds on the folder it writes, from the moment it claims it until it finishes.
+
+``<folder>/.rdpp-lock`` holds ``{"pid", "host", "started", "command"}`` of the run writing the
+folder, and that process holds an exclusive ``flock`` on it for as long as it runs: the kernel drops
+the ``flock`` when the process ends, however it ends, so a folder whose lock file is not locked
+was left by a run that died. Acquiring:
+
+- the ``flock`` is held by another live process: refused with one line naming it;
+- this process claimed it before and its stage failed without finishing: claimed afresh (stages
+  run one at a time in a process);
+- the file is there but unlocked, written on this host: its process is dead; taken over (a note);
+- the file is there but unlocked, written on another host: that run may still be alive on a
+  filesystem whose locks do not cross machines; refused, with the file to delete if it is dead.
+
+``finish`` (``artifacts.workspace``) releases the lock once the manifest is written; a stage that
+fails releases it through ``released_on_error`` (or ``release_all`` when a CLI command ends). Under torchrun only
+rank 0 claims the folder, so only rank 0 holds the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from rdpp_cli.errors import RdppError
+
+try:  # POSIX; elsewhere the record alone decides (pid liveness on this host)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+LOCK = ".rdpp-lock"
+
+_held: dict[str, tuple[int, int]] = {}  # resolved folder -> (fd, inode of the lock file)
+
+
+def _key(folder: Path) -> str:
+    return str(Path(folder).resolve())
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _read(path: Path) -> dict:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def describe(rec: dict) -> str:
+    """``pid 123 on host h since 2026-11-26 10:00:00 (rdpp train-xe)``."""
+    since = str(rec.get("started", "?"))[:19].replace("T", " ")
+    cmd = rec.get("command")
+    return f"pid {rec.get('pid', '?')} on host {rec.get('host', '?')} since {since}" + (f" ({cmd})" if cmd else "")
+
+
+def _busy(folder: Path, rec: dict) -> RdppError:
+    return RdppError(f"{folder} is being written by another run ({describe(rec)}); wait for it to finish, "
+                     "or stop it and rerun this command to resume")
+
+
+def acquire(folder: Path | str) -> None:
+    """Lock ``folder`` (which exists) for this process; RdppError when another run holds it."""
+    folder = Path(folder)
+    key = _key(folder)
+    path = folder / LOCK
+    if key in _held:  # claimed earlier by this process, whose stage then failed: stages run one at a time
+        release(folder)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # BlockingIOError: a live process holds it
+                os.close(fd)
+                raise _busy(folder, _read(path)) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder finished and removed the file between our open and flock: retry
+    prev = _read(path)
+    if prev:
+        if prev.get("host") != _host():
+            _release_fd(fd)
+            raise RdppError(f"{folder} is locked by a run on another machine ({describe(prev)}); if that run is no "
+                            f"longer running, delete {path} and rerun")
+        pid = prev.get("pid")
+        if fcntl is None and isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+            _release_fd(fd)
+            raise _busy(folder, prev)
+        from rdpp_cli.console import note
+
+        note(f"taking over {folder}: the run that held it ({describe(prev)}) is no longer running")
+    rec = {"pid": os.getpid(), "host": _host(),
+           "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "command": " ".join(["rdpp", *sys.argv[1:]]) if Path(sys.argv[0]).name in ("rdpp", "__main__.py") else None}
+    data = (json.dumps(rec) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    os.fsync(fd)
+    _held[key] = (fd, os.fstat(fd).st_ino)
+
+
+def _release_fd(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def holds(folder: Path | str) -> bool:
+    """Whether this process holds the lock on ``folder``."""
+    return _key(Path(folder)) in _held
+
+
+def release(folder: Path | str) -> None:
+    """Remove the lock file and drop the lock (no-op when this process does not hold it)."""
+    folder = Path(folder)
+    entry = _held.pop(_key(folder), None)
+    if entry is None:
+        return
+    fd, ino = entry
+    path = folder / LOCK
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == ino:
+            path.unlink()
+    _release_fd(fd)
+
+
+def held() -> frozenset[str]:
+    """The folders this process holds locks on (resolved paths)."""
+    return frozenset(_held)
+
+
+def release_all(keep: frozenset[str] = frozenset()) -> None:
+    """Drop every lock this process holds except those in ``keep`` (the CLI calls it when a command
+    ends, however it ends, keeping the locks that were held before the command started)."""
+    for key in list(_held):
+        if key not in keep:
+            release(Path(key))
+
+
+@contextlib.contextmanager
+def released_on_error(folder: Path | str) -> Iterator[None]:
+    """Release ``folder``'s lock if the block raises, so that a later call in this process may resume it."""
+    try:
+        yield
+    except BaseException:
+        release(folder)
+        raise

@@ -1,0 +1,172 @@
+"""NaN, Inf and absurd options (issue 17, item 3): a diverging run stops with one line and never writes
+a non-finite checkpoint; absurd options are refused before anything is written; JSON never holds NaN."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rdpp_cli.artifacts import atomic_write_json, read_artifact
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.training.xe import xe_loss
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_lineage import error_line, listing, model_artifact, rdpp  # noqa: E402
+from test_loader import write_tiny_data  # noqa: E402
+
+os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> DataArtifact:
+    return DataArtifact.open(write_tiny_data(tmp_path_factory.mktemp("d") / "tiny", n_train=16, n_val=4, n_test=2))
+
+
+def _model(data: DataArtifact) -> Att2in:
+    torch.manual_seed(0)
+    return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
+                               fc_feat_size=data.fc_dim, att_feat_size=data.att_dim, seq_length=data.seq_length))
+
+
+def _train(data: DataArtifact, out: Path, step_fn, epochs: int = 3, model=None, after_step=None):
+    cfg = TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
+    return run_training(stage="xe", model=model or _model(data), data=data, out_dir=out, cfg=cfg, step_fn=step_fn,
+                        inputs=[data.artifact], manifest_config={}, after_step=after_step)
+
+
+def _finite(path: Path) -> bool:
+    sd = torch.load(path, weights_only=True)["state_dict"]
+    return all(torch.isfinite(t).all() for t in sd.values())
+
+
+def test_a_nan_loss_stops_the_run_and_no_checkpoint_holds_it(data, tmp_path):
+    def nan_at_step_3(net, batch):
+        loss = xe_loss(net, batch)
+        return loss * float("nan") if (batch.epoch, batch.batch) == (1, 0) else loss
+
+    with pytest.raises(RdppError) as e:
+        _train(data, tmp_path / "m", nan_at_step_3)
+    msg = str(e.value)
+    assert msg.startswith("training diverged at epoch 2, step 3: the loss is nan (last finite loss ")
+    assert "lower --lr (now 0.01)" in msg and "--grad-clip" in msg and "\n" not in msg
+    ckpt = tmp_path / "m" / "checkpoints"
+    assert _finite(ckpt / "last.pt") and _finite(ckpt / "best.pt")  # both still epoch 1's
+    assert torch.load(ckpt / "last.pt", weights_only=True)["epoch"] == 1
+    assert not (tmp_path / "m" / "manifest.json").exists() and not (tmp_path / "m" / ".rdpp-lock").exists()
+
+
+def test_divergence_in_epoch_one_writes_no_best_pt(data, tmp_path):
+    def nan_at_step_2(net, batch):
+        loss = xe_loss(net, batch)
+        return loss + float("inf") if batch.batch == 1 else loss
+
+    with pytest.raises(RdppError, match="at epoch 1, step 2: the loss is inf"):
+        _train(data, tmp_path / "m", nan_at_step_2)
+    assert not (tmp_path / "m" / "checkpoints" / "best.pt").exists()
+    assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
+
+
+def test_non_finite_weights_are_never_validated_or_saved(data, tmp_path):
+    """A finite loss with weights gone to infinity (e.g. an overflowing update): caught before the
+    epoch's validation and checkpoints."""
+    model = _model(data)
+
+    def poison_after_step_2(step: int) -> None:
+        if step == 2:
+            with torch.no_grad():
+                model.logit.weight[0, 0] = float("inf")
+
+    with pytest.raises(RdppError, match=r"at epoch 1, step 2: parameter logit\.weight holds NaN or infinity"):
+        _train(data, tmp_path / "m", xe_loss, model=model, after_step=poison_after_step_2)
+    assert not (tmp_path / "m" / "checkpoints" / "best.pt").exists()
+    assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
+
+
+def test_the_cli_prints_divergence_as_one_line(tmp_path, monkeypatch):
+    ws = tmp_path / "runs"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
+    import rdpp_cli.training.xe as xe
+
+    monkeypatch.setattr(xe, "xe_loss", lambda net, batch: torch.tensor(float("nan"), requires_grad=True))
+    line = error_line(rdpp("train-xe", "--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-images",
+                           "0", "--device", "cpu", "--workspace", ws))
+    assert line.startswith("error: training diverged at epoch 1, step 1: the loss is nan (no finite loss yet)")
+    assert not list(ws.rglob(".rdpp-lock"))  # the unfinished folder is left unlocked: a rerun may resume it
+    assert list(ws.rglob(".rdpp-partial.json"))
+
+
+# -- absurd options: refused before anything is written ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("ws")
+    model_artifact(ws, read_artifact(write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=3)))
+    return ws
+
+
+TRAIN = ["--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-images", "0", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train-xe", *TRAIN, "--lr", "1e30"], "--lr must be in (0, 1] (got 1e+30)"),
+    (["train-xe", *TRAIN, "--seed", "-1"], "--seed must be an integer from 0 to 2**63-1 (got -1)"),
+    (["train-xe", *TRAIN, "--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["finetune", "--epochs", "1", "--seed", "-3", "--device", "cpu"], "--seed must be an integer"),
+    (["finetune", "--epochs", "1", "--lr", "nan", "--device", "cpu"], "--lr must be in (0, 1] (got nan)"),
+    (["sample", "--n", "2", "--max-images", "0"], "--max-images must be at least 1 (got 0)"),
+    (["sample", "--n", "2", "--max-images", "-15"], "--max-images must be at least 1 (got -15)"),
+    (["sample", "--n", "2", "--max-len", "0"], "--max-len must be at least 1 (got 0)"),
+    (["sample", "--n", "2", "--seed", "-1"], "--seed must be an integer"),
+    (["sample", "--n", "2", "--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["sample", "--n", "2", "--method", "dbs", "--groups", "2", "--diversity-lambda", "nan"],
+     "--diversity-lambda is nan: options must be finite numbers"),
+    (["prepro", "toy", "--images", "20", "--seed", "-1"], "--seed must be an integer"),
+])
+def test_absurd_options_are_refused_before_anything_is_written(ws, args, message):
+    before = listing(ws)
+    line = error_line(rdpp(*args, "--workspace", ws))
+    assert message in line, line
+    assert listing(ws) == before
+
+
+def test_json_never_holds_nan(tmp_path):
+    with pytest.raises(RdppError, match=r"x\.json: scores\.1\.CIDEr is not a finite number and JSON cannot hold it"):
+        atomic_write_json(tmp_path / "x.json", {"scores": [{"CIDEr": 1.0}, {"CIDEr": float("nan")}]})
+    assert list(tmp_path.iterdir()) == []
+
+
+def _any_true_on(rank: int, world: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    from rdpp_cli.training import distributed as D
+
+    D.setup("cpu")
+    try:
+        results.put((rank, D.any_true(rank == 1), D.any_true(False)))
+    finally:
+        D.teardown()
+
+
+def test_under_ddp_every_process_learns_that_one_diverged():
+    """The loop's per-step check under torchrun: a NaN on one process stops all of them at the same step
+    (otherwise the others would wait forever in the next all-reduce)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_any_true_on, args=(2, port, results), nprocs=2, start_method="spawn")
+    got = sorted(results.get() for _ in range(2))
+    assert got == [(0, True, False), (1, True, False)]
