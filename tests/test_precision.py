@@ -80,6 +80,10 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch):
     assert [P.resolve_precision(p, "cpu") for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
     with pytest.raises(RdppError, match="--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto"):
         P.resolve_precision("half", "cpu")
+    # the CLI repeats the default (it cannot import torch): the two must agree
+    from rdpp_cli.cli.common import PrecisionOpt
+
+    assert PrecisionOpt.default == P.DEFAULT_PRECISION == "fp32"
 
 
 # -- numerics ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
-from rdpp_cli.precision import autocast, resolve_precision
+from rdpp_cli.precision import DEFAULT_PRECISION, autocast, resolve_precision
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -63,7 +63,7 @@ def sample(
     max_images: int | None = None,
     seed: int = 0,
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = DEFAULT_PRECISION,
     out: Path | str | None = None,
     force: bool = False,
     workspace: Path | str | None = None,

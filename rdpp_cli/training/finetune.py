@@ -44,7 +44,7 @@ from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
-from rdpp_cli.precision import full_precision, resolve_precision
+from rdpp_cli.precision import DEFAULT_PRECISION, full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
@@ -334,7 +334,7 @@ def finetune(
     save_every_steps: int = 0,
     checkpoint: str = "best",
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = DEFAULT_PRECISION,
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,

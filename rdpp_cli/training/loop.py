@@ -75,7 +75,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
-from rdpp_cli.precision import PRECISIONS, autocast, grad_scaler, resolve_precision
+from rdpp_cli.precision import DEFAULT_PRECISION, PRECISIONS, autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
@@ -106,7 +106,7 @@ class TrainConfig:
     device: str = "auto"
     num_workers: int = 0  # threads reading the next batches ahead (data.loader.read_ahead)
     resume: bool = True  # continue from out_dir's resume state when there is one
-    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
+    precision: str = DEFAULT_PRECISION  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
 
     def check(self) -> None:
         """RdppError for settings that cannot work (before anything is written)."""

@@ -23,7 +23,7 @@ from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
-from rdpp_cli.precision import resolve_precision
+from rdpp_cli.precision import DEFAULT_PRECISION, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
 from rdpp_cli.training.state import seed_everything
@@ -101,7 +101,7 @@ def train_xe(
     val_batch_size: int = 100,
     save_every_steps: int = 0,
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = DEFAULT_PRECISION,
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,
