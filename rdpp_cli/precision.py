@@ -49,10 +49,15 @@ def native_bf16(device: torch.device | str) -> bool:
     return False
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """The precision a run on ``device`` uses for ``--precision precision``: fp32, bf16 or fp16."""
+def check_precision(precision: str) -> None:
+    """RdppError unless ``precision`` is one of ``PRECISIONS``."""
     if precision not in PRECISIONS:
         raise RdppError(f"--precision {precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """The precision a run on ``device`` uses for ``--precision precision``: fp32, bf16 or fp16."""
+    check_precision(precision)
     if precision == "auto":
         return "bf16" if native_bf16(device) else "fp32"
     return precision

@@ -75,7 +75,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
-from rdpp_cli.precision import DEFAULT_PRECISION, PRECISIONS, autocast, grad_scaler, resolve_precision
+from rdpp_cli.precision import DEFAULT_PRECISION, autocast, check_precision, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
@@ -129,8 +129,7 @@ class TrainConfig:
             raise RdppError(f"--val-images must be ≥ 0 (got {self.val_images})")
         if self.save_every_steps < 0 or self.num_workers < 0:
             raise RdppError("--save-every-steps and --workers must be ≥ 0")
-        if self.precision not in PRECISIONS:
-            raise RdppError(f"--precision {self.precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
+        check_precision(self.precision)
 
 
 class _Methods(nn.Module):
