@@ -63,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
-from timing import machine_info, matmul_gflops, steps, sync  # noqa: E402
+from timing import machine_info, steps_on_roofline, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
@@ -335,19 +335,14 @@ def main() -> None:
         sides["published dpp m=5 fp32"] = lambda: ref.dpp_step(batch, 5)
         labels["published dpp m=5 fp32"] = ("published", "dpp", 5, "fp32")
 
-    rates = {p: [matmul_gflops(p, device, args.matmul_size)] for p in sorted({"fp32", *precisions})}
-    load0 = os.getloadavg()[0]
-    t = steps(sides, args.repeats, device)
-    load1 = os.getloadavg()[0]
-    for p in rates:
-        rates[p].append(matmul_gflops(p, device, args.matmul_size))
-    rate = {p: float(np.median(v)) for p, v in rates.items()}
+    t, mm, load = steps_on_roofline(sides, args.repeats, device, precisions, args.matmul_size)
+    rate = {p: v["median"] for p, v in mm.items()}
 
     results: dict = {"setting": dict(batch=args.batch, vocab=VOCAB, att=f"{REGIONS}x{ATT_DIM}", preset="paper",
                                      max_len=MAX_LEN, device=args.device, target_words=args.words,
                                      repeats=args.repeats),
-                     "machine": machine_info(), "load_average_start_end": [load0, load1], "check": check,
-                     "matmul_gflops": {p: {"median": rate[p], "runs": v} for p, v in rates.items()}, "steps": {}}
+                     "machine": machine_info(), "load_average_start_end": load, "check": check,
+                     "matmul_gflops": mm, "steps": {}}
     for name, o in t.items():
         s = summarise(o)
         prec = labels[name][3]

@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
-from timing import machine_info, matmul_gflops, steps  # noqa: E402
+from timing import machine_info, steps_on_roofline  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
@@ -154,17 +154,12 @@ def bench_device(device: torch.device, args) -> dict:
         opt_r = torch.optim.Adam(ref.parameters(), lr=4e-4)
         sides[REF] = lambda: upstream_step(ref, opt_r, *ref_in)
 
-    rates = {p: [matmul_gflops(p, device, args.matmul_size)] for p in sorted({"fp32", *args.precision})}
-    load0 = os.getloadavg()[0]
-    t = steps(sides, args.steps, device)
-    load1 = os.getloadavg()[0]
-    for p in rates:
-        rates[p].append(matmul_gflops(p, device, args.matmul_size))
-    rate = {p: float(np.median(v)) for p, v in rates.items()}
+    t, mm, load = steps_on_roofline(sides, args.steps, device, args.precision, args.matmul_size)
+    rate = {p: v["median"] for p, v in mm.items()}
     words = (batch.labels > 0).sum(-1).float().mean().item()
-    res = {"device": str(device), **machine_info(), "load_average_start_end": [load0, load1], "batch_images": args.batch,
+    res = {"device": str(device), **machine_info(), "load_average_start_end": load, "batch_images": args.batch,
            "words_per_caption": words, "steps": args.steps, **check,
-           "matmul_gflops": {p: {"median": rate[p], "runs": v} for p, v in rates.items()}, "sides": {}}
+           "matmul_gflops": mm, "sides": {}}
     for name, o in t.items():
         prec = name.split()[-1]
         achieved = o["gflop"] / o["median"]
