@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
+from rdpp_cli.cli.common import PrecisionOpt
 
 
 @stage
@@ -34,6 +35,7 @@ def command(
     quality: str = typer.Option(None, "--quality", help="--select dpp's quality: consensus (default) or logprob."),
     keep_candidates: bool = typer.Option(False, "--keep-candidates", help="Also write every candidate of --select."),
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
     force: bool = ForceOpt,
     workspace: Path = WorkspaceOpt,

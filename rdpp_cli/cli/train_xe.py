@@ -10,6 +10,7 @@ import typer
 from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt,
                                  LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
                                  WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
+from rdpp_cli.cli.common import PrecisionOpt
 
 
 @stage
@@ -35,6 +36,7 @@ def command(
     val_batch_size: int = ValBatchSizeOpt,
     save_every_steps: int = SaveEveryStepsOpt,
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     workers: int = WorkersOpt,
     seed: int = typer.Option(123, "--seed", help="Seed of the weights, the batch order and dropout."),
     resume: bool = ResumeOpt,

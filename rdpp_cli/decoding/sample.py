@@ -27,9 +27,10 @@ from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.decoding.select import Chooser, SelectConfig
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
-from rdpp_cli.device import resolve_device
+from rdpp_cli.precision import DEFAULT_PRECISION, autocast, resolve_precision
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -75,13 +76,18 @@ def sample(
     quality: str | None = None,
     keep_candidates: bool = False,
     device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
     out: Path | str | None = None,
     force: bool = False,
     workspace: Path | str | None = None,
 ) -> Artifact:
     """Decode ``n`` captions per image of ``split`` (with ``select``: ``candidates`` per image, of
     which ``n`` are kept); returns the samples artifact
-    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``)."""
+    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``).
+
+    ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
+    autocast; log-probabilities are float32 either way. The one used is in the manifest.
+    """
     from rdpp_cli import checks
 
     try:
@@ -99,6 +105,7 @@ def sample(
     if keep_candidates and sel is None:
         raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
     dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
     data_art = resolve_data_for(model_art, data, workspace)
@@ -114,7 +121,8 @@ def sample(
     chooser = Chooser(sel, n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
     settings = {"split": split, **cfg.to_dict(), "n": n, "select": select, "candidates": cfg.n if sel else None,
                 "quality": sel.quality if sel else None, "keep_candidates": keep_candidates if sel else None,
-                "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev)}
+                "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
+                "precision": prec}
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
     identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
     out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg, sel, n)),
@@ -127,7 +135,8 @@ def sample(
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
             fc, att, mask = ds.features(idx, dev)
-            out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+            with autocast(prec, dev):
+                out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
             chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))

@@ -44,6 +44,7 @@ from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
+from rdpp_cli.precision import DEFAULT_PRECISION, full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
@@ -257,7 +258,8 @@ class RewardStep:
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         d = self.draw(unwrap(net), batch)
-        w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
+        with full_precision(batch.att.device):  # the reward never runs under autocast
+            w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -340,6 +342,7 @@ def finetune(
     save_every_steps: int = 0,
     checkpoint: str = "best",
     device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,
@@ -357,7 +360,9 @@ def finetune(
     defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
     (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
     given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
-    ``RewardStep.sample``). ``checkpoint``: which XE checkpoint to start from (best or last).
+    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``):
+    sampling and the teacher-forced pass run under the same autocast, the reward outside it.
+    ``checkpoint``: which XE checkpoint to start from (best or last).
     ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
     check_options(reward, m, baseline, lam)
@@ -376,9 +381,10 @@ def finetune(
                       grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
                       lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
                       save_every_steps=save_every_steps, seed=seed, device=device, num_workers=workers,
-                      resume=resume)
+                      resume=resume, precision=precision)
     cfg.check()
     rt = D.setup(device)
+    prec = resolve_precision(precision, rt.device)
     try:
         quiet = not rt.is_main
         model_art = resolve_xe_model(model, workspace, quiet=quiet)
@@ -401,10 +407,11 @@ def finetune(
             "data_sha256": data_art.manifest_sha256,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
             "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
-            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed,
+            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed, "precision": prec,
         }
         config = {**identity, "model": ref_name(model_art), "data": ref_name(data_art), "lam": lam, "device": device,
-                  "workers": workers, "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
+                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
+                  "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
                                kind="rdpp.model", config=identity, force=force)
         step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,
