@@ -16,4 +16,4 @@ command -v java >/dev/null || echo "no java here: the demo stops at scoring (the
 timeout 240 $PY -c "from rdpp_cli.demo import demo; demo('/tmp/cuda_demo_ws', device='cuda')" > "$OUT/cuda_demo.log" 2>&1
 grep -E "✓|error" "$OUT/cuda_demo.log"; tail -8 "$OUT/cuda_demo.log"
 timeout 100 $PY benchmarks/train.py --device cuda --steps 5 2>&1 | tee "$OUT/cuda_bench_train.log" | tail -15
-timeout 60 $PY benchmarks/sample.py --device cuda 2>&1 | tee "$OUT/cuda_bench_sample.log" | tail -15
+timeout 150 $PY benchmarks/sample.py --device cuda --sections decode 2>&1 | tee "$OUT/cuda_bench_sample.log" | tail -15
