@@ -348,7 +348,8 @@ def compare_beams(up: Upstream, ours, G: int, K: int, groups: list[int]) -> tupl
     """Images compared (those where no beam ended before the limit on either side, and, where ``up``
     recorded them, no two candidates tied at the cut: beam search's result is defined only up to
     the order of equal candidates), those whose captions differ in one of ``groups``, and the
-    largest log-prob difference on the others."""
+    largest difference on the others: of a word's log-prob, or (beam search) of a beam's score
+    relative to its size, divided by 10 (a sum of 16 float32 log-probs of ~9 each, in another order)."""
     B, n, L = ours.tokens.shape[0], ours.tokens.shape[1], up.L
     full = (ours.lengths == L).all(1).tolist()
     tied = up.ties.tolist() if up.enc is not None else [False] * B
@@ -369,7 +370,8 @@ def compare_beams(up: Upstream, ours, G: int, K: int, groups: list[int]) -> tupl
                 lp = x["logps"].gather(1, x["seq"].unsqueeze(1)).squeeze(1)
                 d = max(d, (lp - ours.logprobs[b, r, :L]).abs().max().item())
                 if G == 1:  # the beam's score: rdpp's, less the EOS it forces at the limit
-                    d = max(d, abs(x["p"] - (ours.seq_logprob[b, r] - ours.logprobs[b, r, L]).item()))
+                    score = (ours.seq_logprob[b, r] - ours.logprobs[b, r, L]).item()
+                    d = max(d, abs(x["p"] - score) / max(abs(score), 1.0) / 10)
     return compared, differ, d
 
 
@@ -412,11 +414,12 @@ def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, 
     alg.sample_beam(att, K * G, G, cfg.diversity_lambda)
     compared, differ, d2 = compare_beams(alg, ours, G, K, groups)
     if compared == 0:
-        raise SystemExit(f"{name}: a beam ended early on every image, nothing to compare; use more --batch")
+        raise SystemExit(f"{name}: every image had a beam that ended early or a tie, nothing to compare; "
+                         "use more --batch")
     if differ:
         raise _mismatch(name, f"captions of image {differ[0]}")
     if not max(d, d2) <= TOL:
-        raise _mismatch(name, f"log-probs or scores by {max(d, d2):.1e}")
+        raise _mismatch(name, f"log-probs or scores by {max(d, d2):.1e} (see compare_beams)")
     which = "" if groups == list(range(G)) else ", group 0"
     return (f"{compared}/{B} images (no early end, no tie){which}: same captions, log-probs within "
             f"{max(d, d2):.0e}; literal arithmetic: {literal[0] - len(literal[1])}/{literal[0]} the same")
