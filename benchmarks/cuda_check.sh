@@ -29,7 +29,7 @@ timeout 200 $PY benchmarks/data.py --xe-epoch --device cuda --rows 10000 --worke
   > "$OUT/cuda_data_epoch.log" 2>&1; echo "exit $?"; grep -v '^{' "$OUT/cuda_data_epoch.log" | tail -20
 
 stamp "4. decoding and selection"
-timeout 60 $PY benchmarks/sample.py --device cuda --json > "$OUT/cuda_sample.log" 2>&1
+timeout 150 $PY benchmarks/sample.py --device cuda --sections decode --json > "$OUT/cuda_sample.log" 2>&1
 echo "exit $?"; grep -v '^{' "$OUT/cuda_sample.log" | tail -16
 timeout 60 $PY benchmarks/sample.py --device cuda --sections select --select-images 1000 --json \
   > "$OUT/cuda_select.log" 2>&1; echo "exit $?"; grep -v '^{' "$OUT/cuda_select.log" | tail -10
