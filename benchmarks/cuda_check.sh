@@ -8,7 +8,8 @@
 #      included (benchmarks/data.py --xe-epoch)
 #   4. decoding and DPP selection on the GPU (benchmarks/sample.py)
 #   5. the demo's training stages on the GPU (without Java it stops at its first scoring step)
-#   bash benchmarks/cuda_check.sh
+#   bash benchmarks/cuda_check.sh              # all of them; STEPS="1 2" bash ... runs some
+
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp}
@@ -16,26 +17,39 @@ PY=${PY:-python3}
 export RDPP_NO_PROGRESS=1 COLUMNS=150 PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+STEPS=" ${STEPS:-1 2 3 4 5} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 
+if want 1; then
 stamp "1. precision_cuda.sh"
 OUT=$OUT PY=$PY timeout 200 bash benchmarks/precision_cuda.sh 2>&1 | tee "$OUT/cuda_precision.log"
+fi
 
+if want 2; then
 stamp "2. on-policy sampling vs eval-mode sampling, m = 5"
 timeout 60 $PY benchmarks/finetune.py --device cuda --ms 5 --repeats 3 --no-reference --sample-modes --json \
   > "$OUT/cuda_onpolicy.log" 2>&1; echo "exit $?"; grep -v '^{' "$OUT/cuda_onpolicy.log" | tail -12
+fi
 
+if want 3; then
 stamp "3. one XE epoch over 10,000 COCO-shaped rows, loading included"
 timeout 200 $PY benchmarks/data.py --xe-epoch --device cuda --rows 10000 --workers 0,2,4 --json \
   > "$OUT/cuda_data_epoch.log" 2>&1; echo "exit $?"; grep -v '^{' "$OUT/cuda_data_epoch.log" | tail -20
+fi
 
+if want 4; then
 stamp "4. decoding and selection"
-timeout 150 $PY benchmarks/sample.py --device cuda --sections decode --json > "$OUT/cuda_sample.log" 2>&1
+timeout 100 $PY benchmarks/sample.py --device cuda --sections decode --json > "$OUT/cuda_sample.log" 2>&1
 echo "exit $?"; grep -v '^{' "$OUT/cuda_sample.log" | tail -16
 timeout 60 $PY benchmarks/sample.py --device cuda --sections select --select-images 1000 --json \
   > "$OUT/cuda_select.log" 2>&1; echo "exit $?"; grep -v '^{' "$OUT/cuda_select.log" | tail -10
+fi
 
+if want 5; then
 stamp "5. the demo's stages on cuda"
 command -v java >/dev/null || echo "no java here: the demo stops at scoring (the PTB tokenizer needs Java)"
 timeout 120 $PY -c "from rdpp_cli.demo import demo; demo('/tmp/cuda_demo_ws', device='cuda')" > "$OUT/cuda_demo.log" 2>&1
 grep -E "✓|error" "$OUT/cuda_demo.log" | tail -12
+fi
+
 stamp "done"
