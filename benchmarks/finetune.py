@@ -1,46 +1,77 @@
-"""Step time of RL fine-tuning (SCST and R-DPP) at the paper's shapes, split into decode / reward / backward.
+"""Step time of RL fine-tuning (SCST and R-DPP) at the paper's shapes, split into decode / reward /
+backward: rdpp in fp32 and bf16 against self-critical.pytorch today and the published R-DPP code's way.
 
 Shapes (the paper preset): Att2in 512/512/512, vocabulary 9,487 words, 14×14×2048 att features,
-a batch of 50 images, captions of up to 16 words; a random model whose EOS bias gives captions of
-about 9 words, and 5 random references per image of 8–12 words. CPU, 2 threads by default.
+a batch of 50 images, captions of up to 16 words, 5 references per image of 8–12 words. The model
+is random, with the EOS logit's bias set so that sampled captions have ``--words`` words on average
+(a controlled setting: 9 is about what a COCO-trained model samples, 15.5 what an untrained one
+does); both sides sample from the same weights, so from the same caption-length distribution, and
+the mean length each side actually sampled is printed beside its times.
 
-Each step is exactly what ``rdpp finetune`` runs (``rdpp_cli.training.finetune.RewardStep``):
+Each rdpp step is exactly what ``rdpp finetune`` runs (``rdpp_cli.training.finetune.RewardStep``
+under ``--precision``'s autocast):
 
-- decode:   M random samples per image (+ one greedy caption per image for SCST), batched, no grad;
-- reward:   CIDEr-D of the samples (and greedy captions) in one call; R-DPP: the pairwise CIDEr-D
-            kernel in one call and the batched float64 DPP weights;
-- backward: one teacher-forced forward of the samples, the policy-gradient loss, backward, clipping
-            and the Adam step.
+- decode:   M samples per image drawn on-policy (dropout on, masks drawn in advance), batched, no
+            grad (+ one greedy caption per image, eval mode, for SCST);
+- reward:   CIDEr-D (training df, end token counted) of the samples (and greedy captions) in one
+            call; R-DPP: the pairwise kernel in the same pass and the batched float64 DPP weights;
+- backward: one teacher-forced pass replaying the sampling masks, the policy-gradient loss,
+            backward, clipping by value 0.1 and the Adam step.
 
-The reference is a self-critical.pytorch-style SCST step in the same process, on the same weights:
-sampling with gradients through the step loop (the log-probs of the sampled words kept from
-sampling), the output layer and log-softmax applied step by step, the image features and attention
-keys copied for each of the M samples (``repeat_interleave``), and pycocoevalcap's ``CiderScorer``
-(pure Python, df of the batch's references) as the reward. For R-DPP it also runs the published
-code's way at m = 5: M separate sampling calls, the similarity kernel from M(M+1)/2 CiderScorer
-calls, and ``np.linalg.inv`` with the sign cut.
+References, float32, on the same weights and batch (benchmarks/upstream.py):
 
-    python benchmarks/finetune.py [--json] [--threads 2] [--batch 50] [--ms 2,3,4,5,6,7] [--repeats 2]
+- ``upstream scst``: self-critical.pytorch today (``LossWrapper`` with ``sc_flag``): a greedy
+  ``_sample`` in eval mode without gradients, then ``_sample(sample_n=5)`` in train mode with
+  gradients through the step loop (features and keys copied per sample by ``repeat_tensors``, the
+  full log-softmax of each step kept), ``get_self_critical_reward`` with ``CiderD`` (pure Python,
+  the fixed training df of ``prepro_ngrams.py``, captions and references as ``array_to_str``
+  writes them: the end token included) and ``RewardCriterion``;
+- ``published dpp`` (m = 5): the R-DPP authors' way on the same model code: M separate
+  ``_sample`` calls, q from M ``CiderD`` calls, the similarity kernel from M(M+1)/2 ``CiderD`` calls
+  (caption j against the single reference caption i), ``np.linalg.inv`` with the sign cut.
+
+Before timing, the script checks that both sides compute the same numbers: on one set of rdpp's
+captions the reference's q, kernel, R-DPP weights and SCST advantages equal rdpp's (to 1e-9), and
+in eval mode both models decode the same greedy captions with the same log-probabilities.
+
+Timing (benchmarks/timing.py ``steps``): every setting warmed up once (its matrix-product FLOPs
+counted) and run once more, untimed, for its peak memory; then ``--repeats`` runs of every setting
+in turns (the order reversed every other round); medians of each phase and of the total (best
+beside); peak memory; the matmul rate of this device measured in the same run.
+
+    python benchmarks/finetune.py [--ms 2,3,4,5,6,7] [--precision fp32,bf16] [--words 9] [--repeats 3]
+                                  [--batch 50] [--threads 2] [--device cpu] [--no-reference] [--sample-modes] [--json]
 
 Targets (issue 6): an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
-the greedy baseline) at ≥ 10 images/s, twice the reference implementation's 5.0 images/s.
+the greedy baseline) at ≥ 10 images/s and twice the reference's images/s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
-from collections import OrderedDict
+from pathlib import Path
+
+if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep instead of spinning
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from rdpp_cli.data.loader import Batch
-from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id
-from rdpp_cli.models.att2in import Att2in, config_from_preset
-from rdpp_cli.training.finetune import RewardStep
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import upstream  # noqa: E402
+from timing import machine_info, steps_on_roofline, sync  # noqa: E402
+
+from rdpp_cli.data.loader import Batch  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
+from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
+from rdpp_cli.training.finetune import RewardStep  # noqa: E402
+from rdpp_cli.precision import autocast  # noqa: E402
+from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, MAX_LEN, REFS = 9487, 196, 2048, 16, 5
 
@@ -63,12 +94,26 @@ def make_refs(rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
     return out
 
 
-def make_model(seed: int = 0) -> Att2in:
+def eos_probability(words: float, max_len: int = MAX_LEN) -> float:
+    """The per-step EOS probability p that gives captions of ``words`` words on average when the
+    length limit cuts them at ``max_len``: E[words] = Σ_{k=1..L} (1 − p)^k."""
+    if words >= max_len - 1e-3:
+        return 0.0
+    lo, hi = 1e-9, 1.0
+    for _ in range(100):
+        p = (lo + hi) / 2
+        mean = (1 - p) * (1 - (1 - p) ** max_len) / p
+        lo, hi = (p, hi) if mean > words else (lo, p)
+    return (lo + hi) / 2
+
+
+def make_model(words: float, seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
     model = Att2in(config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
                                       seq_length=MAX_LEN))
-    with torch.no_grad():  # P(EOS) ≈ 0.1 per step: captions of about 9 words, as a trained model's
-        model.logit.bias[0] = float(np.log(VOCAB / 9.0))
+    p = eos_probability(words)
+    with torch.no_grad():  # the other logits are ≈ 0: P(EOS) = e^b / (e^b + V)
+        model.logit.bias[0] = float(np.log(p * VOCAB / (1 - p))) if p > 0 else -30.0
     return model
 
 
@@ -79,159 +124,154 @@ def make_batch(B: int, seed: int = 0) -> Batch:
                  labels=torch.zeros(B, 1, MAX_LEN, dtype=torch.long), epoch=0, batch=0, global_images=B)
 
 
+def mean_words(seqs) -> float:
+    s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
+    return float((s > 0).cumprod(-1).sum(-1).mean())
+
+
 # ----------------------------------------------------------------------------------------------
 # rdpp's step, timed in its three parts
 # ----------------------------------------------------------------------------------------------
 
 def rdpp_step(step: RewardStep, model: Att2in, opt: torch.optim.Optimizer, batch: Batch,
-              refs: list[np.ndarray]) -> dict[str, float]:
+              refs: list[np.ndarray], precision: str) -> dict[str, float]:
+    device = batch.att.device
     t0 = time.perf_counter()
     model.train()
-    d = step.draw(model, batch)
+    with autocast(precision, device):
+        d = step.draw(model, batch)
     samples_np = d.samples.cpu().numpy()  # (waits for the GPU, if any)
     t1 = time.perf_counter()
     w, _ = step.weights(samples_np, d.greedy, refs)
     t2 = time.perf_counter()
-    loss, _ = step.loss(model, batch, d, w)
+    with autocast(precision, device):
+        loss, _ = step.loss(model, batch, d, w)
     _update(model, opt, loss)
     t3 = time.perf_counter()
-    return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
+    return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "words": mean_words(samples_np)}
 
 
-def _update(model: Att2in, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+def _update(model, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
     """Backward, clipping (value 0.1, as rdpp and self-critical.pytorch) and the Adam step; returns
     once the GPU, if any, has finished, so the caller's clock covers the work."""
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    if loss.is_cuda:
-        torch.cuda.synchronize(loss.device)
+    sync(loss.device)
 
 
 # ----------------------------------------------------------------------------------------------
-# the reference: a self-critical.pytorch-style step on the same weights
+# the references
 # ----------------------------------------------------------------------------------------------
 
-def ref_sample(model: Att2in, att: torch.Tensor, n: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Captions (B*n, L) and the log-probs of the chosen words (B*n, L), gradients kept, one output
-    layer per step, features and keys copied per sample (self-critical.pytorch's _sample)."""
-    B = att.shape[0]
-    H = model.config.rnn_size
-    a = model.dropout(F.relu(model.att_embed(att)))
-    p = model.ctx2att(a)
-    a, p = a.repeat_interleave(n, 0), p.repeat_interleave(n, 0)  # (B*n, R, ·) copies
-    N = B * n
-    h = att.new_zeros(N, H)
-    c = att.new_zeros(N, H)
-    it = torch.zeros(N, dtype=torch.long, device=att.device)
-    seqs, logps = [], []
-    unfinished = torch.ones(N, dtype=torch.bool, device=att.device)
-    for t in range(MAX_LEN):
-        x = model.dropout(F.relu(model.embed(it)))
-        att_h = model.h2att(h)
-        dot = torch.tanh(p + att_h.unsqueeze(1))
-        weight = F.softmax(model.alpha_net(dot).squeeze(-1), dim=1)
-        z = torch.bmm(weight.unsqueeze(1), a).squeeze(1)
-        s = model.i2h(x) + model.h2h(h)
-        gates = torch.sigmoid(s[:, :3 * H])
-        ig, fg, og = gates[:, :H], gates[:, H:2 * H], gates[:, 2 * H:]
-        g = s[:, 3 * H:] + model.a2c(z)
-        g = torch.maximum(g[:, :H], g[:, H:])
-        c = fg * c + ig * g
-        h = og * torch.tanh(c)
-        lp = F.log_softmax(model.logit(model.dropout(h)), dim=1)
-        if greedy:
-            it = lp.argmax(1)
-        else:
-            it = torch.multinomial(lp.detach().exp(), 1).squeeze(1)
-        chosen = lp.gather(1, it.unsqueeze(1)).squeeze(1)
-        it = it * unfinished
-        seqs.append(it)
-        logps.append(chosen)
-        unfinished = unfinished & (it > 0)
-        if not bool(unfinished.any()):
-            break
-    return torch.stack(seqs, 1), torch.stack(logps, 1)
+class Reference:
+    """self-critical.pytorch's SCST step and the published R-DPP step on ``upstream.Att2in2``."""
+
+    def __init__(self, model: upstream.Att2in2, scorer: upstream.CiderD, refs: list[np.ndarray], lr: float):
+        self.model, self.scorer = model, scorer
+        self.gts = [[upstream.array_to_str(r) for r in rs] for rs in refs]
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def scst_step(self, batch: Batch, M: int) -> dict[str, float]:
+        fc, att = batch.fc, batch.att
+        t0 = time.perf_counter()
+        self.model.eval()
+        with torch.no_grad():
+            greedy_res, _ = self.model._sample(fc, att, sample_method="greedy")
+        self.model.train()
+        gen_result, sample_logprobs = self.model._sample(fc, att, sample_method="sample", sample_n=M)
+        sync(att.device)
+        t1 = time.perf_counter()
+        reward = upstream.self_critical_reward(self.scorer, greedy_res, self.gts, gen_result)
+        reward = torch.from_numpy(reward).float().to(gen_result.device)
+        t2 = time.perf_counter()
+        loss = upstream.reward_criterion(sample_logprobs, gen_result.data, reward)
+        _update(self.model, self.opt, loss)
+        t3 = time.perf_counter()
+        return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "words": mean_words(gen_result)}
+
+    def dpp_weights(self, caps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q (B, M), the kernel S (B, M, M) and the weights w (B, M) of M caption sets (B, T) each, the
+        published way."""
+        B, M = len(caps[0]), len(caps)
+        q = np.stack([upstream.cider_scores(self.scorer, c, self.gts, np.arange(B)) for c in caps], 1)
+        S = np.zeros((B, M, M))
+        for i in range(M):
+            as_ref = [[upstream.array_to_str(r)] for r in caps[i]]
+            for j in range(i, M):
+                S[:, i, j] = S[:, j, i] = upstream.cider_scores(self.scorer, caps[j], as_ref, np.arange(B))
+        L = S * q[:, :, None] * q[:, None, :]
+        Linv = np.linalg.inv(L + 1e-10 * np.eye(M)[None])
+        return q, S, (np.sign(Linv) * L).sum(-1) / M
+
+    def dpp_step(self, batch: Batch, M: int) -> dict[str, float]:
+        B = batch.size
+        t0 = time.perf_counter()
+        self.model.train()
+        draws = [self.model._sample(batch.fc, batch.att, sample_method="sample") for _ in range(M)]
+        sync(batch.att.device)
+        t1 = time.perf_counter()
+        _, _, w = self.dpp_weights([seq.cpu().numpy() for seq, _ in draws])
+        t2 = time.perf_counter()
+        loss = 0.0
+        for i, (seq, logprobs) in enumerate(draws):
+            wi = torch.from_numpy(w[:, i]).float().to(seq.device).unsqueeze(1).expand_as(seq)
+            loss = loss + upstream.reward_criterion(logprobs, seq, wi)
+        _update(self.model, self.opt, loss / M)
+        t3 = time.perf_counter()
+        return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2,
+                "words": float(np.mean([mean_words(s) for s, _ in draws]))}
 
 
-def _to_str(row: np.ndarray) -> str:
-    out = []
-    for t in row:
-        if t == 0:
-            break
-        out.append(str(int(t)))
-    return " ".join(out)
-
-
-def ref_cider(hyps: np.ndarray, refs: list[list[str]], ref_index: np.ndarray) -> np.ndarray:
-    """pycocoevalcap's pure-Python CiderScorer on the batch (df from the references scored)."""
-    from pycocoevalcap.cider.cider_scorer import CiderScorer
-
-    scorer = CiderScorer(n=4, sigma=6.0)
-    for h, i in zip(hyps, ref_index):
-        scorer += (_to_str(h), refs[i])
-    _, scores = scorer.compute_score()
-    return np.asarray(scores)
-
-
-def ref_scst_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M: int) -> dict[str, float]:
-    B = batch.size
-    t0 = time.perf_counter()
-    model.eval()
+def check_same_numbers(model: Att2in, ref: Reference, cider: TrainCider, batch: Batch,
+                       refs: list[np.ndarray]) -> dict[str, float]:
+    """Largest differences between rdpp and the reference on the same captions: q, the kernel, the
+    R-DPP weights and the SCST advantages; and, in eval mode, the greedy captions and their log-probs."""
+    step = RewardStep(data=None, cider=cider, reward="dpp", m=5, max_len=MAX_LEN, seed=1)
+    d = step.draw(model, batch)
+    samples = d.samples.cpu().numpy()
+    B, M, T = samples.shape
+    q, S = cider.score_and_pairwise(samples, refs)
+    w = dpp_weights(torch.from_numpy(q), torch.from_numpy(S)).numpy()
+    caps = [np.pad(samples[:, i], ((0, 0), (0, MAX_LEN - T))) for i in range(M)]
+    q_r, S_r, w_r = ref.dpp_weights(caps)
+    # greedy captions without the EOS bias (with it, greedy decoding stops at once): full-length captions
+    bias = model.logit.bias[0].item()
+    model.eval(), ref.model.eval()
     with torch.no_grad():
-        greedy, _ = ref_sample(model, batch.att, 1, greedy=True)
-    model.train()
-    seqs, logps = ref_sample(model, batch.att, M, greedy=False)
-    t1 = time.perf_counter()
-    T = max(seqs.shape[1], greedy.shape[1])
-    hyps = np.concatenate([F.pad(seqs, (0, T - seqs.shape[1])).cpu().numpy(),
-                           F.pad(greedy, (0, T - greedy.shape[1])).cpu().numpy()])
-    scores = ref_cider(hyps, refs_str, np.concatenate([np.repeat(np.arange(B), M), np.arange(B)]))
-    reward = torch.from_numpy(scores[:B * M] - np.repeat(scores[B * M:], M)).float().to(seqs.device)
-    t2 = time.perf_counter()
-    mask = torch.cat([seqs.new_ones(B * M, 1).float(), (seqs > 0).float()[:, :-1]], 1)
-    loss = -(logps * reward.unsqueeze(1) * mask).sum() / mask.sum()
-    _update(model, opt, loss)
-    t3 = time.perf_counter()
-    return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
-
-
-def ref_dpp_step(model: Att2in, opt, batch: Batch, refs_str: list[list[str]], M: int) -> dict[str, float]:
-    """The published R-DPP code's step: M sampling calls, M(M+1)/2 pairwise CiderScorer calls, np.linalg.inv."""
-    B = batch.size
-    t0 = time.perf_counter()
-    model.train()
-    draws = [ref_sample(model, batch.att, 1, greedy=False) for _ in range(M)]
-    t1 = time.perf_counter()
-    caps = [d[0].cpu().numpy() for d in draws]
-    q = np.stack([ref_cider(c, refs_str, np.arange(B)) for c in caps], 1)
-    S = np.zeros((B, M, M))
-    for i in range(M):
-        as_ref = [[_to_str(r)] for r in caps[i]]
-        for j in range(i, M):
-            S[:, i, j] = S[:, j, i] = ref_cider(caps[j], as_ref, np.arange(B))
-    L = S * q[:, :, None] * q[:, None, :]
-    Linv = np.linalg.inv(L + 1e-10 * np.eye(M)[None])
-    w = (np.sign(Linv) * L).sum(-1) / M
-    t2 = time.perf_counter()
-    loss = 0.0
-    for i, (seqs, logps) in enumerate(draws):
-        mask = torch.cat([seqs.new_ones(B, 1).float(), (seqs > 0).float()[:, :-1]], 1)
-        wi = torch.from_numpy(w[:, i]).float().to(seqs.device)
-        loss = loss + (-(logps * wi.unsqueeze(1) * mask)).sum() / mask.sum()
-    _update(model, opt, loss / M)
-    t3 = time.perf_counter()
-    return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "total": t3 - t0}
+        model.logit.bias[0] = ref.model.logit.bias[0] = 0.0
+        ours = decode(model, batch.fc, batch.att, DecodeConfig(method="greedy", max_len=MAX_LEN))
+        seq_r, lp_r = ref.model._sample(batch.fc, batch.att, sample_method="greedy")
+        model.logit.bias[0] = ref.model.logit.bias[0] = bias
+    model.train(), ref.model.train()
+    greedy = ours.tokens[:, 0].cpu().numpy()
+    g = cider.score(greedy, refs)
+    adv = scst_advantage(torch.from_numpy(q), torch.from_numpy(g)).numpy()
+    adv_r = upstream.self_critical_reward(ref.scorer, seq_r, ref.gts, torch.from_numpy(samples.reshape(B * M, T)))
+    Tg = greedy.shape[1]
+    same_greedy = np.array_equal(seq_r.cpu().numpy()[:, :Tg], greedy) and not seq_r[:, Tg:].any()
+    lp_chosen = lp_r.gather(2, seq_r.unsqueeze(2)).squeeze(2)[:, :Tg]
+    ours_lp = ours.logprobs[:, 0, :Tg]
+    return {"q": float(np.abs(q - q_r).max()), "kernel": float(np.abs(S - S_r).max()),
+            "dpp_weights": float(np.abs(w - w_r).max()),
+            "scst_advantage": float(np.abs(adv.reshape(-1) - adv_r[:, 0]).max()),
+            "same_greedy_captions": bool(same_greedy),
+            "greedy_logprob": float((lp_chosen - ours_lp).abs().max()) if same_greedy else float("inf")}
 
 
 # ----------------------------------------------------------------------------------------------
 
-def best_of(fn, repeats: int) -> dict[str, float]:
-    """Run once to warm up, then ``repeats`` times; keep the run with the smallest total."""
-    fn()
-    runs = [fn() for _ in range(repeats)]
-    return min(runs, key=lambda r: r["total"])
+PHASES = ("decode", "reward", "backward")
+
+
+def summarise(o: dict) -> dict:
+    """Medians (and the best) of a setting's timed runs, per phase and in total."""
+    runs = o["results"]
+    out = {p: float(np.median([r[p] for r in runs])) for p in PHASES}
+    out.update(total=o["median"], best=o["best"], times=o["times"], peak_mib=o["peak_mib"],
+               words=float(np.mean([r["words"] for r in runs])))
+    return out
 
 
 def main() -> None:
@@ -240,7 +280,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=50, help="images per step")
     ap.add_argument("--ms", default="2,3,4,5,6,7", help="samples per image to time")
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (after one warm-up)")
+    ap.add_argument("--precision", default="fp32,bf16", help="rdpp's precisions to time, comma-separated")
+    ap.add_argument("--words", type=float, default=9.0,
+                    help="mean sampled caption length the random model is set to (9 ≈ a trained COCO model, "
+                         "15.5 ≈ an untrained one)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per setting, interleaved (after the warm-up)")
+    ap.add_argument("--matmul-size", type=int, default=4096)
     ap.add_argument("--no-reference", action="store_true", help="skip the slow reference steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--sample-modes", action="store_true",
@@ -249,72 +294,110 @@ def main() -> None:
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     ms = [int(x) for x in args.ms.split(",")]
+    precisions = [p for p in args.precision.split(",") if p]
 
     rng = np.random.default_rng(0)
     train_refs = make_refs(rng, 2000)  # a "training set" of 2,000 images; the df counts their EOS
-    df = doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], eos_id(VOCAB))
-    cider = TrainCider(df, eos_id(VOCAB), MAX_LEN)
+    cider = TrainCider(doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], eos_id(VOCAB)),
+                       eos_id(VOCAB), MAX_LEN)
     refs = make_refs(rng, args.batch)
-    refs_str = [[_to_str(r) for r in rs] for rs in refs]
     batch = make_batch(args.batch).to(device)
-    model = make_model().to(device)
+    model = make_model(args.words).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-6)  # tiny steps: the shapes of the captions stay put
+    scorer = upstream.CiderD(upstream.doc_freq([[upstream.array_to_str(r) for r in img] for img in train_refs]),
+                             len(train_refs))
+    ref = Reference(upstream.from_rdpp(model), scorer, refs, lr=1e-6)
 
-    results: dict = OrderedDict(setting=dict(threads=args.threads, batch=args.batch, vocab=VOCAB,
-                                             att=f"{REGIONS}x{ATT_DIM}", preset="paper", max_len=MAX_LEN, device=args.device))
-    where = f"CPU {args.threads} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, {where} "
-          "(seconds; best of runs)")
-    print(f"{'step':<16}{'m':>3}{'decode':>9}{'reward':>9}{'backward':>10}{'total':>9}{'images/s':>10}", flush=True)
+    check = None
+    if not args.no_reference:
+        check = check_same_numbers(model, ref, cider, batch, refs)
+        bad = [k for k in ("q", "kernel", "dpp_weights", "scst_advantage") if not check[k] <= 1e-9]
+        if bad or not check["same_greedy_captions"] or not check["greedy_logprob"] <= 1e-4:
+            raise SystemExit(f"rdpp and the reference disagree: {check}")
 
-    def show(name: str, M: int, r: dict) -> None:
-        print(f"{name:<16}{M:>3}{r['decode']:>9.3f}{r['reward']:>9.3f}{r['backward']:>10.3f}{r['total']:>9.3f}"
-              f"{args.batch / r['total']:>10.1f}", flush=True)
-
+    sides, labels = {}, {}
     for M in ms:
-        for reward in ("scst", "dpp"):
-            step = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=MAX_LEN, seed=0)
-            r = best_of(lambda: rdpp_step(step, model, opt, batch, refs), args.repeats)
-            results[f"{reward}_m{M}"] = r
-            show(f"rdpp {reward}", M, r)
-        results[f"dpp_over_scst_m{M}"] = results[f"dpp_m{M}"]["total"] / results[f"scst_m{M}"]["total"]
+        for prec in precisions:
+            for reward in ("scst", "dpp"):
+                st = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=MAX_LEN, seed=0)
+                name = f"rdpp {reward} m={M} {prec}"
+                sides[name] = lambda st=st, prec=prec: rdpp_step(st, model, opt, batch, refs, prec)
+                labels[name] = ("rdpp", reward, M, prec)
     if args.sample_modes and 5 in ms:  # what on-policy sampling costs: the same steps sampled in eval mode
         for reward in ("scst", "dpp"):
-            step = RewardStep(data=None, cider=cider, reward=reward, m=5, max_len=MAX_LEN, seed=0, sample_mode="eval")
-            r = best_of(lambda: rdpp_step(step, model, opt, batch, refs), args.repeats)
-            results[f"{reward}_m5_eval_sampling"] = r
-            show(f"{reward} eval-mode", 5, r)
-            results[f"{reward}_m5_on_policy_cost"] = results[f"{reward}_m5"]["total"] / r["total"]
+            st = RewardStep(data=None, cider=cider, reward=reward, m=5, max_len=MAX_LEN, seed=0, sample_mode="eval")
+            name = f"rdpp {reward} m=5 fp32 eval-mode sampling"
+            sides[name] = lambda st=st: rdpp_step(st, model, opt, batch, refs, "fp32")
+            labels[name] = ("rdpp eval-mode", reward, 5, "fp32")
     if not args.no_reference:
-        r = best_of(lambda: ref_scst_step(model, opt, batch, refs_str, 5), max(1, args.repeats - 1))
-        results["reference_scst_m5"] = r
-        show("reference scst", 5, r)
-        r = best_of(lambda: ref_dpp_step(model, opt, batch, refs_str, 5), max(1, args.repeats - 1))
-        results["reference_dpp_m5"] = r
-        show("reference dpp", 5, r)
-    print()
-    for M in ms:
-        print(f"m={M}: R-DPP step / SCST step = {results[f'dpp_over_scst_m{M}']:.2f}  (target ≤ 1.2)")
-    for reward in ("scst", "dpp"):
-        if f"{reward}_m5_on_policy_cost" in results:
-            print(f"{reward} m=5: on-policy step / eval-mode-sampling step = {results[f'{reward}_m5_on_policy_cost']:.2f}")
-    if "scst_m5" in results:
-        ips = args.batch / results["scst_m5"]["total"]
-        results["scst_m5_images_per_s"] = ips
-        line = f"SCST (m=5 + greedy): {ips:.1f} images/s (target ≥ 10)"
-        if "reference_scst_m5" in results:
-            ref_ips = args.batch / results["reference_scst_m5"]["total"]
-            results["reference_scst_m5_images_per_s"] = ref_ips
-            results["speedup_scst_vs_reference"] = ips / ref_ips
-            line += f"; reference {ref_ips:.1f} images/s; speed-up {ips / ref_ips:.2f}x"
-        print(line)
-    if "dpp_m5" in results and "reference_dpp_m5" in results:
-        results["speedup_dpp_vs_reference"] = results["reference_dpp_m5"]["total"] / results["dpp_m5"]["total"]
-        print(f"R-DPP (m=5): {args.batch / results['dpp_m5']['total']:.1f} images/s; published-code style "
-              f"{args.batch / results['reference_dpp_m5']['total']:.1f} images/s; "
-              f"speed-up {results['speedup_dpp_vs_reference']:.2f}x")
+        sides["upstream scst m=5 fp32"] = lambda: ref.scst_step(batch, 5)
+        labels["upstream scst m=5 fp32"] = ("upstream", "scst", 5, "fp32")
+        sides["published dpp m=5 fp32"] = lambda: ref.dpp_step(batch, 5)
+        labels["published dpp m=5 fp32"] = ("published", "dpp", 5, "fp32")
+
+    t, mm, load = steps_on_roofline(sides, args.repeats, device, precisions, args.matmul_size)
+    rate = {p: v["median"] for p, v in mm.items()}
+
+    results: dict = {"setting": dict(batch=args.batch, vocab=VOCAB, att=f"{REGIONS}x{ATT_DIM}", preset="paper",
+                                     max_len=MAX_LEN, device=args.device, target_words=args.words,
+                                     repeats=args.repeats),
+                     "machine": machine_info(), "load_average_start_end": load, "check": check,
+                     "matmul_gflops": mm, "steps": {}}
+    for name, o in t.items():
+        s = summarise(o)
+        prec = labels[name][3]
+        s.update(gflop=o["gflop"], gflops=o["gflop"] / s["total"],
+                 matmul_fraction=o["gflop"] / s["total"] / rate[prec], images_per_s=args.batch / s["total"])
+        results["steps"][name] = s
+    rows = results["steps"]
+    ratios = {}
+    for prec in precisions:
+        for M in ms:
+            ratios[f"dpp_over_scst_m{M}_{prec}"] = rows[f"rdpp dpp m={M} {prec}"]["total"] / rows[f"rdpp scst m={M} {prec}"]["total"]
+    if "fp32" in precisions and "bf16" in precisions:
+        for M in ms:
+            for reward in ("scst", "dpp"):
+                ratios[f"{reward}_m{M}_bf16_speedup"] = (rows[f"rdpp {reward} m={M} fp32"]["total"]
+                                                         / rows[f"rdpp {reward} m={M} bf16"]["total"])
+    if 5 in ms and not args.no_reference:
+        for prec in precisions:
+            ratios[f"scst_m5_{prec}_vs_upstream"] = rows["upstream scst m=5 fp32"]["total"] / rows[f"rdpp scst m=5 {prec}"]["total"]
+            ratios[f"dpp_m5_{prec}_vs_published"] = rows["published dpp m=5 fp32"]["total"] / rows[f"rdpp dpp m=5 {prec}"]["total"]
+    if args.sample_modes and 5 in ms:
+        for reward in ("scst", "dpp"):
+            ratios[f"{reward}_m5_on_policy_cost"] = (rows[f"rdpp {reward} m=5 fp32"]["total"]
+                                                     / rows[f"rdpp {reward} m=5 fp32 eval-mode sampling"]["total"])
+    results["ratios"] = ratios
+    report(results, args)
     if args.json:
         print(json.dumps(results))
+
+
+def report(results: dict, args) -> None:
+    m = results["machine"]
+    where = m["gpu"] if args.device.startswith("cuda") else f"{m['machine']}; {m['threads']} threads"
+    print(f"RL fine-tuning step, paper preset, batch {args.batch} images, {where}; seconds, medians of "
+          f"{args.repeats} interleaved runs per setting; captions set to {args.words:g} words on average")
+    head = (f"{'step':<40}{'words':>6}{'decode':>8}{'reward':>8}{'backward':>9}{'total':>8}{'best':>8}"
+            f"{'images/s':>9}{'GFLOP':>7}{'of matmul':>10}{'peak MiB':>9}")
+    print(head)
+    for name, s in results["steps"].items():
+        print(f"{name:<40}{s['words']:>6.1f}{s['decode']:>8.3f}{s['reward']:>8.3f}{s['backward']:>9.3f}"
+              f"{s['total']:>8.3f}{s['best']:>8.3f}{s['images_per_s']:>9.1f}{s['gflop']:>7.0f}"
+              f"{100 * s['matmul_fraction']:>9.0f}%{s['peak_mib']:>9,.0f}")
+    mm = results["matmul_gflops"]
+    print("matmul rate (" + f"{args.matmul_size}² torch.mm): " + ", ".join(f"{p} {v['median']:.0f} GFLOP/s" for p, v in mm.items()))
+    r = results["ratios"]
+    print("ratios of medians:")
+    for k, v in r.items():
+        print(f"  {k}: {v:.2f}")
+    if results["check"]:
+        c = results["check"]
+        print(f"checked first: rdpp and the reference agree on q ({c['q']:.1e}), the kernel ({c['kernel']:.1e}), "
+              f"the R-DPP weights ({c['dpp_weights']:.1e}), the SCST advantages ({c['scst_advantage']:.1e}); "
+              f"same greedy captions, log-probs within {c['greedy_logprob']:.1e}")
+    la = results["load_average_start_end"]
+    print(f"load average {la[0]:.2f} at the start, {la[1]:.2f} at the end; OMP_WAIT_POLICY={m['omp_wait_policy']}")
 
 
 if __name__ == "__main__":

@@ -1,41 +1,52 @@
-"""CIDEr-D speed against pycocoevalcap's own code, run in the same process on the same captions.
+"""CIDEr-D and self-CIDEr speed against pycocoevalcap's own code, in the same process, on the same captions.
 
-Three shapes (issue 3):
-  (a) corpus mode: 2,000 hypotheses x 5 references as strings, as a user calls ``Cider().compute_score``;
-  (b) the training-reward call: fixed df from a training set, 250 hypotheses (50 images x 5 samples)
-      against their 5 references plus the 50 sample-vs-sample 5x5 matrices, on token ids, against
-      pycocoevalcap's ``CiderScorer`` with the same df and ref_len swapped in;
-  (c) self-CIDEr of 5,000 images x 20 captions (all pairs per image, fixed df), with peak memory;
-      the pair-by-pair reference is timed on 50 images and scaled to 5,000.
-Captions come from the 1,000-image COCO fixture (tests/data/coco-val2014-1k). Prints a table, or
-one JSON line with --json (keys corpus_ratio, reward_call_ms, reward_ratio, max_abs_diff,
-self_cider_s, peak_rss_mb).
+Every shape runs both implementations the same number of times (``--repeat``), interleaved (one
+pycocoevalcap run, then one rdpp run, ...), and compares **medians** (the best run is shown beside).
+Before anything is timed, both sides' results are checked to agree (max |difference| is printed).
 
-    python benchmarks/metrics.py [--json] [--repeat 20]
+  (a) corpus mode: 2,000 hypotheses x 5 references as strings, as a user calls
+      ``Cider().compute_score``;
+  (b) the training-reward call: fixed df from a training set, 250 samples (50 images x 5) against
+      their 5 references plus the 50 sample-vs-sample 5x5 matrices, on token ids, against
+      pycocoevalcap's ``CiderScorer`` with the same df and ref_len swapped in; rdpp's one-pass
+      ``score_and_pairwise`` and its two calls ``score`` + ``pairwise`` are timed in the same rounds;
+      and the same call against a COCO-sized df table (rdpp only: the hash table's cost);
+  (c) self-CIDEr of ``--self-images`` images x 20 captions (kernel by pycocoevalcap pair by pair,
+      then the spectrum, as the authors' code) -- both sides on the same images; then rdpp alone on
+      5,000 x 20 (time and peak memory; no reference run: it would take ~10 minutes).
+
+Captions come from the 1,000-image COCO fixture (tests/data/coco-val2014-1k). Prints a table and
+one JSON line (--json: only the JSON line).
+
+    python benchmarks/metrics.py [--json] [--repeat 7] [--self-images 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import resource
-import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
-from rdpp_cli.metrics.cider import CiderD, DocFreq
-from rdpp_cli.metrics.self_cider import self_cider_from_kernel
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved, machine  # noqa: E402
+
+from rdpp_cli.metrics.cider import CiderD, DocFreq  # noqa: E402
+from rdpp_cli.metrics.self_cider import self_cider_from_kernel  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "coco-val2014-1k" / "captions_val2014_1k.json"
+T = 16  # caption length limit of the id shapes (the data stage's default)
+M_SELF = 20  # captions per image for self-CIDEr
 
 
 class FixedDfScorer(CiderScorer):
@@ -48,34 +59,6 @@ class FixedDfScorer(CiderScorer):
         self._fixed_ref_len = ref_len
         super().__init__()
         self.document_frequency = document_frequency
-
-
-def timed(fn, repeat: int) -> tuple[float, float, object]:
-    """(best, median) seconds over ``repeat`` runs, and the last result. The best run is the
-    figure compared (for both implementations): on a shared machine the median mostly measures
-    the other processes."""
-    times, out = [], None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times), out
-
-
-def interleaved(ref_fn, our_fn, rounds: int, ours_per_round: int):
-    """Alternate one pycocoevalcap run with ``ours_per_round`` rdpp runs, ``rounds`` times, so that
-    both implementations sample the same stretches of a shared machine's load. Returns
-    ``(ref best, ref result, our best, our median, our result)`` in seconds."""
-    ref_times, our_times, ref_out, our_out = [], [], None, None
-    for _ in range(rounds):
-        t = time.perf_counter()
-        ref_out = ref_fn()
-        ref_times.append(time.perf_counter() - t)
-        for _ in range(ours_per_round):
-            t = time.perf_counter()
-            our_out = our_fn()
-            our_times.append(time.perf_counter() - t)
-    return min(ref_times), ref_out, min(our_times), statistics.median(our_times), our_out
 
 
 def load_refs() -> list[list[str]]:
@@ -103,152 +86,220 @@ def perturb(rng: random.Random, caption: str, vocab: list[str]) -> str:
     return " ".join(w[: rng.randint(max(1, len(w) - 3), len(w))] if w else w)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
-    ap.add_argument("--repeat", type=int, default=21, help="runs of each rdpp call (x5 for the reward call)")
-    ap.add_argument("--ref-repeat", type=int, default=3,
-                    help="runs of each pycocoevalcap call, interleaved with rdpp's")
-    args = ap.parse_args()
-    rng = random.Random(0)
+def make_inputs(self_images: int = 5000, seed: int = 0) -> SimpleNamespace:
+    """Every shape's captions, from one seeded generator (the same inputs on every run)."""
+    rng = random.Random(seed)
     refs = load_refs()
     vocab = sorted({w for rs in refs for c in rs for w in c.split()})
     wid = {w: i + 1 for i, w in enumerate(vocab)}
-    rows, diffs = [], []
-
-    # (a) corpus mode, strings --------------------------------------------------------------
-    R = [refs[k % len(refs)][:5] for k in range(2000)]
-    Hs = [perturb(rng, rng.choice(refs[k % len(refs)]), vocab) if k % 3 else rng.choice(rng.choice(refs))
-          for k in range(2000)]
-    gts, res = {k: R[k] for k in range(2000)}, {k: [Hs[k]] for k in range(2000)}
-    ref_t, (_, theirs), our_t, our_med, ours = interleaved(
-        lambda: Cider().compute_score(gts, res), lambda: CiderD().score(Hs, R), args.ref_repeat,
-        max(1, args.repeat // args.ref_repeat))
-    diffs.append(float(np.abs(ours - theirs).max()))
-    corpus_ratio = ref_t / our_t
-    rows.append(("(a) corpus mode, 2,000 x 5 refs, strings", ref_t * 1e3, our_t * 1e3, our_med * 1e3, corpus_ratio))
-
-    # (b) the training-reward call ------------------------------------------------------------
-    train = refs[:800]  # the "training set" giving the fixed df
-    df = DocFreq.from_references([[[wid[w] for w in c.split()] for c in rs] for rs in train])
-    pyco_df = defaultdict(float)
-    for row, v in zip(df.ngrams, df.df):
-        pyco_df[tuple(str(t) for t in row if t)] = v
-    imgs = list(range(800, 850))
-    T = 16
 
     def ids(c: str) -> list[int]:
         return [wid[w] for w in c.split()][:T]
 
+    # (a) corpus mode, strings
+    R = [refs[k % len(refs)][:5] for k in range(2000)]
+    H = [perturb(rng, rng.choice(refs[k % len(refs)]), vocab) if k % 3 else rng.choice(rng.choice(refs))
+         for k in range(2000)]
+    # (b) the reward call: df of an 800-image "training set", 50 other images x 5 samples
+    train_ids = [[ids(c) for c in rs] for rs in refs[:800]]
+    df = DocFreq.from_references(train_ids)
     samples = np.zeros((50, 5, T), np.int64)
     ref_ids = np.zeros((50, 5, T), np.int64)
-    for b, i in enumerate(imgs):
+    for b, i in enumerate(range(800, 850)):
         for j in range(5):
             s = ids(perturb(rng, rng.choice(refs[i]), vocab))
             samples[b, j, : len(s)] = s
             r = ids(refs[i][j])
             ref_ids[b, j, : len(r)] = r
-    cd = CiderD(df)
-
-    def as_str(a: np.ndarray) -> str:
-        return " ".join(str(t) for t in a[a > 0])
-
-    def pyco_reward():
-        hs = [[as_str(s) for s in samples[b]] for b in range(50)]
-        rs = [[as_str(r) for r in ref_ids[b]] for b in range(50)]
-        sc = FixedDfScorer(pyco_df, df.ref_len)
-        for b in range(50):
-            for j in range(5):
-                sc.cook_append(hs[b][j], rs[b])
-            for i in range(5):
-                for j in range(i, 5):
-                    sc.cook_append(hs[b][i], [hs[b][j]])
-        return np.array(sc.compute_cider())
-
-    cd.score_and_pairwise(samples, ref_ids)  # builds the df hash table once, as a training run does
-    ref_t, theirs, our_t, our_med, (q, K) = interleaved(
-        pyco_reward, lambda: cd.score_and_pairwise(samples, ref_ids), args.ref_repeat,
-        max(1, args.repeat * 5 // args.ref_repeat))
-    iu = np.triu_indices(5)
-    ours = np.concatenate([np.concatenate([q[b], K[b][iu]]) for b in range(50)])
-    diffs.append(float(np.abs(ours - theirs).max()))
-    sep_t, sep_med, _ = timed(lambda: (cd.score(samples.reshape(250, T), ref_ids, np.repeat(np.arange(50), 5)),
-                                 cd.pairwise(samples)), args.repeat * 5)
-    reward_ms, reward_ratio = our_t * 1e3, ref_t / our_t
-    rows.append(("(b) reward call: 250 vs 5 refs + 50 5x5, ids (score_and_pairwise)",
-                 ref_t * 1e3, reward_ms, our_med * 1e3, reward_ratio))
-    rows.append(("    same as score() + pairwise()", ref_t * 1e3, sep_t * 1e3, sep_med * 1e3, ref_t / sep_t))
-
-    # (c) self-CIDEr 5,000 x 20 -------------------------------------------------------------
-    B, M = 5000, 20
-    caps = np.zeros((B, M, T), np.int64)
-    for b in range(B):
+    # (c) self-CIDEr: images x 20 sample-like captions
+    caps = np.zeros((self_images, M_SELF, T), np.int64)
+    for b in range(self_images):
         base = refs[rng.randrange(len(refs))]
-        for j in range(M):
+        for j in range(M_SELF):
             s = ids(perturb(rng, base[j % len(base)], vocab))
             caps[b, j, : len(s)] = s
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    t0 = time.perf_counter()
-    sc = self_cider_from_kernel(cd.pairwise(caps))
-    sc_s = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    # pycocoevalcap pair by pair on the first 50 images, scaled to 5,000
-    def pyco_pairs(nb: int):
-        sc_ = FixedDfScorer(pyco_df, df.ref_len)
-        strs = [[as_str(c) for c in caps[b]] for b in range(nb)]
-        for b in range(nb):
-            for i in range(M):
-                for j in range(i, M):
-                    sc_.cook_append(strs[b][i], [strs[b][j]])
-        return np.array(sc_.compute_cider())
+    return SimpleNamespace(refs=refs, vocab=vocab, R=R, H=H, train_ids=train_ids, df=df, samples=samples,
+                           ref_ids=ref_ids, caps=caps)
 
-    ref50, _, theirs = timed(lambda: pyco_pairs(50), 1)
-    K50 = cd.pairwise(caps[:50])
-    iu = np.triu_indices(M)
-    diffs.append(float(np.abs(K50[:, iu[0], iu[1]].reshape(-1) - theirs).max()))
-    rows.append((f"(c) self-CIDEr {B:,} x {M} (pycocoevalcap: 50 images x {B // 50})", ref50 * B / 50 * 1e3,
-                 sc_s * 1e3, float("nan"), ref50 * B / 50 / sc_s))
-    assert np.isfinite(sc).all()
 
-    # (b) again, last so that peak_rss_mb is the self-CIDEr step's: the same call with a COCO-sized
-    # df table (the 800-image df plus random filler n-grams); the hash reads one cache line per
-    # n-gram, so a table far larger than the caches costs little
+def coco_sized(df: DocFreq, vocab_size: int, extra: int = 3_600_000) -> DocFreq:
+    """``df`` plus random filler n-grams: a table of COCO's size (~3.6M n-grams), same df values."""
     frng = np.random.default_rng(1)
-    extra = 3_600_000
     order = frng.integers(2, 5, size=extra)
-    filler = frng.integers(1, len(vocab) + 1, size=(extra, 4))
+    filler = frng.integers(1, vocab_size + 1, size=(extra, 4))
     filler[np.arange(4)[None, :] >= order[:, None]] = 0
     grams, first = np.unique(np.concatenate([df.ngrams, filler]), axis=0, return_index=True)
-    big = DocFreq(grams, np.concatenate([df.df, np.ones(extra)])[first], df.num_docs)
-    cbig = CiderD(big)
-    cbig.score_and_pairwise(samples, ref_ids)
-    big_t, big_med, _ = timed(lambda: cbig.score_and_pairwise(samples, ref_ids), args.repeat * 5)
-    rows.insert(3, (f"    same call, df table of {len(big.df) / 1e6:.1f}M n-grams (COCO-sized)", float("nan"),
-                    big_t * 1e3, big_med * 1e3, float("nan")))
+    return DocFreq(grams, np.concatenate([df.df, np.ones(extra)])[first], df.num_docs)
 
-    out = {"corpus_ratio": round(corpus_ratio, 2), "reward_call_ms": round(reward_ms, 3),
-           "reward_ratio": round(reward_ratio, 1), "max_abs_diff": max(diffs), "self_cider_s": round(sc_s, 3),
-           "peak_rss_mb": round(peak, 1), "reward_call_ms_median": round(our_med * 1e3, 3),
-           "reward_call_ms_coco_sized_df": round(big_t * 1e3, 3),
-           "load_avg_1min": round(os.getloadavg()[0], 2)}
+
+def pyco_df(df: DocFreq) -> dict:
+    """The same df as pycocoevalcap's ``document_frequency`` (n-grams of ids written as strings)."""
+    out = defaultdict(float)
+    for row, v in zip(df.ngrams, df.df):
+        out[tuple(str(t) for t in row if t)] = v
+    return out
+
+
+def _as_str(a: np.ndarray) -> str:
+    return " ".join(str(t) for t in a[a > 0])
+
+
+def pyco_reward(samples: np.ndarray, ref_ids: np.ndarray, pdf: dict, ref_len: float) -> np.ndarray:
+    """q (each sample vs its references) and the upper triangles of the sample kernels, per image."""
+    B, M, _ = samples.shape
+    hs = [[_as_str(s) for s in samples[b]] for b in range(B)]
+    rs = [[_as_str(r) for r in ref_ids[b]] for b in range(B)]
+    sc = FixedDfScorer(pdf, ref_len)
+    for b in range(B):
+        for j in range(M):
+            sc.cook_append(hs[b][j], rs[b])
+        for i in range(M):
+            for j in range(i, M):
+                sc.cook_append(hs[b][i], [hs[b][j]])
+    return np.array(sc.compute_cider())
+
+
+def pyco_self_cider(caps: np.ndarray, pdf: dict, ref_len: float) -> np.ndarray:
+    """Self-CIDEr as the authors' code computes it: CIDEr-D of c_i vs {c_j} pair by pair (i <= j,
+    mirrored), then ``-log(sqrt(max sv) / sum sqrt(sv)) / log(m)`` of ``np.linalg.svd``."""
+    B, M, _ = caps.shape
+    strs = [[_as_str(c) for c in caps[b]] for b in range(B)]
+    sc = FixedDfScorer(pdf, ref_len)
+    for b in range(B):
+        for i in range(M):
+            for j in range(i, M):
+                sc.cook_append(strs[b][i], [strs[b][j]])
+    flat = np.array(sc.compute_cider())
+    iu = np.triu_indices(M)
+    out = np.zeros(B)
+    per = len(iu[0])
+    for b in range(B):
+        K = np.zeros((M, M))
+        K[iu] = flat[b * per:(b + 1) * per]
+        K = np.triu(K) + np.triu(K, 1).T
+        s = np.linalg.svd(K, compute_uv=False)
+        out[b] = -np.log(np.sqrt(s.max()) / np.sqrt(s).sum()) / np.log(M)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--repeat", type=int, default=7, help="runs of every implementation on every shape")
+    ap.add_argument("--self-images", type=int, default=100,
+                    help="images of the self-CIDEr shape timed on both sides (pycocoevalcap: ~0.13 s each)")
+    args = ap.parse_args()
+    x = make_inputs()
+    pdf = pyco_df(x.df)
+    cd = CiderD(x.df)
+    rows, diffs = {}, {}  # shape -> (label, pycocoevalcap timing or None, rdpp timing)
+
+    def row(shape: str, label: str, ref, ours) -> None:
+        rows[shape] = (label, ref, ours)
+
+    def agree(shape: str, theirs, ours, tol: float = 1e-9) -> None:
+        """Both sides compute the same numbers (checked on an untimed run, before timing)."""
+        diffs[shape] = float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
+        if not diffs[shape] <= tol:
+            raise SystemExit(f"shape ({shape}): rdpp and pycocoevalcap differ by {diffs[shape]:.2e}; not timed")
+
+    # (a) corpus mode, strings --------------------------------------------------------------
+    gts, res = {k: x.R[k] for k in range(2000)}, {k: [x.H[k]] for k in range(2000)}
+    agree("a", Cider().compute_score(gts, res)[1], CiderD().score(x.H, x.R))
+    t = interleaved({"pycocoevalcap": lambda: Cider().compute_score(gts, res)[1],
+                     "rdpp": lambda: CiderD().score(x.H, x.R)}, args.repeat)
+    row("a", "(a) corpus mode, 2,000 x 5 refs, strings", t["pycocoevalcap"], t["rdpp"])
+
+    # (b) the training-reward call ------------------------------------------------------------
+    s, r = x.samples, x.ref_ids
+    idx = np.repeat(np.arange(len(s)), s.shape[1])
+    iu5 = np.triu_indices(s.shape[1])
+
+    def flat(q, K):
+        return np.concatenate([np.concatenate([q[b], K[b][iu5]]) for b in range(len(q))])
+
+    def two_calls():
+        return cd.score(s.reshape(-1, T), r, idx).reshape(s.shape[:2]), cd.pairwise(s)
+
+    theirs = pyco_reward(s, r, pdf, x.df.ref_len)
+    agree("b", theirs, flat(*cd.score_and_pairwise(s, r)))  # also builds the df hash table, as training does
+    agree("b two calls", theirs, flat(*two_calls()))
+    t = interleaved({"pycocoevalcap": lambda: pyco_reward(s, r, pdf, x.df.ref_len),
+                     "rdpp": lambda: cd.score_and_pairwise(s, r), "rdpp two calls": two_calls}, args.repeat)
+    row("b", "(b) reward call: 250 vs 5 refs + 50 5x5, ids (score_and_pairwise)", t["pycocoevalcap"], t["rdpp"])
+    row("b two calls", "    same, as score() + pairwise()", t["pycocoevalcap"], t["rdpp two calls"])
+    two_calls_vs_one = t["rdpp two calls"].median / t["rdpp"].median
+
+    # (c) self-CIDEr: both sides on the same images, then rdpp alone on 5,000 x 20 --------------
+    nb = args.self_images
+    few = x.caps[:nb]
+    # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
+    # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
+    agree("c", pyco_self_cider(few, pdf, x.df.ref_len), self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
+    t = interleaved({"pycocoevalcap": lambda: pyco_self_cider(few, pdf, x.df.ref_len),
+                     "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, args.repeat)
+    row("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sc = self_cider_from_kernel(cd.pairwise(x.caps))
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert np.isfinite(sc).all()
+    big_self = SimpleNamespace(median=float(np.median(times)), best=min(times), times=times)
+    row("c 5000", f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None, big_self)
+
+    # (b') the reward call with a COCO-sized df table, in the same rounds as the small table (last,
+    # so that the peak RSS above is the self-CIDEr step's)
+    big = CiderD(coco_sized(x.df, len(x.vocab)))
+    agree("b'", theirs, flat(*big.score_and_pairwise(s, r)))
+    tb = interleaved({"small": lambda: cd.score_and_pairwise(s, r), "big": lambda: big.score_and_pairwise(s, r)},
+                     args.repeat)
+    row("b'", f"    same call, df table of {len(big.df.df) / 1e6:.1f}M n-grams (COCO-sized)", None, tb["big"])
+
+    def ratio(shape: str) -> float:
+        _, ref, ours = rows[shape]
+        return ref.median / ours.median
+
+    out = {
+        "repeat": args.repeat,
+        "corpus_ratio": round(ratio("a"), 2),
+        "reward_call_ms": round(rows["b"][2].median * 1e3, 3),
+        "reward_ratio": round(ratio("b"), 1),
+        "two_calls_vs_one": round(two_calls_vs_one, 2),
+        "reward_call_ms_coco_sized_df": round(rows["b'"][2].median * 1e3, 3),
+        "self_cider_ratio": round(ratio("c"), 1),
+        "self_cider_images": nb,
+        "self_cider_5000_s": round(big_self.median, 3),
+        "max_abs_diff": max(diffs.values()),
+        "peak_rss_mb": round(peak, 1),
+        "machine": machine(),
+    }
     if args.json:
         print(json.dumps(out))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="CIDEr-D: rdpp vs pycocoevalcap (same process, same captions)", title_justify="left")
-    for col in ("shape", "pycocoevalcap ms (best)", "rdpp ms (best)", "rdpp ms (median)", "speed-up (best)"):
+    table = Table(title=f"CIDEr-D: rdpp vs pycocoevalcap, {args.repeat} interleaved runs each, medians "
+                  "(best in brackets)", title_justify="left")
+    for col in ("shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"):
         table.add_column(col, justify="left" if col == "shape" else "right")
-    for name, ref_ms, our_ms, our_min_ms, ratio in rows:
-        def fmt(x: float, spec: str) -> str:
-            return "-" if x != x else format(x, spec)
 
-        table.add_row(name, fmt(ref_ms, ",.1f"), fmt(our_ms, ",.2f"), fmt(our_min_ms, ",.2f"),
-                      "-" if ratio != ratio else f"{ratio:,.1f}x")
-    Console().print(table)
-    print(f"max |rdpp - pycocoevalcap| = {max(diffs):.2e}; peak RSS {peak:,.0f} MB (before self-CIDEr {rss0:,.0f} MB)",
-          file=sys.stdout)
+    def ms(tm) -> str:
+        return "-" if tm is None else f"{tm.median * 1e3:,.1f} ({tm.best * 1e3:,.1f})"
+
+    for shape in ("a", "b", "b two calls", "b'", "c", "c 5000"):
+        name, ref, ours = rows[shape]
+        table.add_row(name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
+                      "-" if ref is None else f"{ref.best / ours.best:,.1f}x")
+    Console(width=150).print(table)
+    print(f"score() + pairwise() take {two_calls_vs_one:.2f}x the time of score_and_pairwise() (medians)")
+    print(f"max |rdpp - pycocoevalcap| = {max(diffs.values()):.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in diffs.items())}); "
+          f"peak RSS {peak:,.0f} MB (before the 5,000-image self-CIDEr {rss0:,.0f} MB)")
+    print(f"machine: {out['machine']}")
     print(json.dumps(out))
 
 

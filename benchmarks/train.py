@@ -1,21 +1,31 @@
-"""Speed of one cross-entropy training step at the paper's shapes, against self-critical.pytorch.
+"""Speed of one cross-entropy training step at the paper's shapes: rdpp in fp32 and bf16, against
+self-critical.pytorch's code path as it is today.
 
 Shapes (the paper preset, COCO's sizes): Att2in 512/512/512 with dropout 0.5, vocabulary of 9,487
-words (9,488 logits), 14×14 = 196 att regions of 2,048 features, 5 captions of 16 words per image,
-a batch of 50 images. A step is what ``rdpp train-xe`` runs per batch (``training.xe.xe_loss``):
-teacher-forced forward, the masked token NLL, backward, clipping by value 0.1 and an Adam step.
+words (9,488 logits), 14×14 = 196 att regions of 2,048 features, 5 captions per image of
+``--words`` words (16 by default, the label width: every caption full; ``8-16`` draws each
+caption's length uniformly), a batch of 50 images. A step is what ``rdpp train-xe`` runs per batch
+(``training.xe.xe_loss`` under ``--precision``'s autocast, then backward, clipping by value 0.1
+and an Adam step).
 
-The reference is self-critical.pytorch's Att2in2 step as it runs there, re-implemented below
-(``RefAtt2in2``) with the same parameters: the loader hands over the att features copied once per
-caption (B·5 rows), so the att embedding, the attention keys and the attention itself are computed
-per caption; each time step runs the Attention module, the Att2in2 core, the output layer and its
-log-softmax, and writes into a preallocated output; ``LanguageModelCriterion`` on labels with BOS
-and EOS columns. Both models get the same weights and the same batch, and the benchmark checks that
-their losses agree (dropout off for that check) before timing.
+The reference ("upstream") is self-critical.pytorch today (benchmarks/upstream.py: its
+``Att2in2Model`` in ``captioning/models/AttModel.py``): ``_prepare_feature`` embeds the att
+features and projects the attention keys once per image, ``repeat_tensors`` copies them for each of
+the 5 captions, the core, the output layer and its log-softmax run step by step into a
+preallocated output, ``LanguageModelCriterion`` on labels with BOS and EOS columns; float32 (its
+training script has no mixed precision). All sides start from the same weights (separate copies,
+each with its own Adam) and get the same batch. Before timing, the script checks that rdpp and the
+reference compute the same loss and gradients (in float64, dropout off, on 8 of the images), and reports how far rdpp's
+bf16 loss is from its fp32 loss on the same batch.
 
-    python benchmarks/train.py [--json] [--threads 2] [--batch 50] [--steps 3] [--device cpu,cuda] [--profile]
+Timing (benchmarks/timing.py ``steps``): one warm-up call per side (its matrix-product FLOPs
+counted with torch.utils.flop_counter), one untimed call for its peak memory, then ``--steps``
+calls per side, interleaved (the order reversed every other round); medians (best beside); the matmul rate of this device in fp32 and bf16 measured in the same run
+(before and after the steps, median of both), so each step's achieved GFLOP/s is also shown as a
+fraction of that roofline.
 
-Target (issue 4): ≥ 10.5 images/s on this machine's CPU with 2 threads, twice the reference.
+    python benchmarks/train.py [--precision fp32,bf16] [--steps 3] [--batch 50] [--words 16] [--threads 2]
+                               [--device cpu,cuda] [--matmul-size 4096] [--no-reference] [--json] [--profile]
 
 OpenMP's idle threads sleep (``OMP_WAIT_POLICY=PASSIVE`` unless set): on a shared 2-core machine,
 spinning threads made every step 10-20× slower. The JSON line records the policy and the load.
@@ -24,311 +34,148 @@ spinning threads made every step 10-20× slower. The JSON line records the polic
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
-import threading
-import time
+import sys
+from pathlib import Path
 
 if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep instead of spinning
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.att2in import Att2in, config_from_preset
-from rdpp_cli.training.xe import xe_loss
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import upstream  # noqa: E402
+from timing import machine_info, steps_on_roofline  # noqa: E402
+
+from rdpp_cli.data.loader import Batch  # noqa: E402
+from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
+from rdpp_cli.precision import autocast  # noqa: E402
+from rdpp_cli.training.xe import xe_loss  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG = 9487, 196, 2048, 16, 5
+REF = "upstream fp32"
 
 
-# ----------------------------------------------------------------------------------------------
-# the reference: self-critical.pytorch's Att2in2Model (models/AttModel.py) and its XE step
-# ----------------------------------------------------------------------------------------------
-
-class RefAttention(nn.Module):
-    def __init__(self, rnn_size, att_hid_size):
-        super().__init__()
-        self.rnn_size, self.att_hid_size = rnn_size, att_hid_size
-        self.h2att = nn.Linear(rnn_size, att_hid_size)
-        self.alpha_net = nn.Linear(att_hid_size, 1)
-
-    def forward(self, h, att_feats, p_att_feats, att_masks=None):
-        att_size = att_feats.numel() // att_feats.size(0) // att_feats.size(-1)
-        att = p_att_feats.view(-1, att_size, self.att_hid_size)
-        att_h = self.h2att(h)
-        att_h = att_h.unsqueeze(1).expand_as(att)
-        dot = att + att_h
-        dot = torch.tanh(dot)
-        dot = dot.view(-1, self.att_hid_size)
-        dot = self.alpha_net(dot)
-        dot = dot.view(-1, att_size)
-        weight = F.softmax(dot, dim=1)
-        if att_masks is not None:
-            weight = weight * att_masks.view(-1, att_size).float()
-            weight = weight / weight.sum(1, keepdim=True)
-        att_feats_ = att_feats.view(-1, att_size, att_feats.size(-1))
-        return torch.bmm(weight.unsqueeze(1), att_feats_).squeeze(1)
+def parse_words(s: str) -> tuple[int, int]:
+    lo, _, hi = s.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi <= SEQ_LEN:
+        raise SystemExit(f"--words {s}: give N or MIN-MAX with 1 ≤ MIN ≤ MAX ≤ {SEQ_LEN}")
+    return lo, hi
 
 
-class RefAtt2in2Core(nn.Module):
-    def __init__(self, input_encoding_size, rnn_size, att_hid_size, drop_prob_lm):
-        super().__init__()
-        self.rnn_size = rnn_size
-        self.a2c = nn.Linear(rnn_size, 2 * rnn_size)
-        self.i2h = nn.Linear(input_encoding_size, 5 * rnn_size)
-        self.h2h = nn.Linear(rnn_size, 5 * rnn_size)
-        self.dropout = nn.Dropout(drop_prob_lm)
-        self.attention = RefAttention(rnn_size, att_hid_size)
-
-    def forward(self, xt, fc_feats, att_feats, p_att_feats, state, att_masks=None):
-        att_res = self.attention(state[0][-1], att_feats, p_att_feats, att_masks)
-        all_input_sums = self.i2h(xt) + self.h2h(state[0][-1])
-        sigmoid_chunk = torch.sigmoid(all_input_sums.narrow(1, 0, 3 * self.rnn_size))
-        in_gate = sigmoid_chunk.narrow(1, 0, self.rnn_size)
-        forget_gate = sigmoid_chunk.narrow(1, self.rnn_size, self.rnn_size)
-        out_gate = sigmoid_chunk.narrow(1, self.rnn_size * 2, self.rnn_size)
-        in_transform = all_input_sums.narrow(1, 3 * self.rnn_size, 2 * self.rnn_size) + self.a2c(att_res)
-        in_transform = torch.max(in_transform.narrow(1, 0, self.rnn_size),
-                                 in_transform.narrow(1, self.rnn_size, self.rnn_size))
-        next_c = forget_gate * state[1][-1] + in_gate * in_transform
-        next_h = out_gate * torch.tanh(next_c)
-        output = self.dropout(next_h)
-        return output, (next_h.unsqueeze(0), next_c.unsqueeze(0))
-
-
-class RefAtt2in2(nn.Module):
-    def __init__(self, vocab_size, input_encoding_size, rnn_size, att_hid_size, att_feat_size, drop_prob_lm):
-        super().__init__()
-        self.vocab_size, self.rnn_size = vocab_size, rnn_size
-        self.embed = nn.Sequential(nn.Embedding(vocab_size + 1, input_encoding_size), nn.ReLU(),
-                                   nn.Dropout(drop_prob_lm))
-        self.fc_embed = lambda x: x  # Att2in2Model
-        self.att_embed = nn.Sequential(nn.Linear(att_feat_size, rnn_size), nn.ReLU(), nn.Dropout(drop_prob_lm))
-        self.ctx2att = nn.Linear(rnn_size, att_hid_size)
-        self.logit = nn.Linear(rnn_size, vocab_size + 1)
-        self.core = RefAtt2in2Core(input_encoding_size, rnn_size, att_hid_size, drop_prob_lm)
-
-    def init_hidden(self, bsz):
-        w = self.logit.weight
-        return (w.new_zeros(1, bsz, self.rnn_size), w.new_zeros(1, bsz, self.rnn_size))
-
-    def _prepare_feature(self, fc_feats, att_feats, att_masks):
-        fc_feats = self.fc_embed(fc_feats)
-        att_feats = self.att_embed(att_feats)
-        p_att_feats = self.ctx2att(att_feats)
-        return fc_feats, att_feats, p_att_feats, att_masks
-
-    def get_logprobs_state(self, it, fc_feats, att_feats, p_att_feats, att_masks, state):
-        xt = self.embed(it)
-        output, state = self.core(xt, fc_feats, att_feats, p_att_feats, state, att_masks)
-        return F.log_softmax(self.logit(output), dim=1), state
-
-    def forward(self, fc_feats, att_feats, seq, att_masks=None):
-        batch_size = fc_feats.size(0)  # images × seq_per_img: the loader expanded the features
-        state = self.init_hidden(batch_size)
-        outputs = fc_feats.new_zeros(batch_size, seq.size(1) - 1, self.vocab_size + 1)
-        fc_feats, att_feats, p_att_feats, att_masks = self._prepare_feature(fc_feats, att_feats, att_masks)
-        for i in range(seq.size(1) - 1):
-            it = seq[:, i].clone()
-            if i >= 1 and seq[:, i].sum() == 0:
-                break
-            output, state = self.get_logprobs_state(it, fc_feats, att_feats, p_att_feats, att_masks, state)
-            outputs[:, i] = output
-        return outputs
-
-
-def language_model_criterion(input, target, mask):
-    target = target[:, :input.size(1)]
-    mask = mask[:, :input.size(1)]
-    output = -input.gather(2, target.unsqueeze(2)).squeeze(2) * mask
-    return torch.sum(output) / torch.sum(mask)
-
-
-def ref_inputs(fc, att, labels):
-    """What self-critical.pytorch's DataLoader hands the model: features repeated per caption,
-    labels with a BOS column and an EOS column, and the mask of words + the EOS."""
-    B, n, L = labels.shape
-    fc_r = fc.unsqueeze(1).expand(B, n, fc.shape[-1]).reshape(B * n, -1).contiguous()
-    att_r = att.unsqueeze(1).expand(B, n, *att.shape[1:]).reshape(B * n, *att.shape[1:]).contiguous()
-    lab = torch.zeros(B * n, L + 2, dtype=torch.long, device=labels.device)
-    lab[:, 1:L + 1] = labels.reshape(B * n, L)
-    nonzero = (lab != 0).sum(1) + 2
-    mask = (torch.arange(L + 2, device=labels.device)[None] < nonzero[:, None]).float()
-    return fc_r, att_r, lab, mask
-
-
-def copy_weights(ours: Att2in, ref: RefAtt2in2) -> None:
-    s = ours.state_dict()
-    ref.load_state_dict({_NAME_MAP[k]: v for k, v in s.items()})
-
-
-# ----------------------------------------------------------------------------------------------
-# measurement
-# ----------------------------------------------------------------------------------------------
-
-class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every 2 ms (CPU). Freed heap memory
-    is handed back to the OS first (``malloc_trim``), so that what an earlier step left cached in
-    the allocator does not hide this one's peak."""
-
-    def __enter__(self):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:
-            pass
-        self.base = self.peak = self._rss()
-        self._stop = False
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop:
-            self.peak = max(self.peak, self._rss())
-            time.sleep(0.002)
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self._t.join()
-
-    @property
-    def mib(self) -> float:
-        return (self.peak - self.base) / 2**20
-
-
-def make_batch(batch: int, device: torch.device, seed: int = 0) -> Batch:
+def make_batch(batch: int, words: tuple[int, int], device: torch.device, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     att = torch.randn(batch, REGIONS, ATT_DIM, generator=g).relu_()  # CNN features are ≥ 0
     fc = att.mean(1)
     labels = torch.randint(1, VOCAB + 1, (batch, SEQ_PER_IMG, SEQ_LEN), generator=g)
+    n = torch.randint(words[0], words[1] + 1, (batch, SEQ_PER_IMG, 1), generator=g)
+    labels = labels * (torch.arange(SEQ_LEN) < n)
     return Batch(index=np.arange(batch), fc=fc, att=att, att_mask=None, labels=labels, epoch=0, batch=0,
                  global_images=batch).to(device)
 
 
-def ours_step(model, opt, batch):
-    loss = xe_loss(model, batch)
+def rdpp_step(model: Att2in, opt, batch: Batch, precision: str) -> float:
+    with autocast(precision, batch.att.device):
+        loss = xe_loss(model, batch)
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss
+    return float(loss.detach())
 
 
-def ref_step(model, opt, inputs):
-    fc_r, att_r, lab, mask = inputs
-    out = model(fc_r, att_r, lab)
-    loss = language_model_criterion(out, lab[:, 1:], mask[:, 1:])
+def upstream_loss(model: upstream.Att2in2, fc, att, labels, masks) -> torch.Tensor:
+    """``LossWrapper`` without self-critical: ``crit(model(fc, att, labels[..., :-1]), labels[..., 1:], masks[..., 1:])``."""
+    return upstream.language_model_criterion(model._forward(fc, att, labels[..., :-1]), labels[..., 1:],
+                                             masks[..., 1:])
+
+
+def upstream_step(model: upstream.Att2in2, opt, fc, att, labels, masks) -> float:
+    opt.zero_grad()
+    loss = upstream_loss(model, fc, att, labels, masks)
     loss.backward()
     torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
+    return float(loss.detach())
 
 
-def peak_memory(fn, device: torch.device) -> float:
-    """Peak memory (MiB) of one call of fn above what was allocated before it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    with PeakRSS() as mem:
-        fn()
-    return mem.mib
-
-
-def timed_pair(fns: dict, steps: int, warmup: int, device: torch.device) -> dict[str, float]:
-    """Median seconds per call of each fn after warmup calls, the fns interleaved step by step
-    (A B A B ...) so that a change in the machine's load hits both alike."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    sync()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(steps):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            sync()
-            times[k].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
-_NAME_MAP = {"embed.weight": "embed.0.weight", "att_embed.weight": "att_embed.0.weight",
-             "att_embed.bias": "att_embed.0.bias", "ctx2att.weight": "ctx2att.weight", "ctx2att.bias": "ctx2att.bias",
-             "logit.weight": "logit.weight", "logit.bias": "logit.bias",
-             **{f"{k}.{p}": f"core.{k}.{p}" for k in ("a2c", "i2h", "h2h") for p in ("weight", "bias")},
-             **{f"{k}.{p}": f"core.attention.{k}.{p}" for k in ("h2att", "alpha_net") for p in ("weight", "bias")}}
-
-
-def check_same_math(ours: Att2in, ref: RefAtt2in2, batch: Batch) -> tuple[float, float]:
-    """(|loss difference|, largest relative gradient difference over the parameters), dropout off."""
-    ours.eval(), ref.eval()
-    a = xe_loss(ours, batch)
-    fc_r, att_r, lab, mask = ref_inputs(batch.fc, batch.att, batch.labels)
-    b = language_model_criterion(ref(fc_r, att_r, lab), lab[:, 1:], mask[:, 1:])
+def check_same_math(base: Att2in, batch: Batch, images: int = 8) -> dict[str, float]:
+    """rdpp against the reference on the batch's first ``images`` images, in float64 and dropout off
+    (so float rounding cannot hide a difference): |loss difference| and the largest relative
+    gradient difference; and rdpp's bf16 loss against its fp32 loss on the whole batch."""
+    ours = copy.deepcopy(base).double().eval()
+    ref = upstream.from_rdpp(ours).eval()
+    small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
+                     "labels": batch.labels[:images], "index": batch.index[:images]})
+    a = xe_loss(ours, small)
+    b = upstream_loss(ref, small.fc, small.att, *upstream.xe_labels(small.labels))
     a.backward(), b.backward()
     rp = dict(ref.named_parameters())
     worst = 0.0
     for name, p in ours.named_parameters():
         if name == "alpha_net.bias":  # softmax ignores a shift: its gradient is 0 up to rounding
             continue
-        q = rp[_NAME_MAP[name]]
+        q = rp[upstream.RDPP_TO_UPSTREAM[name]]
         worst = max(worst, float((p.grad - q.grad).abs().max() / q.grad.abs().max().clamp_min(1e-30)))
-    ours.zero_grad(set_to_none=True), ref.zero_grad(set_to_none=True)
-    ours.train(), ref.train()
-    return abs(float(a.detach()) - float(b.detach())), worst
+    base.eval()
+    with torch.no_grad():
+        fp32 = float(xe_loss(base, batch))
+        with autocast("bf16", batch.att.device):
+            bf16 = float(xe_loss(base, batch))
+    base.train()
+    return {"loss_abs_diff": abs(float(a.detach()) - float(b.detach())), "grad_rel_diff": worst,
+            "bf16_loss_rel_diff": abs(bf16 - fp32) / fp32}
 
 
 def bench_device(device: torch.device, args) -> dict:
     torch.manual_seed(0)
     cfg = config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
                              seq_length=SEQ_LEN)
-    ours = Att2in(cfg).to(device)
-    ref = RefAtt2in2(VOCAB, cfg.input_encoding_size, cfg.rnn_size, cfg.att_hid_size, ATT_DIM,
-                     cfg.drop_prob_lm).to(device)
-    copy_weights(ours, ref)
-    batch = make_batch(args.batch, device)
-    diff, grad_diff = check_same_math(ours, ref, batch)
-    if diff > 1e-4 or grad_diff > 1e-4:
-        raise SystemExit(f"the two implementations disagree: |loss difference| {diff:.3g}, "
-                         f"relative gradient difference {grad_diff:.3g}")
-    opt_o = torch.optim.Adam(ours.parameters(), lr=4e-4)
-    opt_r = torch.optim.Adam(ref.parameters(), lr=4e-4)
-    ref_in = ref_inputs(batch.fc, batch.att, batch.labels)
-    res = {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
-           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-           "load_average": os.getloadavg()[0],
-           "batch_images": args.batch, "loss_abs_diff": diff, "grad_rel_diff": grad_diff}
-    steps = {"rdpp": lambda: ours_step(ours, opt_o, batch), "ref": lambda: ref_step(ref, opt_r, ref_in)}
-    t = timed_pair(steps, args.steps, args.warmup, device)
-    t_o, t_r = t["rdpp"], t["ref"]
-    m_o, m_r = peak_memory(steps["rdpp"], device), peak_memory(steps["ref"], device)
-    res.update({
-        "rdpp_s_per_step": t_o, "rdpp_steps_per_s": 1 / t_o, "rdpp_images_per_s": args.batch / t_o,
-        "rdpp_peak_mib": m_o,
-        "ref_s_per_step": t_r, "ref_steps_per_s": 1 / t_r, "ref_images_per_s": args.batch / t_r,
-        "ref_peak_mib": m_r,
-        "speedup": t_r / t_o,
-    })
+    base = Att2in(cfg).to(device)
+    batch = make_batch(args.batch, args.words, device)
+    ref_in = (batch.fc, batch.att, *upstream.xe_labels(batch.labels))
+    ref = upstream.from_rdpp(base)
+    check = check_same_math(base, batch)
+    if check["loss_abs_diff"] > 1e-9 or check["grad_rel_diff"] > 1e-9:
+        raise SystemExit(f"rdpp and the reference disagree: {check}")
+
+    sides, models = {}, {}
+    for prec in args.precision:
+        m = Att2in(cfg).to(device)
+        m.load_state_dict(base.state_dict())
+        opt = torch.optim.Adam(m.parameters(), lr=4e-4)
+        models[f"rdpp {prec}"] = m
+        sides[f"rdpp {prec}"] = lambda m=m, opt=opt, prec=prec: rdpp_step(m, opt, batch, prec)
+    if not args.no_reference:
+        opt_r = torch.optim.Adam(ref.parameters(), lr=4e-4)
+        sides[REF] = lambda: upstream_step(ref, opt_r, *ref_in)
+
+    t, mm, load = steps_on_roofline(sides, args.steps, device, args.precision, args.matmul_size)
+    rate = {p: v["median"] for p, v in mm.items()}
+    words = (batch.labels > 0).sum(-1).float().mean().item()
+    res = {"device": str(device), **machine_info(), "load_average_start_end": load, "batch_images": args.batch,
+           "words_per_caption": words, "steps": args.steps, **check,
+           "matmul_gflops": mm, "sides": {}}
+    for name, o in t.items():
+        prec = name.split()[-1]
+        achieved = o["gflop"] / o["median"]
+        res["sides"][name] = {
+            "s_per_step": o["median"], "best_s": o["best"], "times": o["times"], "images_per_s": args.batch / o["median"],
+            "gflop": o["gflop"], "gflops": achieved, "matmul_fraction": achieved / rate[prec],
+            "peak_mib": o["peak_mib"],
+            "vs_upstream": t[REF]["median"] / o["median"] if REF in t else None,
+        }
+    if "rdpp fp32" in t and "rdpp bf16" in t:
+        res["bf16_over_fp32"] = t["rdpp fp32"]["median"] / t["rdpp bf16"]["median"]
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        for name, fn in (("rdpp", lambda: ours_step(ours, opt_o, batch)), ("reference", lambda: ref_step(ref, opt_r, ref_in))):
+        for name, fn in sides.items():
             with profile(activities=acts) as prof:
                 fn()
             key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -337,38 +184,58 @@ def bench_device(device: torch.device, args) -> dict:
     return res
 
 
+def print_table(results: list[dict], args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=150)
+    for r in results:
+        where = r["gpu"] if r["device"].startswith("cuda") else f"{r['machine']}; {r['threads']} threads"
+        table = Table(title=f"XE training step, paper preset (V={VOCAB}, {REGIONS}×{ATT_DIM} att, {SEQ_PER_IMG} captions "
+                            f"of {r['words_per_caption']:.1f} words per image, {args.batch} images) on {where}; "
+                            f"median of {args.steps} interleaved steps")
+        for col in ("side", "s/step", "best", "images/s", "GFLOP", "GFLOP/s", "of matmul rate", "peak MiB",
+                    "vs upstream"):
+            table.add_column(col, justify="right")
+        for name, s in r["sides"].items():
+            table.add_row(name, f"{s['s_per_step']:.3f}", f"{s['best_s']:.3f}", f"{s['images_per_s']:.1f}",
+                          f"{s['gflop']:.0f}", f"{s['gflops']:.0f}", f"{100 * s['matmul_fraction']:.0f} %",
+                          f"{s['peak_mib']:,.0f}", f"{s['vs_upstream']:.2f}×" if s["vs_upstream"] else "-")
+        con.print(table)
+        mm = r["matmul_gflops"]
+        con.print(f"matmul rate ({args.matmul_size}² torch.mm, median of the runs before and after): "
+                  + ", ".join(f"{p} {v['median']:.0f} GFLOP/s" for p, v in mm.items()))
+        if "bf16_over_fp32" in r:
+            con.print(f"rdpp bf16 step / fp32 step: {r['bf16_over_fp32']:.2f}× faster (ratio of medians)")
+        con.print(f"checked first: |loss rdpp − upstream| {r['loss_abs_diff']:.1e}, gradients within "
+                  f"{r['grad_rel_diff']:.1e} relative (float64); rdpp bf16 loss within {r['bf16_loss_rel_diff']:.1e} "
+                  f"relative of fp32 (same batch, dropout off)")
+        con.print(f"load average {r['load_average_start_end'][0]:.2f} at the start, {r['load_average_start_end'][1]:.2f} "
+                  f"at the end; OMP_WAIT_POLICY={r['omp_wait_policy']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--batch", type=int, default=50, help="images per step")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per implementation, interleaved (median reported)")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--words", default=str(SEQ_LEN), help="words per caption: N, or MIN-MAX drawn uniformly")
+    ap.add_argument("--precision", default="fp32,bf16", help="rdpp's precisions to time, comma-separated")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per side, interleaved (median reported)")
+    ap.add_argument("--matmul-size", type=int, default=4096, help="n of the n×n matmul that measures the roofline")
     ap.add_argument("--device", default="cpu,cuda", help="comma-separated; cuda is skipped when absent")
-    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables of one step each")
+    ap.add_argument("--no-reference", action="store_true", help="time rdpp only")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables of one step of each side")
     ap.add_argument("--profile-rows", type=int, default=15)
     args = ap.parse_args()
+    args.words = parse_words(args.words)
+    args.precision = [p for p in args.precision.split(",") if p]
+    if not set(args.precision) <= {"fp32", "bf16", "fp16"}:
+        raise SystemExit(f"--precision: fp32, bf16 or fp16 (got {','.join(args.precision)})")
     torch.set_num_threads(args.threads)
-    results = []
-    for name in args.device.split(","):
-        if name == "cuda" and not torch.cuda.is_available():
-            continue
-        results.append(bench_device(torch.device(name), args))
-
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"XE training step, paper preset (V={VOCAB}, {REGIONS}×{ATT_DIM} att, "
-                        f"{SEQ_PER_IMG}×{SEQ_LEN} tokens per image, {args.batch} images)")
-    for col in ("device", "impl", "s/step", "steps/s", "images/s", "peak MiB", "speedup"):
-        table.add_column(col, justify="right")
-    for r in results:
-        dev = r["device"] + (f" ({r['threads']} threads)" if r["threads"] else "")
-        table.add_row(dev, "rdpp", f"{r['rdpp_s_per_step']:.3f}", f"{r['rdpp_steps_per_s']:.3f}",
-                      f"{r['rdpp_images_per_s']:.1f}", f"{r['rdpp_peak_mib']:.0f}", f"{r['speedup']:.2f}×")
-        table.add_row(dev, "self-critical (ref)", f"{r['ref_s_per_step']:.3f}", f"{r['ref_steps_per_s']:.3f}",
-                      f"{r['ref_images_per_s']:.1f}", f"{r['ref_peak_mib']:.0f}", "1.00×")
-    Console().print(table)
+    results = [bench_device(torch.device(name), args) for name in args.device.split(",")
+               if name != "cuda" or torch.cuda.is_available()]
+    print_table(results, args)
     if args.json:
         print(json.dumps({"benchmark": "train_xe", "results": results}))
 

@@ -51,5 +51,34 @@ def main(ws: Path) -> None:
               f"{_f(div.get('div2'))} | {_f(div.get('mbleu4'))} |")
 
 
+def results(ws: Path) -> None:
+    """docs/experiments.md's results table: greedy CIDEr (``<model>-greedy``, when sampled), and over
+    10 random samples per test image the mean and oracle CIDEr, self-CIDEr, distinct captions, Div-2,
+    mBLEU-4 and the share that ends in a word that cannot end a sentence."""
+    import numpy as np
+
+    from rdpp_cli.metrics.diversity import ending_share
+
+    rows = [(n, label) for n, label in ORDER if (ws / "scores" / f"{n}-random10").is_dir()]
+    print("\nResults: greedy caption, and 10 random samples per test image\n")
+    print("| model | greedy CIDEr | mean sample CIDEr | oracle CIDEr (best of 10) | self-CIDEr | distinct / 10 | Div-2 "
+          "| mBLEU-4 | bad endings |\n|---|---|---|---|---|---|---|---|---|")
+    for name, label in rows:
+        g = (_load(ws, name, "greedy") or {}).get("accuracy", {}).get("CIDEr")
+        s = _load(ws, name, "random10") or {}
+        div = s.get("diversity", {})
+        smp = ws / "samples" / f"{name}-random10" / "samples.json"
+        bad = None
+        if smp.is_file():
+            caps = [[c.lower() for c in r["captions"]] for r in json.loads(smp.read_text())]
+            bad = float(np.nanmean(ending_share(caps)))
+        dist = div.get("distinct")
+        cells = [_f(g), _f(s.get("accuracy", {}).get("CIDEr")), _f(s.get("oracle", {}).get("CIDEr")),
+                 _f(div.get("self_cider")), "–" if dist is None else f"{dist:.2f}", _f(div.get("div2")),
+                 _f(div.get("mbleu4")), "–" if bad is None else f"{bad:.1%}"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs-sweep"))
+    ws_ = Path(sys.argv[1] if len(sys.argv) > 1 else "runs-sweep")
+    main(ws_)
+    results(ws_)

@@ -195,3 +195,14 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     unk_only = real_decode(net.eval(), None, ds.features(ds.split_indices("val"))[1],
                            dec.DecodeConfig(method="greedy", max_len=4)).tokens
     assert (unk_only == unk_id(ds.words)).all()  # without suppression this model says nothing else
+
+
+def test_caption_method_help_names_exactly_the_decoders_methods():
+    """cli/caption.py spells the methods out (importing them would import torch at start-up)."""
+    import typer
+
+    from rdpp_cli.decoding.decode import METHODS
+
+    cmd = typer.main.get_command(app).commands["caption"]
+    help_ = next(p for p in cmd.params if p.name == "method").help
+    assert help_.removeprefix("One of: ").removesuffix(".").split(", ") == list(METHODS)

@@ -125,3 +125,34 @@ def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
         assert len(recs) == 20 and all(len(r["captions"]) == 4 for r in recs), method
     net, vocab, _ = load_model(dpp.path / "checkpoints" / "best.pt", device="cpu")
     assert next(net.parameters()).device.type == "cpu" and len(vocab) == net.config.vocab_size
+
+
+def test_on_policy_replay_on_cuda(tmp_path):
+    """The RL step's on-policy property on a GPU: dropout masks drawn on the device, sampling with
+    them, and the replayed teacher-forced pass give the same log-probs (float32, no TF32)."""
+    import sys
+    from pathlib import Path
+
+    from rdpp_cli.data.dataset import DataArtifact
+    from rdpp_cli.data.loader import CaptionBatches
+    from rdpp_cli.metrics.train_cider import TrainCider
+    from rdpp_cli.training.finetune import RewardStep
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_loader import write_tiny_data
+
+    data = DataArtifact.open(write_tiny_data(tmp_path / "tiny", n_train=12, n_val=4))
+    torch.manual_seed(0)
+    model = Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=32, rnn_size=32, att_hid_size=32,
+                                fc_feat_size=16, att_feat_size=16, drop_prob_lm=0.5, seq_length=8)).cuda().train()
+    batch = next(iter(CaptionBatches(data, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0))).to("cuda")
+    step = RewardStep(data=data, cider=TrainCider.for_data(data), reward="dpp", m=4, max_len=8)
+    d = step.sample(model, batch)
+    assert d.drop.embed.is_cuda and d.samples.is_cuda
+    token_logp, mask = step.policy_logprobs(model, batch, d)
+    on = mask.bool()
+    assert torch.allclose(token_logp[on], d.logprobs.reshape(token_logp.shape)[on], atol=1e-4, rtol=0)
+    loss, _ = step.loss(model, batch, d, step.weights(d.samples.cpu().numpy(), None,
+                                                      data.references_ids(batch.index))[0])
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

@@ -176,14 +176,26 @@ def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     assert (b.seq_logprob[:, 0] > g.seq_logprob[:, 0] + 1e-3).any()  # and it does find better ones
 
 
-def test_beam_length_normalisation_prefers_longer_captions(feats):
-    m = model(seed=3, scale=1.5)
-    plain = run(m, feats, method="beam", beam=4, max_len=8)
-    normed = run(m, feats, method="beam", beam=4, max_len=8, length_norm=1.0)
-    assert normed.lengths.float().mean() >= plain.lengths.float().mean()
-    # ranking by mean log-prob per token: the chosen caption is no worse by that measure
-    per_tok = lambda d: d.seq_logprob / (d.lengths + 1)  # noqa: E731
-    assert (per_tok(normed) >= per_tok(plain) - 1e-5).all()
+def test_beam_length_normalisation_prefers_longer_captions(toy):
+    """On the trained toy captioner (short and long wordings of every image), ranking by
+    log-prob / len**alpha (len counting the EOS) picks longer captions than plain log-prob."""
+    m, att = toy
+    plain = run(m, att, method="beam", beam=4, n=4, max_len=8)
+    normed = run(m, att, method="beam", beam=4, n=4, max_len=8, length_norm=1.0)
+    assert (plain.lengths < 8).all() and (normed.lengths < 8).all()  # all ended by EOS: len = words + 1
+
+    def per_token(d):
+        return d.seq_logprob / (d.lengths + 1).float()
+
+    # each run is sorted by its own rule, and the two rules disagree on this model
+    assert (plain.seq_logprob[:, :-1] >= plain.seq_logprob[:, 1:] - 1e-6).all()
+    assert (per_token(normed)[:, :-1] >= per_token(normed)[:, 1:] - 1e-6).all()
+    assert not (per_token(plain)[:, :-1] >= per_token(plain)[:, 1:] - 1e-6).all()
+    # so the chosen caption changes on some images, and the top captions are longer on average
+    assert (normed.tokens[:, 0] != plain.tokens[:, 0]).any(-1).sum() >= 3
+    assert normed.lengths[:, 0].float().mean() > plain.lengths[:, 0].float().mean() + 0.5
+    # the best normalised caption is at least as good per token as the plain winner
+    assert (per_token(normed)[:, 0] >= per_token(plain)[:, 0] - 1e-5).all()
 
 
 def _distinct(d):
@@ -242,6 +254,27 @@ def test_bad_settings_one_line():
                     (dict(method="random", temperature=0), "temperature")):
         with pytest.raises(ValueError, match=msg):
             DecodeConfig(**kw).check()
+
+
+def test_every_method_works_with_its_defaults(feats):
+    """No method needs an extra flag: unset settings take the method's defaults (top-k 10, top-p
+    0.9, beam search n beams (≥ 3), diverse beam search n groups of 1 beam), and check() records
+    them in the config."""
+    m = model(scale=2.0)
+    want = {"topk": dict(top_k=10), "nucleus": dict(top_p=0.9), "beam": dict(beam=6, groups=None),
+            "dbs": dict(groups=6, beam=1), "random": dict(top_k=None, top_p=None, beam=None, groups=None)}
+    for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
+        cfg = DecodeConfig(method=method, n=6, max_len=5)
+        d = decode(m, None, feats, cfg, generator=torch.Generator().manual_seed(0))
+        assert d.tokens.shape[:2] == (12, 6)
+        for k, v in want.get(method, {}).items():
+            assert getattr(cfg, k) == v, (method, k)
+    assert DecodeConfig(method="beam", n=1).check().beam == 3
+    assert DecodeConfig(method="dbs", n=20, groups=4).check().beam == 5
+    assert DecodeConfig(method="dbs", n=20, beam=5).check().groups == 4
+    assert DecodeConfig(method="topk", top_k=3).check().top_k == 3  # given settings are kept
+    d = decode(m, None, feats, DecodeConfig(method="dbs", n=6, max_len=5))
+    assert len({tuple(r) for r in d.tokens[0].tolist()}) > 1  # one caption per group, not one beam
 
 
 def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):

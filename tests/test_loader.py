@@ -188,14 +188,16 @@ def test_ddp_shares_partition_each_global_batch(tiny):
 
 
 def test_reads_only_the_batch_rows(tiny, monkeypatch):
+    from rdpp_cli.data.dataset import RowReader
+
     asked = []
-    orig = DataArtifact._read_rows
+    orig = RowReader.read
 
-    def spy(ds, idx):
-        asked.append((ds.name, np.asarray(idx).copy()))
-        return orig(ds, idx)
+    def spy(self, idx, ds, out=None):
+        asked.append((self.name, np.asarray(idx).copy()))
+        return orig(self, idx, ds, out)
 
-    monkeypatch.setattr(DataArtifact, "_read_rows", staticmethod(spy))
+    monkeypatch.setattr(RowReader, "read", spy)
     b = CaptionBatches(tiny, "train", batch_size=4, seed=0)
     x = b.load(0, 2)
     att_reads = [i for name, i in asked if name == "/att"]

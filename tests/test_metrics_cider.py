@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,19 +17,10 @@ from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cider_reference import FixedDfScorer  # noqa: E402
+
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
-
-
-class FixedDfScorer(CiderScorer):
-    """pycocoevalcap's own CiderScorer with a fixed df and ref_len swapped in (compute_cider would
-    otherwise overwrite ref_len with log(#images))."""
-
-    ref_len = property(lambda self: self._fixed_ref_len, lambda self, value: None)
-
-    def __init__(self, document_frequency: dict, ref_len: float) -> None:
-        self._fixed_ref_len = ref_len
-        super().__init__()
-        self.document_frequency = defaultdict(float, document_frequency)
 
 
 def _norm(c: str) -> str:

@@ -262,3 +262,16 @@ def test_pg_loss_grouped_normalises_per_sample_slot():
     assert pg_loss(logp, mask, w, groups=2).item() == pytest.approx((8 / 3 + 5 / 4) / 2, rel=1e-12)
     # ungrouped: (2 + 2 + 6 + 3) / 7
     assert pg_loss(logp, mask, w).item() == pytest.approx(13 / 7, rel=1e-12)
+
+
+def test_pg_loss_divides_by_the_given_token_counts():
+    """Under DDP the loss divides by the whole step's counts shared out over processes (``tokens``):
+    by hand, rows (w = 1, 2) with log-probs (-1, -2 | -3, 0): terms 1 + 2 and 6."""
+    logp = torch.tensor([[-1.0, -2.0], [-3.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    w = torch.tensor([1.0, 2.0])
+    assert float(pg_loss(logp, mask, w)) == pytest.approx(9.0 / 3)
+    assert float(pg_loss(logp, mask, w, tokens=torch.tensor(4.5))) == pytest.approx(9.0 / 4.5)
+    # two slots: slot 0 (3 over 2 tokens), slot 1 (6 over 1 token); given counts (3, 2) instead
+    assert float(pg_loss(logp, mask, w, groups=2)) == pytest.approx((3 / 2 + 6 / 1) / 2)
+    assert float(pg_loss(logp, mask, w, groups=2, tokens=torch.tensor([3.0, 2.0]))) == pytest.approx((3 / 3 + 6 / 2) / 2)

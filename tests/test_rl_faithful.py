@@ -257,7 +257,7 @@ def _policy(tiny: DataArtifact, dropout: float = 0.5) -> Att2in:
 
 
 def _batch(tiny: DataArtifact):
-    return next(iter(CaptionBatches(tiny, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0)))
+    return next(iter(CaptionBatches(tiny, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0))).to("cpu")
 
 
 def test_the_loss_uses_the_log_probs_the_captions_were_drawn_with(tiny):

@@ -90,7 +90,9 @@ def test_greedy_copies_are_identical_and_beam_best_beats_greedy(ws, tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["--n", "0"], "--n must be at least 1"),
     (["--method", "telepathy"], "unknown decoding method 'telepathy'"),
-    (["--device", "cuda"] if not torch.cuda.is_available() else ["--n", "-1"], "cuda|--n must be"),
+    (["--n", "-1"], "--n must be at least 1 \\(got -1\\)"),
+    pytest.param(["--device", "cuda"], "--device cuda was asked for but torch sees no CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")),
     (["--split", "holdout"], "unknown split 'holdout'"),
 ])
 def test_bad_options_are_one_line(ws, args, match):
@@ -107,7 +109,10 @@ def test_model_with_another_vocabulary_is_refused(ws, tmp_path):
     root, data, _ = ws
     other = _model_artifact(tmp_path, data, vocab=DataArtifact(data).words[:-1] + ["zebra"])
     r = _run(["sample", str(other.path), "--data", str(data.path), "--workspace", str(root)])
-    assert r.exit_code == 2 and "vocabulary" in r.output and "differs" in r.output
+    assert r.exit_code == 2
+    n = len(DataArtifact(data).words)
+    assert f"model {other.path}: its vocabulary ({n} words) is not the one of data artifact {data.path} ({n} words) " \
+        "(as many, but other words or another order); sample with the data the model was trained on" in r.output
     assert not (tmp_path / "samples").exists()
 
 
@@ -148,3 +153,78 @@ def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_pa
     assert torch.allclose(got, want, atol=1e-4)
     distinct = sum(len(set(rec["captions"])) for rec in recs) / 6
     assert art.manifest["summary"]["distinct"] == pytest.approx(distinct)
+
+
+def test_every_method_runs_as_typed_and_records_its_defaults(ws, tmp_path):
+    """`rdpp sample --method M` with no other flag (n = 20 by default) works for every method, and
+    the manifest records the settings the method used."""
+    root, _, model = ws
+    want = {"topk": {"top_k": 10}, "nucleus": {"top_p": 0.9}, "beam": {"beam": 20},
+            "dbs": {"groups": 20, "beam": 1, "diversity_lambda": 0.5}}
+    for method, settings in want.items():
+        r = _run(["sample", str(model.path), "--method", method, "--max-images", "2", "--out", str(tmp_path / method),
+                  "--workspace", str(root), "--device", "cpu"])
+        assert r.exit_code == 0, r.output
+        art = read_artifact(tmp_path / method, "rdpp.samples")
+        assert {k: art.config[k] for k in settings} == settings and art.config["n"] == 20
+        assert all(len(rec["captions"]) == 20 for rec in json.loads((art.path / "samples.json").read_text()))
+
+
+def test_select_keeps_n_of_the_candidates_and_scores_unchanged(ws, tmp_path):
+    """`--select mbr --n 3 --candidates 8 --keep-candidates`: the candidates are the 8 random
+    samples the same seed gives without --select; the captions are the 3 distinct candidates of
+    highest consensus (mean CIDEr-D against the other 7: the training reward's scorer), computed
+    here from the strings; the manifest records method, count, quality and selection; `rdpp score` reads it."""
+    import shutil
+
+    import numpy as np
+
+    from rdpp_cli.metrics.train_cider import TrainCider
+
+    root, data, model = ws
+    common = [str(model.path), "--max-images", "6", "--seed", "7", "--workspace", str(root), "--device", "cpu"]
+    assert _run(["sample", *common, "--n", "8", "--out", str(tmp_path / "plain")]).exit_code == 0
+    r = _run(["sample", *common, "--n", "3", "--select", "mbr", "--candidates", "8", "--keep-candidates",
+              "--out", str(tmp_path / "mbr")])
+    assert r.exit_code == 0, r.output
+    plain = json.loads((tmp_path / "plain" / "samples.json").read_text())
+    recs = json.loads((tmp_path / "mbr" / "samples.json").read_text())
+    art = read_artifact(tmp_path / "mbr", "rdpp.samples")
+    assert {k: art.config[k] for k in ("method", "n", "candidates", "select", "quality", "keep_candidates")} == \
+        {"method": "random", "n": 3, "candidates": 8, "select": "mbr", "quality": "consensus", "keep_candidates": True}
+    ds = DataArtifact(data)
+    reward = TrainCider.for_data(ds)  # the training reward's CIDEr-D: train df, EOS counted
+    ids = {w: i + 1 for i, w in enumerate(ds.words)}
+    for p, rec in zip(plain, recs):
+        cands = rec["candidates"]
+        assert cands == p["captions"] and rec["candidate_logprobs"] == p["logprobs"]
+        assert rec["captions"] == [cands[j] for j in rec["chosen"]]
+        assert rec["logprobs"] == [p["logprobs"][j] for j in rec["chosen"]]
+        toks = np.zeros((len(cands), ds.seq_length), np.int64)
+        for i, c in enumerate(cands):
+            toks[i, :len(c.split())] = [ids[w] for w in c.split()]
+        cons = np.array([reward.score(toks[i:i + 1], [np.delete(toks, i, 0)])[0] for i in range(len(cands))])
+        first = [i for i, c in enumerate(cands) if c not in cands[:i]]
+        best = sorted(first, key=lambda i: -cons[i])[:3]
+        assert sorted(cons[rec["chosen"]]) == pytest.approx(sorted(cons[best]), abs=1e-12)
+        assert len(set(rec["captions"])) == min(3, len(first))
+    if shutil.which("java") is None:
+        pytest.skip("java not found: `rdpp score` needs it (coco-caption's tokenizer)")
+    r = _run(["score", str(tmp_path / "mbr"), "--metrics", "CIDEr", "--self-cider", "--workspace", str(root),
+              "--out", str(tmp_path / "scores")])
+    assert r.exit_code == 0, r.output
+    scores = json.loads((tmp_path / "scores" / "scores.json").read_text())
+    assert scores["settings"]["captions_per_image"] == 3 and scores["diversity"]["self_cider"] is not None
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--select", "dpp", "--candidates", "4", "--n", "5"], "--candidates 4 must be at least --n 5"),
+    (["--keep-candidates"], "--keep-candidates keeps the candidates of --select"),
+    (["--select", "mbr", "--quality", "logprob"], "--select mbr ranks by consensus"),
+])
+def test_bad_selection_options_are_one_line(ws, args, match):
+    root, _, _ = ws
+    r = _run(["sample", "--workspace", str(root), *args])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("using ")]
+    assert len(lines) == 1 and match in lines[0], r.output

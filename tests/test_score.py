@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import h5py
@@ -13,9 +14,11 @@ from typer.testing import CliRunner
 
 from rdpp_cli.artifacts import read_artifact, write_manifest
 from rdpp_cli.cli.app import app
-from rdpp_cli.metrics.cider import CiderD, DocFreq
-from rdpp_cli.metrics.self_cider import self_cider
+from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.scoring.plot import plot_scores
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cider_reference as ref  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
 README = {"Bleu_1": 0.579400, "Bleu_2": 0.404391, "Bleu_3": 0.278536, "Bleu_4": 0.190829,
@@ -149,15 +152,19 @@ def test_workspace_defaults_score_the_newest_samples_against_their_data(ws):
     assert {i["kind"] for i in art.inputs} == {"rdpp.samples", "rdpp.data"}
     assert art.config["split"] == "test" and art.config["self_cider_variant"] == "cider-d"
     s = json.loads((art.path / "scores.json").read_text())
-    # independent numbers: captions and references are plain lower-case words, so PTB leaves them as they are
+    # independent numbers (pycocoevalcap's CiderScorer, df counted by hand): captions and references
+    # are plain lower-case words, so PTB leaves them as they are
     refs = [IMAGES[i][1] for i in SAMPLES]
     caps = list(SAMPLES.values())
-    per = CiderD().score([c for cs in caps for c in cs], refs, ref_index=np.repeat([0, 1], 3)).reshape(2, 3)
+    df, ref_len = ref.corpus_df(refs)  # corpus mode: one document per scored image
+    per = np.stack(ref.per_caption(caps, refs, df, ref_len))
     assert s["accuracy"]["CIDEr"] == pytest.approx(per.mean(), abs=1e-12)
     assert s["oracle"]["CIDEr"] == pytest.approx(per.max(1).mean(), abs=1e-12)
-    words = [w.lower() for w in WORDS]
-    df = DocFreq.from_h5(ws / "data" / "tiny-v1" / "cider_df.h5", words=words)
-    assert s["diversity"]["self_cider"] == pytest.approx(self_cider(caps, df).mean(), abs=1e-12)
+    assert per.max(1).mean() > per.mean() + 0.1  # the oracle is a different number here
+    train_df, train_len = ref.corpus_df([r for sp, r in IMAGES.values() if sp == "train"])  # 3 training images
+    sc = [ref.self_cider(c, train_df, train_len) for c in caps]
+    assert s["diversity"]["self_cider"] == pytest.approx(np.mean(sc), abs=1e-9)
+    assert 0.2 < sc[1] < sc[0]  # image 22 repeats a caption: less diverse than image 21
     assert s["diversity"]["novel"] == pytest.approx(3 / 6)  # "a man rides a horse", 2x "a dog runs on the beach" are not
     assert s["diversity"]["distinct"] == pytest.approx((3 + 2) / 2)
     assert s["diversity"]["vocab"] == 11  # a man rides horse the on beach dog runs red ball
@@ -210,8 +217,10 @@ def test_coco_results_form_and_refs_file(ws, tmp_path):
     s = json.loads((tmp_path / "out" / "scores.json").read_text())
     assert s["settings"]["captions_per_image"] == [1, 2]  # image 21 got two captions
     assert s["settings"]["df_source"].startswith("references")
-    want = CiderD().score(["a man rides a horse", "a horse", "a dog runs"], [IMAGES[21][1], IMAGES[22][1]],
-                          ref_index=[0, 0, 1]).mean()
+    # corpus df: one document per scored image (21 and 22), whatever the captions per image
+    df, ref_len = ref.corpus_df([IMAGES[21][1], IMAGES[22][1]])
+    want = ref.cider_d([("a man rides a horse", IMAGES[21][1]), ("a horse", IMAGES[21][1]),
+                        ("a dog runs", IMAGES[22][1])], df, ref_len).mean()
     assert s["accuracy"]["CIDEr"] == pytest.approx(want, abs=1e-12)
 
 

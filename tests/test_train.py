@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,6 +25,7 @@ from rdpp_cli.training.loop import TrainConfig, run_training
 from rdpp_cli.training.xe import most_frequent_caption, train_xe, xe_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
+import cider_reference  # noqa: E402
 from test_loader import write_tiny_data  # noqa: E402
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
@@ -146,7 +149,26 @@ def test_model_artifact_contents(data_dir, tmp_path):
     model, _, _ = load_model(art.path / "checkpoints" / "best.pt")
     sums = greedy_cider(model, d, d.split_indices("val")[:4])
     assert sums["_n"] == 4 and sums["val_cider"] / 4 == pytest.approx(ck["val_cider"], abs=1e-9)
-    assert man["summary"]["baseline_cider"] >= 0
+    # the trivial baseline: the most frequent training caption (ties: smallest ids) for every val
+    # image, scored by pycocoevalcap with the df of cider_df.h5, all counted here independently;
+    # the training reward's CIDEr-D counts the end token of every caption shorter than the label width
+    words, L = d.words, d.seq_length
+    train_rows = [r for i in d.split_indices("train") for r in range(d.label_start[i], d.label_end[i])]
+    with h5py.File(data_dir / "captions.h5", "r") as f:
+        labels = f["labels"][...]
+
+    def text(row) -> str:
+        ws = [words[t - 1] for t in row if t]
+        return " ".join(ws + (["<eos>"] if len(ws) < L else []))
+
+    counts = Counter(tuple(labels[r]) for r in train_rows)
+    top = min(counts, key=lambda row: (-counts[row], row))
+    hyp = text(top)
+    assert counts[top] == 2 and hyp == "a blue circle <eos>"  # this data's 16 training images repeat 4 captions
+    refs = [[text(labels[r]) for r in range(d.label_start[i], d.label_end[i])] for i in d.split_indices("val")[:4]]
+    df, ref_len = cider_reference.df_from_h5(data_dir / "cider_df.h5", words)
+    want = cider_reference.cider_d([(hyp, rs) for rs in refs], df, ref_len).mean()
+    assert man["summary"]["baseline_cider"] == pytest.approx(want, abs=1e-9) and want > 0.1
 
 
 def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_path):
@@ -276,7 +298,7 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     model = _tiny_model(d).eval()
     from rdpp_cli.data.loader import CaptionBatches
 
-    batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0)
+    batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0).to("cpu")  # float32 features
     labels = batch.labels.clone()
     labels[0, 0, 2:] = 0  # a 2-word caption: 3 tokens count (2 words + EOS)
     batch.labels = labels

@@ -27,6 +27,7 @@ from rdpp_cli.errors import RdppError
 
 PARTIAL = ".rdpp-partial.json"
 ENV = "RDPP_WORKSPACE"
+WORKSPACE_YAML = "rdpp.yaml"  # per-workspace option defaults, one section per command (docs/workspace.md)
 GROUPS = {
     "data": "rdpp.data",
     "xe": "rdpp.model",

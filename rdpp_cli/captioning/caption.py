@@ -42,7 +42,7 @@ from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
 from rdpp_cli.data.vocab import unk_id
-from rdpp_cli.decoding.decode import decode
+from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -112,10 +112,10 @@ def caption(
     method: str = "beam",
     n: int = 1,
     temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    beam: int = 3,
-    groups: int = 1,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam: int | None = None,
+    groups: int | None = None,
     diversity_lambda: float = 0.5,
     length_norm: float = 0.0,
     max_len: int | None = None,
@@ -130,17 +130,23 @@ def caption(
     workspace: Path | str | None = None,
 ) -> Artifact:
     """Caption the image files (or folders) ``paths`` with a model artifact (default: the newest
-    fine-tuned, else XE model); returns the captions artifact."""
+    fine-tuned, else XE model); returns the captions artifact. Decoding settings left as None take
+    the method's defaults (``decoding.decode.DEFAULTS``: beam search of width max(n, 3), ...)."""
     from rdpp_cli import checks
     from rdpp_cli.artifacts.lineage import ref_name, resolve_data_for
     from rdpp_cli.artifacts.workspace import derived_name
     from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
-    from rdpp_cli.decoding.sample import decode_config, model_checkpoint, run_name
+    from rdpp_cli.decoding.sample import model_checkpoint, run_name
+    from rdpp_cli.device import resolve_device
     from rdpp_cli.models.checkpoint import load_model
-    from rdpp_cli.training.distributed import resolve_device
 
-    cfg = decode_config(method=method, n=n, max_len=max_len, temperature=temperature, top_k=top_k, top_p=top_p,
-                        beam=beam, groups=groups, diversity_lambda=diversity_lambda, length_norm=length_norm)
+    try:
+        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
+                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+                           length_norm=length_norm).check()
+    except ValueError as e:
+        raise RdppError(str(e)) from None
+    checks.finite("--temperature", temperature)
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--workers", workers, 0)
     checks.seed(seed)

@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.decoding.decode import METHODS
 
 
 @stage
@@ -16,13 +15,13 @@ def command(
     paths: list[Path] = typer.Argument(..., help="Image files, or folders of them (searched recursively)."),
     from_: str = typer.Option(None, "--from", help="Model artifact (name or path); default: the newest fine-tuned, "
                                                   "else XE model."),
-    method: str = typer.Option("beam", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("beam", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
     n: int = typer.Option(1, "--n", help="Captions per photo."),
     temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
-    top_k: int = typer.Option(0, "--top-k", help="k for --method topk."),
-    top_p: float = typer.Option(1.0, "--top-p", help="p for --method nucleus."),
-    beam: int = typer.Option(3, "--beam", help="Beam width (per group for dbs)."),
-    groups: int = typer.Option(1, "--groups", help="Groups for diverse beam search."),
+    top_k: int = typer.Option(None, "--top-k", help="k for --method topk (default 10)."),
+    top_p: float = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9)."),
+    beam: int = typer.Option(None, "--beam", help="Beam width, per group for dbs (default: beam max(n, 3); dbs 1)."),
+    groups: int = typer.Option(None, "--groups", help="Groups for diverse beam search (default: n)."),
     diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
     length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
     max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the model's)."),

@@ -10,10 +10,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
-
-WORKSPACE_YAML = "rdpp.yaml"
 
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
@@ -24,6 +23,9 @@ WorkspaceOpt = typer.Option(
 )
 ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
+PrecisionOpt = typer.Option(  # default: rdpp_cli.precision.DEFAULT_PRECISION (not imported: it loads torch)
+    "fp32", "--precision", help="The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards and "
+    "metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 where the hardware has it, else fp32).")
 
 # The options `rdpp train-xe` and `rdpp finetune` share (the training loop's, DESIGN §6). Typer reads
 # options from each command's signature, so they are shared as default values, like ConfigOpt.
@@ -36,7 +38,7 @@ ValImagesOpt = typer.Option(
 ValBatchSizeOpt = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch.")
 SaveEveryStepsOpt = typer.Option(
     0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch).")
-WorkersOpt = typer.Option(0, "--workers", help="DataLoader worker processes reading batches.")
+WorkersOpt = typer.Option(0, "--workers", help="Threads reading the next batches while a step runs (0: read in the loop; docs/data.md).")
 ResumeOpt = typer.Option(
     True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over.")
 BatchSizeOpt = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together).")

@@ -10,7 +10,7 @@ import typer
 from rdpp_cli.cli.common import (ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt, ResumeOpt,
                                  SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt, WorkersOpt, WorkspaceOpt,
                                  resolve_options, stage)
-from rdpp_cli.training.finetune import finetune
+from rdpp_cli.cli.common import PrecisionOpt
 
 
 @stage
@@ -49,6 +49,7 @@ def command(
     save_every_steps: int = SaveEveryStepsOpt,
     checkpoint: str = typer.Option("best", "--checkpoint", help="Start from the XE model's best or last checkpoint."),
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     workers: int = WorkersOpt,
     seed: int = typer.Option(123, "--seed", help="Seed of the batch order, the sampling and dropout."),
     resume: bool = ResumeOpt,
@@ -74,6 +75,7 @@ def command(
     Example: rdpp finetune --reward dpp --m 5
     """
     from rdpp_cli.cli.common import parent_option
+    from rdpp_cli.training.finetune import finetune
 
     opts = resolve_options(ctx, "finetune")
     finetune(parent_option(opts, "model", "models"), **opts)

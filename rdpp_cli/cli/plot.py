@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.plot import plot
 
 
 @stage
@@ -26,4 +25,6 @@ def command(
 
     Example: rdpp plot runs/scores/att2in-small-v1.random-n20-v1 runs/scores/dpp-m5-v1.random-n20-v1 --labels XE,R-DPP
     """
+    from rdpp_cli.scoring.plot import plot
+
     plot(**resolve_options(ctx, "plot"))

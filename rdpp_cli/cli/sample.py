@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.decoding.decode import METHODS
+from rdpp_cli.cli.common import PrecisionOpt
 
 
 @stage
@@ -18,12 +18,12 @@ def command(
     data: str = typer.Option(None, "--data", help="Data artifact; default: the one the model was trained on."),
     split: str = typer.Option("test", "--split", help="train, val or test."),
     n: int = typer.Option(20, "--n", help="Captions per image."),
-    method: str = typer.Option("random", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("random", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
     temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
-    top_k: int = typer.Option(0, "--top-k", help="k for --method topk."),
-    top_p: float = typer.Option(1.0, "--top-p", help="p for --method nucleus."),
-    beam: int = typer.Option(3, "--beam", help="Beam width (per group for dbs)."),
-    groups: int = typer.Option(1, "--groups", help="Groups for diverse beam search."),
+    top_k: int = typer.Option(None, "--top-k", help="k for --method topk (default 10)."),
+    top_p: float = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9)."),
+    beam: int = typer.Option(None, "--beam", help="Beam width, per group for dbs (default: beam max(n, 3); dbs 1)."),
+    groups: int = typer.Option(None, "--groups", help="Groups for diverse beam search (default: n)."),
     diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
     length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
     max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the data's caption length)."),
@@ -31,7 +31,12 @@ def command(
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
+    select: str = typer.Option(None, "--select", help="Keep n of --candidates per image: dpp, mbr or logprob."),
+    candidates: int = typer.Option(50, "--candidates", help="Captions decoded per image for --select."),
+    quality: str = typer.Option(None, "--quality", help="--select dpp's quality: consensus (default) or logprob."),
+    keep_candidates: bool = typer.Option(False, "--keep-candidates", help="Also write every candidate of --select."),
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     out: Path = typer.Option(None, "--out", help="Write the samples artifact exactly here."),
     force: bool = ForceOpt,
     workspace: Path = WorkspaceOpt,
@@ -40,6 +45,8 @@ def command(
     """Decode n captions per image (greedy, beam, random, topk, nucleus, dbs).
 
     Example: rdpp sample --n 20 --method random
+
+    Example: rdpp sample --n 5 --select dpp --candidates 50
     """
     from rdpp_cli.decoding.sample import sample
 

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
-from rdpp_cli.scoring.score import score
 
 
 @stage
@@ -51,6 +50,7 @@ def command(
     Example: rdpp score results.json --refs captions_val2014.json
     """
     from rdpp_cli.cli.common import parent_option
+    from rdpp_cli.scoring.score import score
 
     opts = resolve_options(ctx, "score")
     score(parent_option(opts, "samples", "samples"), **opts)

@@ -10,7 +10,7 @@ import typer
 from rdpp_cli.cli.common import (BatchSizeOpt, ConfigOpt, DeviceOpt, ForceOpt, GradClipModeOpt, GradClipOpt,
                                  LrDecayRateOpt, ResumeOpt, SaveEveryStepsOpt, ValBatchSizeOpt, ValImagesOpt,
                                  WorkersOpt, WorkspaceOpt, lr_decay_every_opt, resolve_options, stage)
-from rdpp_cli.training.xe import train_xe
+from rdpp_cli.cli.common import PrecisionOpt
 
 
 @stage
@@ -36,6 +36,7 @@ def command(
     val_batch_size: int = ValBatchSizeOpt,
     save_every_steps: int = SaveEveryStepsOpt,
     device: str = DeviceOpt,
+    precision: str = PrecisionOpt,
     workers: int = WorkersOpt,
     seed: int = typer.Option(123, "--seed", help="Seed of the weights, the batch order and dropout."),
     resume: bool = ResumeOpt,
@@ -53,4 +54,6 @@ def command(
 
     Example: rdpp train-xe --preset small --epochs 15
     """
+    from rdpp_cli.training.xe import train_xe
+
     train_xe(**resolve_options(ctx, "train_xe"))

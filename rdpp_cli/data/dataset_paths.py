@@ -34,8 +34,7 @@ def find_karpathy_json(given: Path | None, workspace: Path | None = None) -> Pat
     for c in candidates:
         if c.is_file():
             return c
-    from rdpp_cli.artifacts import workspace_dir
-    from rdpp_cli.cli.common import WORKSPACE_YAML
+    from rdpp_cli.artifacts.workspace import WORKSPACE_YAML, workspace_dir
 
     env = "" if os.environ.get(ENV_ROOT) else f" (${ENV_ROOT} unset)"
     raise RdppError(

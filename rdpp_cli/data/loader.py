@@ -11,20 +11,31 @@ Every batch is a pure function of ``(seed, epoch, batch index)``:
   many, else a choice drawn from ``default_rng([seed, epoch, b])`` over the global batch).
 
 So a run resumed at position ``(epoch, batch)`` sees exactly the batches an uninterrupted run would,
-with or without DataLoader workers. Only the batch's rows are read from the HDF5 files: memory does
-not grow with the dataset.
+with or without read-ahead workers. Only the batch's rows are read from features.h5 (the caption
+labels, ~40 MB for COCO, are read once): memory does not grow with the features.
+
+``num_workers`` threads read the next batches while the training step runs. Threads, not
+DataLoader processes: reading a batch is ``os.preadv`` system calls that release the GIL, and a
+process would hand its 40 MB batch over through fresh shared memory, which cost more than the read
+itself (docs/data.md, "The data path at COCO scale"). Features stay in the file's dtype (float16
+by default) on the host — half the bytes to read and to copy to the GPU, where ``Batch.to`` makes
+them float32. With ``pin_memory`` (a CUDA run) rows are read straight into page-locked memory, so
+that copy is asynchronous.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.dataset import DataArtifact, att_mask
 from rdpp_cli.errors import RdppError
 
 
@@ -33,8 +44,8 @@ class Batch:
     """One process's share of one optimizer step."""
 
     index: np.ndarray  # (B,) image rows of the data artifact
-    fc: Tensor  # (B, D) float32
-    att: Tensor  # (B, R, D) float32
+    fc: Tensor  # (B, D): the file's dtype as loaded, float32 after .to(device)
+    att: Tensor  # (B, R, D): likewise
     att_mask: Tensor | None  # (B, R) or None
     labels: Tensor  # (B, seq_per_img, L) int64 word ids, 0-padded
     epoch: int
@@ -53,11 +64,12 @@ class Batch:
         return self.size * self.world_size / self.global_images
 
     def to(self, device: torch.device | str) -> "Batch":
+        """The batch on ``device`` with float32 features (converted there, after the copy)."""
         nb = torch.device(device).type == "cuda"
         return replace(
             self,
-            fc=self.fc.to(device, non_blocking=nb),
-            att=self.att.to(device, non_blocking=nb),
+            fc=self.fc.to(device, non_blocking=nb).float(),
+            att=self.att.to(device, non_blocking=nb).float(),
             att_mask=None if self.att_mask is None else self.att_mask.to(device, non_blocking=nb),
             labels=self.labels.to(device, non_blocking=nb),
         )
@@ -68,6 +80,8 @@ class CaptionBatches:
 
     ``split`` picks the images (train/val/test), or ``images`` gives their rows explicitly (e.g.
     one process's share of the validation images). ``shuffle=False`` keeps the given order.
+    ``num_workers`` threads read ahead; ``pin_memory`` (for a CUDA run) reads batches into
+    page-locked memory.
     """
 
     def __init__(
@@ -83,6 +97,7 @@ class CaptionBatches:
         world_size: int = 1,
         num_workers: int = 0,
         images: np.ndarray | None = None,
+        pin_memory: bool = False,
     ):
         if batch_size < 1:
             raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
@@ -96,6 +111,7 @@ class CaptionBatches:
         self.shuffle = shuffle
         self.rank, self.world_size = rank, world_size
         self.num_workers = num_workers
+        self.pin_memory = pin_memory
         n = len(self.images)
         if n < world_size:
             raise RdppError(f"{n} images for {world_size} processes; every process needs at least one image")
@@ -137,36 +153,46 @@ class CaptionBatches:
             labels_all = np.zeros((len(glob), 0, self.data.seq_length), dtype=np.int64)
         parts = np.array_split(np.arange(len(glob)), self.world_size)[self.rank]
         idx = glob[parts]
-        fc, att, mask = self.data.features(idx)
-        return Batch(index=idx, fc=fc, att=att, att_mask=mask, labels=torch.from_numpy(labels_all[parts]),
-                     epoch=epoch, batch=b, global_images=len(glob), world_size=self.world_size)
+        labels = torch.from_numpy(labels_all[parts])
+        if self.pin_memory:  # read straight into page-locked memory: no copy before the GPU's
+            d, dt = self.data, _TORCH_DTYPE[self.data.feature_dtype]
+            fc = torch.empty((len(idx), d.fc_dim), dtype=dt, pin_memory=True)
+            att = torch.empty((len(idx), d.att_regions, d.att_dim), dtype=dt, pin_memory=True)
+            lens = d.feature_rows(idx, out=(fc.numpy(), att.numpy()))[2]
+            mask = att_mask(lens, d.att_regions)
+            labels, mask = labels.pin_memory(), None if mask is None else mask.pin_memory()
+        else:
+            fc, att, lens = self.data.feature_rows(idx)
+            fc, att, mask = torch.from_numpy(fc), torch.from_numpy(att), att_mask(lens, att.shape[1])
+        return Batch(index=idx, fc=fc, att=att, att_mask=mask, labels=labels, epoch=epoch, batch=b,
+                     global_images=len(glob), world_size=self.world_size)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start`` on (a resumed run passes its position)."""
         if start >= self._num_batches:
             return iter(())
         order = self.permutation(epoch)
+        batches = range(start, self._num_batches)
         if self.num_workers <= 0:
-            return (self.load(epoch, b, order) for b in range(start, self._num_batches))
-        ds = _EpochDataset(self, epoch, start, order)
-        # A private generator: DataLoader otherwise draws its workers' base seed from the global
-        # torch RNG, which would make a resumed run's dropout differ from an uninterrupted one.
-        loader = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                                             generator=torch.Generator().manual_seed(self.seed),
-                                             collate_fn=_identity)
-        return iter(loader)
+            return (self.load(epoch, b, order) for b in batches)
+        return read_ahead(lambda b: self.load(epoch, b, order), batches, self.num_workers)
 
 
-def _identity(x):
-    return x
+_TORCH_DTYPE = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}
 
 
-class _EpochDataset(torch.utils.data.Dataset):
-    def __init__(self, batches: CaptionBatches, epoch: int, start: int, order: np.ndarray):
-        self.batches, self.epoch, self.start, self.order = batches, epoch, start, order
-
-    def __len__(self) -> int:
-        return len(self.batches) - self.start
-
-    def __getitem__(self, i: int) -> Batch:
-        return self.batches.load(self.epoch, self.start + i, self.order)
+def read_ahead(load: Callable, items: Iterable, threads: int) -> Iterator:
+    """``load(item)`` for each item, in order, computed by ``threads`` threads up to
+    ``2 * threads`` items ahead of the consumer. An error in ``load`` is raised to the consumer at
+    its item; a consumer that stops early (or is closed) cancels what was not started yet."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="rdpp-read-ahead")
+    todo = iter(items)
+    pending = deque(pool.submit(load, item) for item in itertools.islice(todo, 2 * threads))
+    try:
+        while pending:
+            result = pending.popleft().result()
+            for item in itertools.islice(todo, 1):
+                pending.append(pool.submit(load, item))
+            yield result
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

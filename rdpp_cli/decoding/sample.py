@@ -5,6 +5,10 @@ data artifact it was trained on; decodes in batches of images with ``decode`` (e
 once, expanded to its n rows); writes a samples artifact with ``samples.json``:
 ``[{"image_id", "captions": [...n...], "logprobs": [...n...]}]`` (logprob = the caption's
 log-probability under the model, EOS included).
+
+With ``select`` (``dpp``, ``mbr`` or ``logprob``; ``rdpp_cli.decoding.select``) it decodes
+``candidates`` captions per image and keeps the n chosen ones; ``keep_candidates`` also writes all
+of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices) in each record.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.vocab import unk_id
 from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.decoding.select import Chooser, SelectConfig
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import load_model
-from rdpp_cli.training.distributed import resolve_device
+from rdpp_cli.models.checkpoint import check_fits_data, load_model
+from rdpp_cli.precision import DEFAULT_PRECISION, autocast, resolve_precision
 
 
 def model_checkpoint(model_art: Artifact) -> Path:
@@ -36,27 +42,16 @@ def model_checkpoint(model_art: Artifact) -> Path:
     raise RdppError(f"model artifact {model_art.path} has no checkpoints/best.pt or last.pt; retrain it")
 
 
-def run_name(cfg: DecodeConfig) -> str:
+def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None = None) -> str:
     """The decoding part of a samples artifact's name (``random-n20``); the whole stem is
-    ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it."""
-    extra = {"beam": f"-b{cfg.beam}", "dbs": f"-g{cfg.groups}b{cfg.beam}", "topk": f"-k{cfg.top_k}",
-             "nucleus": f"-p{cfg.top_p:g}"}.get(cfg.method, "")
+    ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it.
+    With a selection of n of the cfg.n candidates: ``random-c50.dpp-consensus-n5``."""
+    extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
+             "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
+    if sel is not None:
+        how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
+        return f"{cfg.method}{extra}-c{cfg.n}.{how}-n{n}"
     return f"{cfg.method}{extra}-n{cfg.n}"
-
-
-def decode_config(*, method: str, n: int, max_len: int | None, temperature: float, top_k: int, top_p: float,
-                  beam: int, groups: int, diversity_lambda: float, length_norm: float) -> DecodeConfig:
-    """The checked decoding settings of `rdpp sample` and `rdpp caption` (``max_len`` None: 16 until
-    the caller knows the data's); RdppError (one line) for settings that make no sense."""
-    from rdpp_cli import checks
-
-    checks.finite("--temperature", temperature)
-    try:
-        return DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
-                            top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                            length_norm=length_norm).check()
-    except ValueError as e:
-        raise RdppError(str(e)) from None
 
 
 def sample(
@@ -67,10 +62,10 @@ def sample(
     n: int = 20,
     method: str = "random",
     temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    beam: int = 3,
-    groups: int = 1,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam: int | None = None,
+    groups: int | None = None,
     diversity_lambda: float = 0.5,
     length_norm: float = 0.0,
     max_len: int | None = None,
@@ -78,32 +73,47 @@ def sample(
     batch_size: int = 50,
     max_images: int | None = None,
     seed: int = 0,
+    select: str | None = None,
+    candidates: int = 50,
+    quality: str | None = None,
+    keep_candidates: bool = False,
     device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
     out: Path | str | None = None,
     force: bool = False,
     workspace: Path | str | None = None,
 ) -> Artifact:
-    """Decode ``n`` captions per image of ``split``; returns the samples artifact
-    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``)."""
+    """Decode ``n`` captions per image of ``split`` (with ``select``: ``candidates`` per image, of
+    which ``n`` are kept); returns the samples artifact
+    ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``).
+
+    ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
+    autocast; log-probabilities are float32 either way. The one used is in the manifest.
+    """
     from rdpp_cli import checks
 
-    cfg = decode_config(method=method, n=n, max_len=max_len, temperature=temperature, top_k=top_k, top_p=top_p,
-                        beam=beam, groups=groups, diversity_lambda=diversity_lambda, length_norm=length_norm)
+    try:
+        sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
+        cfg = DecodeConfig(method=method, n=sel.candidates if sel else n, max_len=16 if max_len is None else max_len,
+                           temperature=temperature,
+                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+                           length_norm=length_norm).check()
+    except ValueError as e:
+        raise RdppError(str(e)) from None
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--max-images", max_images, 1)
     checks.seed(seed)
+    checks.finite("--temperature", temperature)
+    if keep_candidates and sel is None:
+        raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
     dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
     data_art = resolve_data_for(model_art, data, workspace)
     ds = DataArtifact(data_art)
     net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
-    if list(vocab) != list(ds.words):
-        raise RdppError(f"model {model_art.path} has a {len(vocab)}-word vocabulary, data artifact {ds.path} a "
-                        f"{ds.vocab_size}-word one that differs; sample with the data the model was trained on")
-    if (net.config.att_feat_size != ds.att_dim):
-        raise RdppError(f"model {model_art.path} expects {net.config.att_feat_size}-d features but {ds.path} has "
-                        f"{ds.att_dim}-d ones; sample with the data the model was trained on")
+    check_fits_data(ckpt, ds, f"model {model_art.path}", "sample with the data the model was trained on")
     if max_len is None:
         cfg.max_len = ds.seq_length
     cfg.unk_id = None if allow_unk else unk_id(vocab)  # evaluation decoding never says UNK unless asked
@@ -111,41 +121,56 @@ def sample(
     if max_images is not None:
         images = images[:max_images]
 
-    settings = {"split": split, **cfg.to_dict(), "batch_size": batch_size, "max_images": max_images, "seed": seed,
-                "device": str(dev)}
+    chooser = Chooser(sel, n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
+    settings = {"split": split, **cfg.to_dict(), "n": n, "select": select, "candidates": cfg.n if sel else None,
+                "quality": sel.quality if sel else None, "keep_candidates": keep_candidates if sel else None,
+                "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
+                "precision": prec}
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
     identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
-    out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg)),
+    out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg, sel, n)),
                              kind="rdpp.samples", config=identity, force=force)
     gen = torch.Generator(device=dev).manual_seed(seed)
     records: list[dict] = []
     t0 = time.perf_counter()
     with progress("captions") as bar:
-        task = bar.add_task(f"sample {cfg.method}", total=len(images) * n, info="")
+        task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
             fc, att, mask = ds.features(idx, dev)
-            out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+            with autocast(prec, dev):
+                out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
+            chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))
             for b, i in enumerate(idx):
-                records.append({"image_id": int(ds.image_ids[i]),
-                                "captions": [ds.decode(toks[b, j]) for j in range(n)],
-                                "logprobs": [round(float(x), 6) for x in lps[b]]})
-            bar.advance(task, len(idx) * n)
+                rec = {"image_id": int(ds.image_ids[i]),
+                       "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
+                       "logprobs": [round(float(lps[b, j]), 6) for j in chosen[b]]}
+                if chooser and keep_candidates:
+                    rec.update(candidates=[ds.decode(t) for t in toks[b]],
+                               candidate_logprobs=[round(float(x), 6) for x in lps[b]],
+                               chosen=[int(j) for j in chosen[b]])
+                records.append(rec)
+            bar.advance(task, len(idx) * cfg.n)
     elapsed = time.perf_counter() - t0
     atomic_write_json(out_dir / "samples.json", records, indent=1)
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
-    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art],
-                         summary={"images": len(records), "n": n, "method": cfg.method, "distinct": distinct})
+    summary = {"images": len(records), "n": n, "method": cfg.method, "distinct": distinct}
+    if sel:
+        summary.update(select=sel.method, candidates=cfg.n, quality=sel.quality)
+    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art], summary=summary)
     finish(out_dir)
 
     console.print(summary_table("rdpp sample", {
         "artifact": out_dir,
         "model": model_art.path,
-        "decoding": f"{cfg.method}, n={n}" + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        "decoding": f"{cfg.method}, {'candidates' if sel else 'n'}={cfg.n}"
+                    + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        **({"selection": f"{n} of {cfg.n} per image by {sel.method} ({sel.quality} quality), "
+                         f"{chooser.seconds:.1f} s"} if sel else {}),
         "images": f"{len(records)} ({split} split)",
-        "captions/s": f"{len(records) * n / max(elapsed, 1e-9):,.0f}",
+        "captions/s": f"{len(records) * cfg.n / max(elapsed, 1e-9):,.0f}",
         "distinct per image": f"{distinct:.2f} of {n}",
         **{f"e.g. {r['image_id']}": " | ".join(r["captions"][:3]) for r in records[:3]},
     }))

@@ -28,6 +28,11 @@ pre-activation is one matmul for all time steps; the output layer and its log-so
 all time steps stacked after the loop; the attention scores are computed a few images at a time
 (cache-sized tanh blocks) and their backward recomputes ``tanh`` instead of storing it. The
 arithmetic is the same as the step-by-step reference.
+
+Under bf16/fp16 autocast (``--precision``, rdpp_cli.precision) the linear layers and the
+attention context run in the low precision; the attention keys and scores, the LSTM cell state and
+every log-softmax stay float32 (in bf16 the scores were slower on CPU and 100x less accurate), so
+log-probabilities are always float32.
 """
 
 from __future__ import annotations
@@ -100,6 +105,11 @@ class DropoutMasks(NamedTuple):
         return self._replace(embed=self.embed[index], out=self.out[index])
 
 
+def _f32(x: Tensor) -> Tensor:
+    """x in float32 if autocast made it bfloat16/float16; float32 and float64 are kept."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 _CHUNK = 1 << 19  # elements of a (b, n, R, A) block: ~2 MB, stays in cache
 
 
@@ -126,8 +136,11 @@ def _att_scores(k2: Tensor, q: Tensor, w: Tensor) -> Tensor:
     n = q.shape[1]
     out = q.new_empty(B, n, R)
     c = _chunks(n * R * A, k2)
+    q2 = q * 2.0
+    buf = k2.new_empty(min(c, B), n, R, A)  # one block, reused: a fresh 2 MB tensor per block costs page faults
     for i in range(0, B, c):
-        sig = torch.add(k2[i:i + c].unsqueeze(1), q[i:i + c].unsqueeze(2), alpha=2.0).sigmoid_()  # (c, n, R, A)
+        sig = buf[:min(c, B - i)]
+        torch.add(k2[i:i + c].unsqueeze(1), q2[i:i + c].unsqueeze(2), out=sig).sigmoid_()  # (c, n, R, A)
         torch.matmul(sig, w, out=out[i:i + c])
     return out.mul_(2.0).sub_(w.sum())
 
@@ -148,12 +161,17 @@ class _AttScores(torch.autograd.Function):
         gk, gq, gw = torch.empty_like(k2), torch.empty_like(q), torch.zeros_like(w)
         w4 = 4.0 * w
         c = _chunks(n * R * A, k2)
+        q2 = q * 2.0
+        bufs = k2.new_empty(2, min(c, B), n, R, A)  # σ and its gradient, reused block after block
         for i in range(0, B, c):
-            sig = torch.add(k2[i:i + c].unsqueeze(1), q[i:i + c].unsqueeze(2), alpha=2.0).sigmoid_()
+            m = min(c, B - i)
+            sig, d = bufs[0, :m], bufs[1, :m]
+            torch.add(k2[i:i + c].unsqueeze(1), q2[i:i + c].unsqueeze(2), out=sig).sigmoid_()
             gc = g[i:i + c]
             gw += gc.reshape(1, -1).mm(sig.reshape(-1, A)).view(A)  # Σ g σ (then ×2 − Σg below)
             # d e / d u = w (1 − tanh²u) = 4 w σ (1 − σ)
-            d = torch.ops.aten.sigmoid_backward(gc.unsqueeze(-1) * w4, sig)
+            torch.mul(gc.unsqueeze(-1), w4, out=d)
+            torch.ops.aten.sigmoid_backward.grad_input(d, sig, grad_input=d)
             torch.sum(d, 1, out=gk[i:i + c])  # gradient w.r.t. k2 is half of this: see below
             torch.sum(d, 2, out=gq[i:i + c])
         gw.mul_(2.0).sub_(g.sum())
@@ -185,7 +203,8 @@ class Att2in(nn.Module):
         a = a * drop if drop is not None else self.dropout(a)
         if att_mask is not None:
             att_mask = att_mask.to(a.dtype)
-        return Encoded(a, 2.0 * self.ctx2att(a), att_mask, 1)  # keys doubled: see _att_scores
+        # keys doubled (see _att_scores) and kept in float32 under autocast: see _attend
+        return Encoded(a, 2.0 * _f32(self.ctx2att(a)), att_mask, 1)
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
@@ -218,7 +237,7 @@ class Att2in(nn.Module):
         """Attention context (N, H) for hidden states h (N, H) with projected queries q (N, A)."""
         B, R, H = enc.att.shape
         n = h.shape[0] // B
-        q = q.view(B, n, -1)
+        q = _f32(q.view(B, n, -1))  # under bf16 autocast the scores stay float32 (docs/training.md)
         w = self.alpha_net.weight[0]
         k2 = enc.keys
         if torch.is_grad_enabled() and (q.requires_grad or k2.requires_grad or w.requires_grad):
@@ -260,7 +279,7 @@ class Att2in(nn.Module):
         x = x * drop[0] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
         o = h * drop[1] if drop is not None else self.dropout(h)
-        logprobs = F.log_softmax(self.logit(o), dim=-1)
+        logprobs = F.log_softmax(_f32(self.logit(o)), dim=-1)
         return logprobs, (h, c)
 
     # -- teacher forcing -----------------------------------------------------------------------
@@ -294,7 +313,7 @@ class Att2in(nn.Module):
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
         h = self._hidden(fc, att, inputs, att_mask, drop)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
-        return F.log_softmax(self.logit(h), dim=-1)  # once, over all steps
+        return F.log_softmax(_f32(self.logit(h)), dim=-1)  # once, over all steps
 
     def token_logprobs(self, fc: Tensor | None, att: Tensor, seqs: Tensor,
                        att_mask: Tensor | None = None, drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
@@ -311,10 +330,46 @@ class Att2in(nn.Module):
         h = self._hidden(fc, att, inputs, att_mask, drop)  # (N, T, H)
         keep = mask[:, :T]
         h = h[keep] * drop.out[:, :T][keep] if drop is not None else self.dropout(h[keep])
-        logits = self.logit(h)  # (tokens, V+1)
-        tok = -F.cross_entropy(logits, target[:, :T][keep].long(), reduction="none")
-        out = logits.new_zeros(mask.shape).masked_scatter(mask, tok)
+        logits = self.logit(h)  # (tokens, V+1); bf16/fp16 under autocast, the log-probs float32
+        tok = _TokenLogProb.apply(logits, target[:, :T][keep].long())
+        out = tok.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)
+
+
+_ROWS = 64  # rows of logits per block in _TokenLogProb on a CPU: 64 × 9,488 float32 ≈ 2.4 MB
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """``log_softmax(logits)[i, target[i]]`` for logits (N, K), in float32 (or float64) whatever
+    the logits' dtype, without materialising the (N, K) log-softmax: a few rows at a time (all of
+    them on a GPU) the row's logsumexp is taken in float32 and the target's logit subtracted;
+    backward writes ``g · (onehot − softmax)`` block by block, the subtraction in float32, into a
+    gradient of the logits' dtype. Under bf16 autocast this replaces the float32 copy of the
+    logits, the log-softmax, the gather and their three backward passes (~25 % of the output
+    layer's time on a CPU); the value is cross-entropy's up to float rounding (~1e-6)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        N = logits.shape[0]
+        rows = _ROWS if logits.device.type == "cpu" else max(N, 1)
+        lse = torch.empty(N, dtype=acc, device=logits.device)
+        for i in range(0, N, rows):
+            torch.logsumexp(logits[i:i + rows].to(acc), -1, out=lse[i:i + rows])
+        ctx.save_for_backward(logits, target, lse)
+        return logits.gather(1, target.unsqueeze(1)).squeeze(1).to(acc) - lse
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        logits, target, lse = ctx.saved_tensors
+        N = logits.shape[0]
+        rows = _ROWS if logits.device.type == "cpu" else max(N, 1)
+        grad = torch.empty_like(logits)
+        for i in range(0, N, rows):
+            p = torch.sub(logits[i:i + rows].to(lse.dtype), lse[i:i + rows, None]).exp_()  # softmax (a new tensor)
+            p.scatter_add_(1, target[i:i + rows, None], p.new_full((p.shape[0], 1), -1.0))  # − onehot
+            grad[i:i + rows] = p.mul_(-g[i:i + rows, None].to(p.dtype))
+        return grad, None
 
 
 def _targets(seqs: Tensor) -> tuple[Tensor, Tensor]:

@@ -72,6 +72,22 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
+def check_fits_data(ckpt: dict, data: Any, where: str, todo: str) -> None:
+    """RdppError unless the checkpoint was made for ``data``'s vocabulary (the same words, in the
+    same order) and ``att`` feature size: the one check of ``train-xe --init-from``, ``finetune``
+    and ``sample``. ``data``: a DataArtifact (``words``, ``att_dim``, ``path``); ``where`` names the
+    checkpoint, ``todo`` says what to do instead."""
+    vocab = list(ckpt["vocab"])
+    if vocab != list(data.words):
+        same = " (as many, but other words or another order)" if len(vocab) == len(data.words) else ""
+        raise RdppError(f"{where}: its vocabulary ({len(vocab)} words) is not the one of data artifact {data.path} "
+                        f"({len(data.words)} words){same}; {todo}")
+    att = ckpt["model_config"].get("att_feat_size")
+    if att != data.att_dim:
+        raise RdppError(f"{where}: made for {att}-d att features but data artifact {data.path} has "
+                        f"{data.att_dim}-d; {todo}")
+
+
 def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> Att2in:
     name = ckpt["model_class"]
     if name not in MODEL_CLASSES:

@@ -15,22 +15,35 @@ from rdpp_cli.errors import RdppError
 Point = tuple[str, float | None, float | None]
 
 
-def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None) -> Path:
-    """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``."""
+Curve = tuple  # (label, [(self_cider, cider, point label), ...]) or (label, points, line kwargs)
+
+
+def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None,
+                curves: list[Curve] | None = None, styles: list[dict] | None = None) -> Path:
+    """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``; each of
+    ``curves`` (``(label, [(self_cider, cider, point label), ...][, matplotlib line kwargs])``, e.g.
+    one model sampled at several temperatures) is a line through its points in the given order;
+    ``styles[i]``: matplotlib scatter kwargs of point i (``label`` puts it in the legend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_png = Path(out_png)
-    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 6) if curves else (6, 4.5), dpi=120)
+    for label, pts, *kw in curves or []:
+        xs, ys, names = zip(*pts) if pts else ((), (), ())
+        ax.plot(xs, ys, **{"marker": ".", "linewidth": 1, "alpha": 0.7, "zorder": 2, **(kw[0] if kw else {})},
+                label=label)
+        for x, y, name in pts:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(3, -9), fontsize=6, alpha=0.8)
     drawn = 0
-    for label, x, y in points:
+    for k, (label, x, y) in enumerate(points):
         if x is None or y is None:
             note(f"{label}: no self-CIDEr or CIDEr in its scores (score it with --self-cider); not plotted")
             continue
-        ax.scatter([x], [y], s=40, zorder=3)
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.scatter([x], [y], **{"s": 40, "zorder": 3, **(styles[k] if styles else {})})
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8 if not curves else 6)
         drawn += 1
     if human:
         ax.scatter([human["self_cider"]], [human["cider_leave_one_out"]], marker="*", s=160, color="black", zorder=4)
@@ -40,6 +53,8 @@ def plot_points(points: list[Point], human: dict | None, out_png: Path, title: s
     ax.set_ylabel("accuracy (mean CIDEr)")
     ax.set_title(title or "diversity vs accuracy")
     ax.grid(alpha=0.3)
+    if curves or any("label" in st for st in styles or []):
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_png.with_name(f".{out_png.name}.tmp.png")

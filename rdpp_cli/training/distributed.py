@@ -1,4 +1,4 @@
-"""Device choice and the few torch.distributed operations the training loop needs.
+"""The few torch.distributed operations the training loop needs.
 
 One process needs no launcher. Under ``torchrun --nproc-per-node N -m rdpp_cli ...`` (which sets
 ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) ``setup`` joins the process
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 
 T = TypeVar("T")
@@ -38,26 +39,6 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; RdppError when
-    CUDA is asked for and there is none."""
-    name = str(device).strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise RdppError(f"--device {device} was asked for but torch sees no CUDA GPU "
-                            "(torch.cuda.is_available() is False); use --device cpu or --device auto")
-        dev = torch.device(name)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise RdppError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible; "
-                            "pick another index")
-        return dev
-    raise RdppError(f"--device {device} is not a device; use auto, cpu or cuda")
 
 
 def setup(device: str | torch.device = "auto") -> Runtime:
@@ -130,6 +111,22 @@ def any_true(flag: bool) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=rt.device if rt.device.type == "cuda" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def per_process_share(count: torch.Tensor) -> torch.Tensor:
+    """``count`` summed over the processes and divided by their number.
+
+    A loss ``Σ_local / per_process_share(N_local)`` makes DDP's average of the processes' gradients
+    equal to the gradient of ``Σ_all / N_all``, the loss of one process over the whole step: exact
+    also when the processes hold different numbers of tokens. One small all-reduce per call; with
+    one process ``count`` itself.
+    """
+    rt = runtime()
+    if not rt.distributed:
+        return count
+    t = count.detach().to(torch.float64).clone()
+    dist.all_reduce(t)
+    return (t / rt.world_size).to(count.dtype)
 
 
 def on_main(fn: Callable[[], T]) -> T:

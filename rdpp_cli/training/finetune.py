@@ -43,7 +43,8 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
+from rdpp_cli.precision import DEFAULT_PRECISION, full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
 from rdpp_cli.training.rewards import (
@@ -81,6 +82,13 @@ def sample_seed(seed: int, epoch: int, batch: int, rank: int, *stream: int) -> i
     """The sampling generator's seed for one step of one process: a pure function of the position
     (``stream`` tells apart further generators of the same step)."""
     return int(np.random.SeedSequence([seed, epoch, batch, rank, *stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _step_tokens(mask: Tensor, groups: int) -> Tensor:
+    """The loss denominators of the whole step, shared out over the processes (``pg_loss``'s
+    ``tokens``): the sampled-token count, or with ``groups`` > 1 the count of each sample slot."""
+    local = mask.sum() if groups == 1 else mask.view(-1, groups, mask.shape[-1]).sum(dim=(0, 2))
+    return D.per_process_share(local)
 
 
 def _pad_to(x: Tensor, T: int) -> Tensor:
@@ -214,7 +222,8 @@ class RewardStep:
         w = w.reshape(-1).to(batch.att.device)
         if self.reward != "xe-cider":
             token_logp, mask = self.policy_logprobs(net, batch, d)
-            loss = pg_loss(token_logp, mask, w, groups=M if self.reward == "dpp" else 1)
+            groups = M if self.reward == "dpp" else 1
+            loss = pg_loss(token_logp, mask, w, groups=groups, tokens=_step_tokens(mask, groups))
             return loss, {"pg_loss": float(loss.detach())}
         # XE + λ·SCST in one pass over the references and the samples of each image
         labels = batch.labels
@@ -228,8 +237,8 @@ class RewardStep:
         xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
         s_logp = token_logp[:, k:].reshape(B * M, -1)
         s_mask = sampled_mask(mask[:, k:].reshape(B * M, -1), d.lengths.reshape(-1), self.max_len)
-        xe = -xe_logp.sum() / xe_mask.sum()
-        sc = pg_loss(s_logp, s_mask, w, groups=1)
+        xe = -xe_logp.sum() / D.per_process_share(xe_mask.sum())
+        sc = pg_loss(s_logp, s_mask, w, groups=1, tokens=_step_tokens(s_mask, 1))
         return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
 
     def _with_reference_rows(self, net: nn.Module, batch: Batch, d: Draw, k: int) -> DropoutMasks | None:
@@ -249,7 +258,8 @@ class RewardStep:
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         d = self.draw(unwrap(net), batch)
-        w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
+        with full_precision(batch.att.device):  # the reward never runs under autocast
+            w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -332,6 +342,7 @@ def finetune(
     save_every_steps: int = 0,
     checkpoint: str = "best",
     device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,
@@ -349,7 +360,9 @@ def finetune(
     defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
     (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
     given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
-    ``RewardStep.sample``). ``checkpoint``: which XE checkpoint to start from (best or last).
+    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``):
+    sampling and the teacher-forced pass run under the same autocast, the reward outside it.
+    ``checkpoint``: which XE checkpoint to start from (best or last).
     ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
     check_options(reward, m, baseline, lam)
@@ -368,9 +381,10 @@ def finetune(
                       grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
                       lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
                       save_every_steps=save_every_steps, seed=seed, device=device, num_workers=workers,
-                      resume=resume)
+                      resume=resume, precision=precision)
     cfg.check()
     rt = D.setup(device)
+    prec = resolve_precision(precision, rt.device)
     try:
         quiet = not rt.is_main
         model_art = resolve_xe_model(model, workspace, quiet=quiet)
@@ -380,12 +394,7 @@ def finetune(
         validation_images(ds, val_images)
         ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
         ckpt = load_checkpoint(ckpt_path)
-        if list(ckpt["vocab"]) != list(ds.words):
-            raise RdppError(f"{ckpt_path}: its vocabulary ({len(ckpt['vocab'])} words) differs from data artifact "
-                            f"{ds.path}'s ({ds.vocab_size} words); fine-tune on the data the model was trained on")
-        if ckpt["model_config"].get("att_feat_size") != ds.att_dim:
-            raise RdppError(f"{ckpt_path}: made for {ckpt['model_config'].get('att_feat_size')}-d att features but "
-                            f"data artifact {ds.path} has {ds.att_dim}-d; use the model's own data artifact")
+        check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
         cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
         seed_everything(seed)
         net = model_from_checkpoint(ckpt, where=str(ckpt_path))
@@ -398,10 +407,11 @@ def finetune(
             "data_sha256": data_art.manifest_sha256,
             "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
             "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
-            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed,
+            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed, "precision": prec,
         }
         config = {**identity, "model": ref_name(model_art), "data": ref_name(data_art), "lam": lam, "device": device,
-                  "workers": workers, "save_every_steps": save_every_steps, "processes": rt.world_size, "val_samples": VAL_SAMPLES}
+                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
+                  "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
                                kind="rdpp.model", config=identity, force=force)
         step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,

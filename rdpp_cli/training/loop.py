@@ -32,6 +32,9 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   ``prepare_output``), training continues from it, restoring weights, optimizer, scheduler,
   loader position, running epoch sums and every process's RNG states, so a resumed CPU run ends
   with the weights an uninterrupted one would have;
+- the model's forward (and validation decoding) under ``cfg.precision`` (``rdpp_cli.precision``:
+  bf16/fp16 autocast, weights, optimizer state and checkpoints in float32, a gradient scaler for
+  fp16 whose state is in the resume state);
 - DDP under torchrun: each process trains on its share of every batch; validation images are
   shared out and the scores summed; rank 0 alone writes files and prints;
 - divergence stops the run with one line (``Diverged``): the loss is checked every step (the
@@ -72,6 +75,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.precision import DEFAULT_PRECISION, autocast, check_precision, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
@@ -100,8 +104,9 @@ class TrainConfig:
     save_every_steps: int = 0  # also save last.pt + resume state every K steps (0 = per epoch only)
     seed: int = 123
     device: str = "auto"
-    num_workers: int = 0  # DataLoader worker processes reading batches
+    num_workers: int = 0  # threads reading the next batches ahead (data.loader.read_ahead)
     resume: bool = True  # continue from out_dir's resume state when there is one
+    precision: str = DEFAULT_PRECISION  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
 
     def check(self) -> None:
         """RdppError for settings that cannot work (before anything is written)."""
@@ -124,6 +129,7 @@ class TrainConfig:
             raise RdppError(f"--val-images must be ≥ 0 (got {self.val_images})")
         if self.save_every_steps < 0 or self.num_workers < 0:
             raise RdppError("--save-every-steps and --workers must be ≥ 0")
+        check_precision(self.precision)
 
 
 class _Methods(nn.Module):
@@ -302,7 +308,8 @@ def run_training(
     core = model
     core.to(rt.device)
     loader = CaptionBatches(data, "train", batch_size=cfg.batch_size, seq_per_img=cfg.seq_per_img, seed=cfg.seed,
-                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers)
+                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers,
+                            pin_memory=rt.device.type == "cuda")
     val_all = validation_images(data, cfg.val_images)
     val_share = np.array_split(val_all, rt.world_size)[rt.rank]
     cider = None
@@ -312,6 +319,8 @@ def run_training(
         cider = TrainCider.for_data(data)
 
     optimizer = torch.optim.Adam(core.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    precision = resolve_precision(cfg.precision, rt.device)
+    scaler = grad_scaler(precision, rt.device)  # fp16 only
     scheduler = (torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_decay_every, gamma=cfg.lr_decay_rate)
                  if cfg.lr_decay_every > 0 else None)
     # Training randomness (dropout, sampling) per process; the caller seeded the model's init.
@@ -327,6 +336,8 @@ def run_training(
         optimizer.load_state_dict(st["optimizer"])
         if scheduler is not None and st.get("scheduler") is not None:
             scheduler.load_state_dict(st["scheduler"])
+        if scaler is not None and st.get("scaler") is not None:
+            scaler.load_state_dict(st["scaler"])
         epoch0, batch0, step = int(st["epoch"]), int(st["batch"]), int(st["step"])
         elapsed0 = float(st["elapsed"])
         history, sums = list(st["history"]), dict(st["sums"])
@@ -371,6 +382,7 @@ def run_training(
             "model": {k: v.detach().cpu() for k, v in core.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
             "epoch": epoch, "batch": batch, "step": step, "elapsed": elapsed(),
             "history": history, "sums": sums, "best": best, "best_epoch": best_epoch, "last_val": last_val,
             "rng": rngs, "world_size": rt.world_size, "stage": stage,
@@ -392,16 +404,25 @@ def run_training(
             for batch in loader.epoch(epoch, batch0):
                 net.train()
                 batch = batch.to(rt.device)
-                loss, logs = _split_step(step_fn(net, batch))
+                with autocast(precision, rt.device):  # the forward; backward follows its precisions
+                    loss, logs = _split_step(step_fn(net, batch))
                 bad = not math.isfinite(logs["loss"])  # read for the progress bar anyway: no extra sync
                 if rt.distributed:
                     bad = D.any_true(bad)
                 if bad:
                     raise _diverged(f"the loss is {logs['loss']}", epoch + 1, step + 1, last_loss, cfg)
                 last_loss = logs["loss"]
-                (loss * batch.weight if batch.weight != 1.0 else loss).backward()
-                _clip(core, cfg)
-                optimizer.step()
+                loss = loss * batch.weight if batch.weight != 1.0 else loss
+                if scaler is None:
+                    loss.backward()
+                    _clip(core, cfg)
+                    optimizer.step()
+                else:  # fp16: scaled loss, clipping on the true gradients, steps with inf/nan skipped
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(optimizer)
+                    _clip(core, cfg)
+                    scaler.step(optimizer)
+                    scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 for k, v in logs.items():
@@ -421,9 +442,10 @@ def run_training(
             check_weights(epoch + 1)  # before validating or saving them
             if len(val_all):
                 bar.update(task, info="validating")
-                val = _merge_sums(D.all_gather_object(greedy_cider(
-                    core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device, cider=cider,
-                    epoch_metrics_fn=epoch_metrics_fn)))
+                with autocast(precision, rt.device):  # decoding in the run's precision, scoring in numpy
+                    sums_val = greedy_cider(core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device,
+                                            cider=cider, epoch_metrics_fn=epoch_metrics_fn)
+                val = _merge_sums(D.all_gather_object(sums_val))
                 n_val = val.pop("_n")
                 row.update({k: v / n_val for k, v in val.items()})
                 last_val = row["val_cider"]
@@ -451,7 +473,8 @@ def run_training(
         if best > -math.inf:
             head["val_cider"] = best
         head.update(summary or {})
-        write_manifest(out_dir, "rdpp.model", {**manifest_config, "stage": stage, "model_config": model_config},
+        write_manifest(out_dir, "rdpp.model",
+                       {**manifest_config, "stage": stage, "precision": precision, "model_config": model_config},
                        inputs=inputs, summary=head)
         finish(out_dir)
         last = history[-1] if history else {}
@@ -469,6 +492,7 @@ def run_training(
         rows += [("time", f"{elapsed():.1f} s"),
                  ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
                   + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
+                 ("precision", precision),
                  ("checkpoints", f"{ckpt_dir}/best.pt, last.pt"),
                  ("metrics", out_dir / METRICS)]
         console.print(summary_table(f"rdpp {stage}: done", rows))

@@ -105,7 +105,8 @@ def subtract_mean(weights: Tensor) -> Tensor:
     return weights - weights.mean(dim=-1, keepdim=True)
 
 
-def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1) -> Tensor:
+def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1,
+            tokens: Tensor | None = None) -> Tensor:
     """Policy-gradient loss ``-Σ w_n · log p(c_n,t)`` over the sampled tokens, per token.
 
     ``token_logp`` (N, T): log-probability of each sampled token (EOS included once);
@@ -115,6 +116,8 @@ def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1) 
     ``groups=1``: one sum over all tokens divided by their number (self-critical.pytorch's SCST).
     ``groups=M``: rows are image-major (``b*M + i``); the sum is divided per sample slot ``i`` by
     that slot's token count and the M slot losses are averaged — what the published R-DPP code does.
+    ``tokens``: the token count(s) to divide by instead of ``mask``'s (a scalar for ``groups=1``,
+    ``(groups,)`` otherwise), e.g. the whole step's counts shared out over DDP processes.
     """
     if token_logp.shape != mask.shape or weights.shape != token_logp.shape[:1]:
         raise ValueError(f"pg_loss: expected token_logp/mask (N, T) and weights (N,); got "
@@ -122,13 +125,14 @@ def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1) 
     mask = mask.to(token_logp.dtype)
     terms = -(weights.detach().to(token_logp.dtype).unsqueeze(-1) * token_logp * mask)
     if groups == 1:
-        return terms.sum() / mask.sum().clamp_min(1.0)
+        count = mask.sum() if tokens is None else tokens.to(mask.dtype)
+        return terms.sum() / count.clamp_min(1.0)
     N, T = terms.shape
     if N % groups:
         raise ValueError(f"pg_loss: {N} rows do not split into groups of {groups}")
     per_slot = terms.view(N // groups, groups, T).sum(dim=(0, 2))
-    tokens = mask.view(N // groups, groups, T).sum(dim=(0, 2)).clamp_min(1.0)
-    return (per_slot / tokens).mean()
+    count = mask.view(N // groups, groups, T).sum(dim=(0, 2)) if tokens is None else tokens.to(mask.dtype)
+    return (per_slot / count.clamp_min(1.0)).mean()
 
 
 def sampled_mask(mask: Tensor, lengths: Tensor, max_len: int) -> Tensor:

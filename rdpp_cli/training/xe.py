@@ -22,7 +22,8 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
-from rdpp_cli.models.checkpoint import load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
+from rdpp_cli.precision import DEFAULT_PRECISION, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
 from rdpp_cli.training.state import seed_everything
@@ -31,9 +32,10 @@ from rdpp_cli.training.state import seed_everything
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
     captions: ``sequence_logprobs(model(fc, att, labels), labels)`` through the model's faster
-    ``token_logprobs`` (the output layer runs only on the tokens that count)."""
+    ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
+    over the whole step's tokens, all processes together, as one process would take it."""
     token_logp, mask = call(model, "token_logprobs", batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
-    return -token_logp.sum() / mask.sum()
+    return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
 def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
@@ -77,14 +79,7 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
                             what="model artifact", make_with="rdpp train-xe", quiet=not D.runtime().is_main)
         where = art.path / "checkpoints" / "best.pt"
     ckpt = load_checkpoint(where)
-    if list(ckpt["vocab"]) != list(data.words):
-        raise RdppError(f"--init-from {where}: its vocabulary ({len(ckpt['vocab'])} words) is not the one of data "
-                        f"artifact {data.path} ({data.vocab_size} words); start from scratch or train on the data "
-                        "it was made with")
-    mc = ckpt["model_config"]
-    if mc.get("att_feat_size") != data.att_dim:
-        raise RdppError(f"--init-from {where}: made for {mc.get('att_feat_size')}-d att features but data artifact "
-                        f"{data.path} has {data.att_dim}-d; use a model trained on these features")
+    check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
     return ckpt, str(where)
 
 
@@ -107,6 +102,7 @@ def train_xe(
     val_batch_size: int = 100,
     save_every_steps: int = 0,
     device: str = "auto",
+    precision: str = DEFAULT_PRECISION,
     workers: int = 0,
     seed: int = 123,
     resume: bool = True,
@@ -117,16 +113,20 @@ def train_xe(
 
     ``data``: a data artifact folder or its name in the workspace (default: the newest). ``out``:
     the folder to write (default: a new version ``<workspace>/xe/att2in-<preset>-v<k>``; an
-    unfinished run with the same settings is resumed). ``after_step`` is for tests.
+    unfinished run with the same settings is resumed). ``precision``: fp32, bf16, fp16 or auto
+    (``rdpp_cli.precision``; the resolved one is recorded in the manifest and is part of the
+    settings a rerun must share to resume). ``after_step`` is for tests.
     """
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=seq_per_img, lr=lr, grad_clip=grad_clip,
                       grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every, lr_decay_rate=lr_decay_rate,
                       val_images=val_images, val_batch_size=val_batch_size, save_every_steps=save_every_steps,
-                      seed=seed, device=device, num_workers=workers, resume=resume)
+                      seed=seed, device=device, num_workers=workers, resume=resume,
+                      precision=precision)
     cfg.check()
     if preset not in PRESETS:
         raise RdppError(f"--preset {preset!r} is not a preset; use one of {', '.join(PRESETS)}")
     rt = D.setup(device)  # RdppError for --device cuda without a GPU, before anything is touched
+    prec = resolve_precision(precision, rt.device)
     try:
         art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
                             make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=not rt.is_main)
@@ -152,11 +152,12 @@ def train_xe(
             "batch_size": batch_size, "seq_per_img": seq_per_img,
             "lr": lr, "grad_clip": grad_clip, "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every,
             "lr_decay_rate": lr_decay_rate, "val_images": val_images, "val_batch_size": val_batch_size,
-            "seed": seed,
+            "seed": seed, "precision": prec,
         }
         # ... and what does not (recorded in the manifest too)
         config = {**identity, "data": ref_name(art), "init_from": init_where, "preset": preset, "device": device,
-                  "workers": workers, "save_every_steps": save_every_steps, "processes": rt.world_size}
+                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
+                  "processes": rt.world_size}
         name = f"att2in-{preset}" if init_ckpt is None else "att2in-init"
         out_dir = claim_output(out, workspace=workspace, group="xe", name=name, kind="rdpp.model",
                                config=identity, force=force)

@@ -1,0 +1,208 @@
+"""How every benchmark here times two implementations: the same inputs, the same number of runs,
+interleaved, medians (the project rule; benchmarks/README.md).
+
+``interleaved({"pycocoevalcap": f, "rdpp": g}, repeat=7)`` runs f, g, g, f, f, g, ... (one run of
+each per round, the order reversed every other round so that neither always runs right after the
+other), so that on a shared machine both sample the same stretches of load; it returns each
+side's run times and last result. Ratios are taken between medians; the best run may be shown
+beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Timing:
+    times: list[float]  # seconds, one per run
+    result: Any  # the last run's return value
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+    """Each function ``repeat`` times, one run of each per round: in the order given, then reversed.
+    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time."""
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    out = {name: Timing([], None) for name in fns}
+    items = list(fns.items())
+    for k in range(repeat):
+        for name, fn in (items if k % 2 == 0 else items[::-1]):
+            t = clock()
+            res = fn()
+            out[name].times.append(clock() - t)
+            out[name].result = res
+    return out
+
+
+def machine() -> str:
+    """One line for a table's caption: CPU, cores, and the load average when the run ended."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Training steps (benchmarks/train.py, benchmarks/finetune.py): warm-up, FLOPs, peak memory, roofline
+# ----------------------------------------------------------------------------------------------
+
+def sync(device) -> None:
+    """Wait for a CUDA device's queued work (nothing on a CPU)."""
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled every 2 ms (CPU). Freed heap memory
+    is handed back to the OS first (``malloc_trim``), so that what an earlier call left cached in
+    the allocator does not hide this one's peak."""
+
+    def __enter__(self):
+        import threading
+
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:
+            pass
+        self.base = self.peak = self._rss()
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.002)
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __exit__(self, *exc):
+        self._stop = True
+        self._t.join()
+        self.peak = max(self.peak, self._rss())
+
+    @property
+    def mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def peak_mib(fn: Callable[[], Any], device) -> float:
+    """Peak memory (MiB) of one call of fn above what was in use before it: CPU resident memory,
+    or CUDA's allocator peak."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        sync(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    with PeakRSS() as mem:
+        fn()
+    return mem.mib
+
+
+def count_gflop(fn: Callable[[], Any]) -> float:
+    """GFLOP of the matrix products in one call of fn (torch.utils.flop_counter; elementwise work
+    is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return fc.get_total_flops() / 1e9
+
+
+def matmul_gflops(precision: str, device, n: int = 4096, repeats: int = 3) -> float:
+    """Median GFLOP/s of an n x n by n x n ``torch.mm`` in ``precision`` (fp32, bf16, fp16) on
+    ``device``: the roofline that "fraction of the matmul rate" refers to."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, generator=g, device=device).to(dtype)
+    b = torch.randn(n, n, generator=g, device=device).to(dtype)
+    torch.mm(a, b)
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str, dict]:
+    """Training steps timed the project's way: each side called once to warm up (its FLOPs counted
+    on that call), once more for its peak memory (untimed: handing freed memory back to the OS
+    before a timed call would add page faults to it), then ``interleaved`` ``repeat`` times, each
+    call waiting for the device. Per side: ``times``, ``median``, ``best``, ``gflop``, ``peak_mib``
+    and ``results`` (what every timed call returned)."""
+    gflop = {name: count_gflop(fn) for name, fn in sides.items()}
+    peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
+    results: dict[str, list] = {name: [] for name in sides}
+
+    def synced(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run():
+            res = fn()
+            sync(device)
+            results[name].append(res)
+            return res
+        return run
+
+    t = interleaved({name: synced(name, fn) for name, fn in sides.items()}, repeat)
+    return {name: {"times": t[name].times, "median": t[name].median, "best": t[name].best, "gflop": gflop[name],
+                   "peak_mib": peak[name], "results": results[name]} for name in sides}
+
+
+def steps_on_roofline(sides: dict[str, Callable[[], Any]], repeat: int, device, precisions, matmul_size: int = 4096):
+    """``steps`` between two measurements of the matmul rate of every precision in ``precisions``
+    (and fp32): the roofline, measured in the same run. Returns ``(steps(...), {precision:
+    {"median", "runs"}}, [load average before, after])``."""
+    rates = {p: [matmul_gflops(p, device, matmul_size)] for p in sorted({"fp32", *precisions})}
+    load0 = os.getloadavg()[0]
+    t = steps(sides, repeat, device)
+    load1 = os.getloadavg()[0]
+    for p in rates:
+        rates[p].append(matmul_gflops(p, device, matmul_size))
+    return t, {p: {"median": statistics.median(v), "runs": v} for p, v in rates.items()}, [load0, load1]
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on, for the JSON line: ``machine()`` plus threads, OpenMP's
+    wait policy, torch and the GPU."""
+    import torch
+
+    return {"machine": machine(), "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

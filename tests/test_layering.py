@@ -1,0 +1,158 @@
+"""The layout docs/architecture.md promises: which package may import which, and a CLI that starts
+without torch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rdpp_cli.artifacts import write_manifest
+from rdpp_cli.decoding.decode import METHODS
+
+ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
+
+# docs/architecture.md, "Layers": a package imports only from its own layer or the ones above it
+# in this list. So the core never imports the CLI, and decoding never imports training.
+LAYERS = [
+    {"errors", "console", "device", "precision", "checks", "artifacts", "metrics"},
+    {"data", "models"},
+    {"decoding", "scoring", "captioning"},
+    {"training"},
+    {"demo"},
+    {"cli", "__main__"},
+]
+RANK = {pkg: k for k, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def _imports(path: Path) -> set[str]:
+    """The rdpp_cli packages a file imports (top level or inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        out |= {n.split(".")[1] for n in names if n.startswith("rdpp_cli.")}
+    return out
+
+
+def test_every_package_imports_only_its_layer_or_lower():
+    seen, wrong = set(), []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).parts
+        pkg = rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+        if pkg == "__init__":
+            continue
+        seen.add(pkg)
+        assert pkg in RANK, f"{pkg} is in no layer: add it to LAYERS here and to docs/architecture.md"
+        for dep in _imports(path) - {pkg}:
+            assert dep in RANK, f"{path} imports rdpp_cli.{dep}, which is in no layer"
+            if RANK[dep] > RANK[pkg]:
+                wrong.append(f"{path.relative_to(ROOT.parent)} imports rdpp_cli.{dep}")
+    assert not wrong, "imports against the layers of docs/architecture.md:\n" + "\n".join(wrong)
+    assert {"cli", "decoding", "training", "metrics", "data"} <= seen  # the walk found the packages
+
+
+def test_the_layer_rule_catches_decoding_importing_training(tmp_path):
+    bad = tmp_path / "sample.py"
+    bad.write_text("def f():\n    from rdpp_cli.training.finetune import resolve_data_for\n")
+    assert RANK["training"] > RANK["decoding"] and _imports(bad) == {"training"}
+
+
+def _env() -> dict:
+    env = {**os.environ, "COLUMNS": "120"}
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    return env
+
+
+def _workspace_with_one_artifact(tmp_path: Path) -> Path:
+    art = tmp_path / "runs" / "data" / "toy-v1"
+    art.mkdir(parents=True)
+    (art / "vocab.json").write_text(json.dumps({"words": ["a"]}))
+    write_manifest(art, "rdpp.data", {"source": "test", "backbone": "pixstats"}, summary={"images": 3})
+    return tmp_path / "runs"
+
+
+HEAVY = ("torch", "pandas", "matplotlib")  # each takes 0.3-2 s to import
+
+
+def test_help_and_ls_load_no_torch(tmp_path):
+    """`rdpp --help`, every command's --help and `rdpp ls` import none of torch, pandas, matplotlib
+    (lazy imports in the CLI modules), so they answer at once."""
+    ws = _workspace_with_one_artifact(tmp_path)
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from rdpp_cli.cli.app import app\n"
+        "run = CliRunner().invoke\n"
+        "r = run(app, ['--help']); assert r.exit_code == 0, r.output\n"
+        "for cmd in ('prepro', 'train-xe', 'finetune', 'sample', 'score', 'caption', 'plot', 'demo', 'ls'):\n"
+        "    r = run(app, [cmd, '--help']); assert r.exit_code == 0, (cmd, r.output)\n"
+        "r = run(app, ['ls', '--workspace', sys.argv[1]]); assert r.exit_code == 0, r.output\n"
+        "assert 'data/toy-v1' in r.output, r.output\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(ws)], env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+def test_console_script_help_and_ls_import_no_torch(tmp_path):
+    """The installed `rdpp` itself: Python's import log (-X importtime) of `rdpp --help` and
+    `rdpp ls` names no torch module."""
+    ws = _workspace_with_one_artifact(tmp_path)
+    rdpp = os.path.join(os.path.dirname(sys.executable), "rdpp")
+    for args in (["--help"], ["ls", "--workspace", str(ws)]):
+        r = subprocess.run([rdpp, *args], env={**_env(), "PYTHONPROFILEIMPORTTIME": "1"}, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+        assert "typer" in imported  # the log is there
+        assert not {m for m in imported if m.split(".")[0] in HEAVY}, args
+    assert "toy-v1" in r.stdout
+
+
+def test_sample_method_help_names_exactly_the_decoders_methods():
+    """cli/sample.py spells the methods out (importing them would import torch): the list must
+    stay the decoder's."""
+    import typer
+
+    from rdpp_cli.cli.app import app
+
+    sample = typer.main.get_command(app).commands["sample"]
+    help_ = next(p for p in sample.params if p.name == "method").help
+    assert help_.removeprefix("One of: ").removesuffix(".").split(", ") == list(METHODS)
+
+
+def test_architecture_doc_lists_every_module_where_it_is():
+    """docs/architecture.md's module map names every module of rdpp_cli under its own package (and
+    the layer list every package)."""
+    import re
+
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    start = doc.index("```\nrdpp_cli/")
+    tree = doc[start:doc.index("```", start + 3)]
+    sections: dict[str, str] = {}  # "data/", "cider/", ...: the text of that entry of the map
+    key = None
+    for line in tree.splitlines()[2:]:
+        m = re.match(r"^ {2,4}([a-z_0-9]+/)", line)
+        if m:
+            key = m.group(1)
+        elif re.match(r"^ {2,4}[a-z_]", line):
+            key = None
+        if key:
+            sections[key] = sections.get(key, "") + line + "\n"
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if path.stem == "__init__" and len(rel.parts) > 1:
+            continue
+        where = sections.get(rel.parts[-2] + "/", "") if len(rel.parts) > 1 else tree
+        if not re.search(rf"\b{path.stem}\b", where):
+            missing.append(str(rel))
+    assert not missing, f"modules missing from (or misplaced in) docs/architecture.md's map: {missing}"
+    assert "### Layers" in doc
+    layers = doc[doc.index("### Layers"):]
+    assert all(f"`{pkg}`" in layers for pkg in RANK), "a package of LAYERS is missing from the doc's layer list"

@@ -1,0 +1,268 @@
+"""--precision fp32|bf16|fp16|auto: autocast of the model only (weights, optimizer state, checkpoints,
+rewards and metrics stay float32/float64), the numerics of a bf16 step against fp32 on the same batch,
+the on-policy replay under bf16, exact resume (with fp16's loss scaler), and the manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rdpp_cli.cli.app import app
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.loader import CaptionBatches
+from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics.train_cider import TrainCider
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli import precision as P
+from rdpp_cli.training.finetune import RewardStep, finetune
+from rdpp_cli.training.xe import train_xe, xe_loss
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_loader import write_tiny_data  # noqa: E402
+
+os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = pytest.mark.usefixtures("one_thread")
+runner = CliRunner()
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("ws")
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def tiny(ws) -> DataArtifact:
+    return DataArtifact.open(ws / "data" / "tiny-v1")
+
+
+def _model(d: DataArtifact, size: int = 64, dropout: float = 0.0, seed: int = 0) -> Att2in:
+    torch.manual_seed(seed)
+    return Att2in(Att2inConfig(vocab_size=d.vocab_size, input_encoding_size=size, rnn_size=size, att_hid_size=size,
+                               fc_feat_size=d.fc_dim, att_feat_size=d.att_dim, drop_prob_lm=dropout,
+                               seq_length=d.seq_length))
+
+
+def _batch(d: DataArtifact, seq_per_img: int = 5):
+    """The first training batch, on the CPU with float32 features (the loader keeps the file's float16)."""
+    return next(iter(CaptionBatches(d, "train", batch_size=8, seq_per_img=seq_per_img, seed=0).epoch(0))).to("cpu")
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+# -- choosing the precision ------------------------------------------------------------------------------
+
+def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch):
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert P.resolve_precision("auto", "cpu") == "bf16"
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"amx_bf16", "amx_tile"}))
+    assert P.resolve_precision("auto", "cpu") == "bf16"
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512bw"}))  # no native bf16
+    assert P.resolve_precision("auto", "cpu") == "fp32"
+    for cc, want in (((7, 0), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16")):  # V100, A100, H100
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
+        assert P.resolve_precision("auto", "cuda") == want
+    # an explicit choice is kept whatever the hardware
+    assert [P.resolve_precision(p, "cpu") for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+    with pytest.raises(RdppError, match="--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto"):
+        P.resolve_precision("half", "cpu")
+    # the CLI repeats the default (it cannot import torch): the two must agree
+    from rdpp_cli.cli.common import PrecisionOpt
+
+    assert PrecisionOpt.default == P.DEFAULT_PRECISION == "fp32"
+
+
+# -- numerics ---------------------------------------------------------------------------------------------
+
+def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
+    """Stated tolerance: the bf16 loss within 1e-2 relative of fp32's, every parameter's gradient
+    within 1e-1 in relative L2 norm, on the same weights and batch (bf16 keeps 8 significant bits:
+    4e-3 relative rounding of each product's inputs and of the logits). At the paper's shapes
+    benchmarks/precision_numerics.py measures the same quantities."""
+    model = _model(tiny)
+    with torch.no_grad():  # a peaked, trained-like output layer: logits of order 10
+        model.logit.weight.mul_(20.0)
+    batch = _batch(tiny)
+    out = {}
+    for prec in ("fp32", "bf16"):
+        model.zero_grad()
+        with P.autocast(prec, "cpu"):
+            loss = xe_loss(model, batch)
+        loss.backward()
+        assert loss.dtype == torch.float32
+        out[prec] = float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+    (l32, g32), (l16, g16) = out["fp32"], out["bf16"]
+    assert l16 != l32  # autocast really ran in bf16
+    assert abs(l16 - l32) / l32 < 1e-2
+    for k in g32:
+        if k == "alpha_net.bias":  # softmax ignores a shift: its gradient is rounding noise around 0
+            continue
+        assert g16[k].dtype == torch.float32
+        rel = float((g16[k] - g32[k]).norm() / g32[k].norm())
+        assert rel < 1e-1, (k, rel)
+
+
+def test_bf16_sampling_and_its_replay_give_the_same_log_probs(tiny):
+    """On-policy under autocast: the step-by-step sampling pass and the batched teacher-forced pass
+    that replays its dropout run in the same precision. Stated tolerance 1e-5 per token (on this CPU
+    they agree exactly, as in fp32: each row's products do not depend on the batch's shape); they
+    differ from the fp32 log-probs of the same captions by bf16 rounding."""
+    model = _model(tiny, dropout=0.5).train()
+    batch = _batch(tiny, seq_per_img=1)
+    step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=4, max_len=tiny.seq_length)
+    with P.autocast("bf16", "cpu"):
+        d = step.sample(model, batch)
+        token_logp, mask = step.policy_logprobs(model, batch, d)
+    on = mask.bool()
+    drawn = d.logprobs.reshape(token_logp.shape)
+    assert on.sum() > 40 and token_logp.dtype == drawn.dtype == torch.float32
+    assert torch.allclose(token_logp[on], drawn[on], atol=1e-5, rtol=0)
+    fp32, _ = step.policy_logprobs(model, batch, d)  # the same captions and masks, no autocast
+    gap = (fp32[on] - drawn[on]).abs().max()
+    assert 1e-4 < gap < 0.5
+
+
+def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
+    """A whole R-DPP step under bf16 autocast: its weights and logged rewards equal those computed
+    without autocast from the same captions (CIDEr-D in float64 numpy, the DPP algebra in float64)."""
+    model = _model(tiny, dropout=0.5).train()
+    batch = _batch(tiny, seq_per_img=1)
+    step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=4, max_len=tiny.seq_length)
+    with P.autocast("bf16", "cpu"):
+        loss, logs = step(model, batch)
+        d = step.draw(model, batch)  # the same captions again (the step's generator is seeded by position)
+    w, plain = step.weights(d.samples.numpy(), None, tiny.references_ids(batch.index))
+    assert logs["reward"] == plain["reward"] and logs["sample_cider"] == plain["sample_cider"]
+    assert logs["self_cider"] == plain["self_cider"]
+    assert loss.dtype == torch.float32 and np.isfinite(float(loss))
+
+
+def test_the_fused_token_log_prob_equals_log_softmax_and_keeps_small_gradients_exact():
+    """Att2in's output layer takes log-probs of the target tokens without the full log-softmax
+    (_TokenLogProb). In float64 it is log_softmax + gather, values and gradients (gradcheck); from
+    bf16 logits of a peaked distribution (p ≈ 0.999) the target's gradient g·(1 − p) is taken in
+    float32 before rounding: a bf16 subtraction 1 − p would be off by up to 40 %."""
+    from rdpp_cli.models.att2in import _TokenLogProb
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(70, 33, generator=g, dtype=torch.float64, requires_grad=True)  # 2 blocks of 64 rows
+    t = torch.randint(0, 33, (70,), generator=g)
+    want = torch.log_softmax(x, -1).gather(1, t[:, None]).squeeze(1)
+    assert torch.allclose(_TokenLogProb.apply(x, t), want, atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(lambda z: _TokenLogProb.apply(z, t), (x,))
+
+    peaked = torch.randn(70, 33, generator=g)
+    peaked[torch.arange(70), t] = 9.0  # the target's probability ≈ 0.998
+    xb = peaked.bfloat16().requires_grad_()
+    got = _TokenLogProb.apply(xb, t)
+    assert got.dtype == torch.float32
+    got.sum().backward()
+    x64 = xb.detach().double().requires_grad_()
+    torch.log_softmax(x64, -1).gather(1, t[:, None]).sum().backward()
+    tg, tw = xb.grad.double()[torch.arange(70), t], x64.grad[torch.arange(70), t]  # g · (1 − p_t), small
+    assert ((tg - tw).abs() / tw.abs()).max() < 1e-2  # bf16 rounding of the result only
+    assert torch.allclose(xb.grad.double(), x64.grad, atol=1e-4, rtol=1e-2)
+
+
+def test_a_float64_model_stays_float64(tiny):
+    """The float32 casts that keep log-probs float32 under autocast must not demote a float64 model
+    (tests/test_cuda.py compares the GPU with the CPU in float64)."""
+    model = _model(tiny).double().eval()
+    batch = _batch(tiny)
+    att, labels = batch.att.double(), batch.labels
+    token_logp, mask = model.token_logprobs(None, att, labels)
+    assert token_logp.dtype == torch.float64
+    full = model(None, att, labels)
+    assert full.dtype == torch.float64
+    from rdpp_cli.models.att2in import sequence_logprobs
+
+    want, _ = sequence_logprobs(full, labels)
+    assert torch.allclose(token_logp, want, atol=1e-12, rtol=0)
+
+
+# -- runs: manifests, float32 checkpoints, exact resume -----------------------------------------------------
+
+def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):
+    data = ws / "data" / "tiny-v1"
+    kw = dict(preset="small", epochs=2, batch_size=6, save_every_steps=2, val_images=3, device="cpu", seed=5,
+              precision="bf16")
+    ref = train_xe(data, out=tmp_path / "ref", **kw)
+    cfg = ref.manifest["config"]
+    assert cfg["precision"] == "bf16" and cfg["precision_option"] == "bf16"
+    a = _weights(ref.path / "checkpoints" / "last.pt")
+    assert all(v.dtype == torch.float32 for v in a.values())
+    st = torch.load(ref.path / "checkpoints" / "last_state.pt", weights_only=True)
+    exp_avg = [s["exp_avg"] for s in st["optimizer"]["state"].values()]
+    assert exp_avg and all(t.dtype == torch.float32 for t in exp_avg)  # Adam's state too
+
+    def crash(step):
+        if step == 5:
+            raise Crash("killed")
+
+    with pytest.raises(Crash):
+        train_xe(data, out=tmp_path / "run", after_step=crash, **kw)
+    again = train_xe(data, out=tmp_path / "run", **kw)
+    b = _weights(again.path / "checkpoints" / "last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the same run in fp32 ends elsewhere (bf16 was used), and a bf16 rerun does not resume an fp32 run
+    fp32 = train_xe(data, out=tmp_path / "fp32", **{**kw, "precision": "fp32"})
+    c = _weights(fp32.path / "checkpoints" / "last.pt")
+    assert fp32.manifest["config"]["precision"] == "fp32"
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_fp16_scales_the_loss_and_resumes_with_the_scalers_state(ws, tmp_path):
+    xe = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
+                  val_images=2, lr=2e-3, device="cpu", seed=1)
+    kw = dict(reward="dpp", m=2, epochs=2, batch_size=8, lr=1e-3, val_images=2, save_every_steps=1, device="cpu",
+              seed=7, precision="fp16")
+    ref = finetune(xe.path, out=tmp_path / "ref", **kw)
+    assert ref.manifest["config"]["precision"] == "fp16"
+    st = torch.load(ref.path / "checkpoints" / "last_state.pt", weights_only=True)
+    assert st["scaler"]["scale"] > 1.0  # GradScaler's state is in the resume state
+    a = _weights(ref.path / "checkpoints" / "last.pt")
+    assert all(v.dtype == torch.float32 for v in a.values())
+    start = _weights(xe.path / "checkpoints" / "best.pt")
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # steps were taken, not all skipped as inf
+
+    def crash(step):
+        if step == 3:
+            raise Crash("killed")
+
+    with pytest.raises(Crash):
+        finetune(xe.path, out=tmp_path / "run", after_step=crash, **kw)
+    again = finetune(xe.path, out=tmp_path / "run", **kw)
+    b = _weights(again.path / "checkpoints" / "last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sample_records_its_precision_and_bad_values_are_one_line(ws, tmp_path):
+    xe = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
+                  val_images=0, lr=2e-3, device="cpu", seed=1)
+    outs = {}
+    for prec in ("fp32", "bf16"):
+        r = runner.invoke(app, ["sample", str(xe.path), "--n", "3", "--method", "random", "--split", "val",
+                                "--precision", prec, "--out", str(tmp_path / prec), "--workspace", str(ws)])
+        assert r.exit_code == 0, r.output
+        assert json.loads((tmp_path / prec / "manifest.json").read_text())["config"]["precision"] == prec
+        outs[prec] = json.loads((tmp_path / prec / "samples.json").read_text())
+    lp = {p: np.array([r["logprobs"] for r in outs[p]]) for p in outs}
+    assert lp["fp32"].shape == lp["bf16"].shape and not np.array_equal(lp["fp32"], lp["bf16"])
+    r = runner.invoke(app, ["train-xe", "--data", str(ws / "data" / "tiny-v1"), "--precision", "half",
+                            "--out", str(tmp_path / "bad"), "--workspace", str(ws)])
+    assert r.exit_code == 2 and not (tmp_path / "bad").exists()
+    assert "--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto" in r.output
