@@ -58,7 +58,9 @@ def test_encode_maps_unknown_words_to_unk_and_clips():
 
 
 def test_tokenize_raw_like_karpathy():
-    assert tokenize("A dog's bone, on the Table!") == ["a", "dog's", "bone", "on", "the", "table"]
+    # Karpathy's split file splits at apostrophes and hyphens too ("bear's" -> "bear s")
+    assert tokenize("A dog's bone, on the Table!") == ["a", "dog", "s", "bone", "on", "the", "table"]
+    assert tokenize("2 T-shirts & 10 cats:\tupside-down.") == ["2", "t", "shirts", "10", "cats", "upside", "down"]
 
 
 def test_load_karpathy_restval_and_raw_fallback():
@@ -92,8 +94,12 @@ def test_captions_h5_matches_hand_encoding(tmp_path):
         assert f["split"].dtype == np.dtype("S5")
         assert f["split"][:].tolist() == [b"train", b"train", b"val", b"test"]
         raw = [s.decode() for s in f["raw"][:]]
-    assert raw[3] == "a dog ran fast and far away" and raw[5] == "a zebra" and raw[7] == "the cat ran"
-    assert art.manifest["summary"] == {"images": 4, "captions": 8, "vocab": 5, "train": 2, "val": 1, "test": 1}
+    # the sentences as written (scoring PTB-tokenizes them, as coco-caption does), not clipped or mapped
+    assert raw[3] == "A dog ran fast, and far away." and raw[5] == "A zebra." and raw[7] == "The cat ran!"
+    # UNK: 3 of the 14 training tokens, 6 of all 23; clipped: 2 of 8 captions are longer than 4 tokens
+    assert art.manifest["summary"] == {"images": 4, "captions": 8, "vocab": 5, "train": 2, "val": 1, "test": 1,
+                                       "word_count_threshold": 1, "unk_rate": round(6 / 23, 6),
+                                       "unk_rate_train": round(3 / 14, 6), "clipped": 0.25}
 
 
 def test_cider_df_hand_counts(tmp_path):
@@ -158,3 +164,20 @@ def test_every_caption_has_a_length_and_ids_within_vocab(tmp_path, threshold):
     assert (lengths >= 1).all() and labels.max() <= n_words
     for row, n in zip(labels, lengths):
         assert (row[:n] > 0).all() and (row[n:] == 0).all()
+
+
+def test_auto_threshold_is_the_references_on_coco_and_scales_down_to_one():
+    assert V.auto_threshold(113_287) == 5  # Karpathy train + restval: the reference's count > 5
+    assert V.auto_threshold(1_000_000) == 5
+    assert [V.auto_threshold(n) for n in (56_643, 56_644, 33_986, 33_987)] == [2, 3, 1, 2]
+    assert V.auto_threshold(312) == 1 and V.auto_threshold(0) == 1  # words seen once stay UNK
+
+
+def test_auto_threshold_on_the_fixture_and_a_bad_value(tmp_path):
+    from rdpp_cli.errors import RdppError
+
+    art = run_fixture(tmp_path / "auto", word_count_threshold="auto")
+    assert art.config["word_count_threshold"] == "auto" and art.manifest["summary"]["word_count_threshold"] == 1
+    assert json.loads((art.path / "vocab.json").read_text())["words"] == ["a", "cat", "dog", "ran", "UNK"]
+    with pytest.raises(RdppError, match="neither a count nor 'auto'"):
+        run_fixture(tmp_path / "bad", word_count_threshold="many")

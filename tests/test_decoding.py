@@ -97,20 +97,24 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
         assert torch.allclose(d.seq_logprob, d.logprobs.sum(-1)), method
 
 
+class StepTable:
+    """A model for hand-computed cases: ``step`` (a fixed table in subclasses) ignores the image."""
+
+    def encode(self, fc, att, mask=None):
+        return att
+
+    def expand(self, enc, n):
+        return enc.repeat_interleave(n, 0)
+
+    def init_state(self, N):
+        return torch.zeros(N, 1), torch.zeros(N, 1)
+
+
 def test_greedy_by_hand_and_max_len():
     """A model whose step is a fixed table: greedy must follow it; max_len forces the EOS."""
 
-    class Table:
+    class Table(StepTable):
         # next word = (it + 1) % 4 with prob 0.7, EOS only after word 3
-        def encode(self, fc, att, mask=None):
-            return att
-
-        def expand(self, enc, n):
-            return enc.repeat_interleave(n, 0)
-
-        def init_state(self, N):
-            return torch.zeros(N)
-
         def step(self, it, enc, state):
             lp = torch.full((it.shape[0], 5), 0.075).log()
             lp[torch.arange(it.shape[0]), (it + 1) % 4] = torch.tensor(0.7).log()
@@ -323,3 +327,37 @@ def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     assert set(got[:, 1].tolist()) == want[1]
     freq = torch.bincount(got[:, 1], minlength=V)[[5, 17, 300]].float() / 3000
     assert freq.tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.03)
+
+
+def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
+    """A model that prefers word V ("UNK") everywhere: without suppression every method emits it;
+    with ``unk_id`` none does, and the log-probs reported are still the model's own."""
+    m = model(scale=3.0)
+    with torch.no_grad():
+        m.logit.bias[V] += 4.0
+    for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
+        kw = dict(method=method, n=4, top_k=4, top_p=0.9, beam=4, groups=2, max_len=6)
+        assert (run(m, feats, **kw).tokens == V).any(), method
+        d = run(m, feats, unk_id=V, **kw)
+        assert not (d.tokens == V).any() and (d.lengths > 0).any(), method
+        B, n, T = d.tokens.shape
+        tok, _ = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
+
+
+def test_unk_suppression_by_hand():
+    """Word 4 (UNK) is the most probable after every word; suppressed, greedy and beam search take
+    word 1, then the EOS: log-prob log(0.3 · 0.3), against log 0.05 for the empty caption."""
+
+    class Table(StepTable):
+        def step(self, it, enc, state):
+            p = torch.tensor([0.05, 0.3, 0.05, 0.05, 0.55]).expand(it.shape[0], 5).clone()
+            p[it == 1] = torch.tensor([0.3, 0.05, 0.05, 0.05, 0.55])  # after word 1: EOS, else UNK
+            return p.log(), state
+
+    att = torch.zeros(1, 1, 1)
+    assert decode(Table(), None, att, DecodeConfig(method="greedy", max_len=3)).tokens[0, 0].tolist() == [4, 4, 4]
+    for method in ("greedy", "beam"):
+        d = decode(Table(), None, att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
+        assert d.tokens[0, 0].tolist() == [1], method
+        assert d.seq_logprob[0, 0].item() == pytest.approx(float(torch.tensor(0.3 * 0.3).log()), rel=1e-6)

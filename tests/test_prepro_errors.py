@@ -103,13 +103,25 @@ def test_file_that_is_not_an_image(coco):
     assert nothing_written(ws)
 
 
+def test_truncated_image_is_named_before_anything_is_written(coco):
+    """A file cut short (header intact, no end marker): found by the up-front check, one line."""
+    js, images, ws = coco
+    bad = images / "val2014" / "c.png"
+    bad.write_bytes(bad.read_bytes()[:60])
+    one_line_error(prepro(js, images, ws), "c.png", "truncated or damaged")
+    assert nothing_written(ws)
+
+
 def test_image_that_breaks_while_decoding_is_named_and_run_resumes(coco):
-    """A file whose header is fine but whose data is cut: found during extraction (no manifest is
-    written), named in one line; after fixing it the same command resumes and finishes."""
+    """A file whose header and end are fine but whose data is damaged: found during extraction (no
+    manifest is written), named in one line; after fixing it the same command resumes and finishes."""
     js, images, ws = coco
     bad = images / "val2014" / "c.png"
     good = bad.read_bytes()
-    bad.write_bytes(good[:60])  # PNG header intact, data truncated
+    broken = bytearray(good)
+    start = good.index(b"IDAT") + 6
+    broken[start:start + 8] = bytes(b ^ 0xFF for b in broken[start:start + 8])  # damage the pixel data only
+    bad.write_bytes(bytes(broken))
     one_line_error(prepro(js, images, ws, "--batch-size", "1"), "c.png", "could not be decoded", only=False)
     assert not (ws / "data" / "coco-v1" / "manifest.json").exists()
     bad.write_bytes(good)

@@ -50,7 +50,9 @@ def test_default_toy_files_have_the_documented_shapes(default_toy):
     art.verify()
     n, m = 3000, 15000
     assert art.config["images"] == n and art.config["backbone"] == "pixstats"
-    assert art.manifest["summary"] == {"images": n, "captions": m, "vocab": 42, "train": 2400, "val": 300, "test": 300}
+    assert art.manifest["summary"] == {"images": n, "captions": m, "vocab": 42, "train": 2400, "val": 300, "test": 300,
+                                       "word_count_threshold": 5, "unk_rate": 0.0, "unk_rate_train": 0.0,
+                                       "clipped": 0.0}
     words = json.loads((path / "vocab.json").read_text())["words"]
     assert len(words) == 42 and words[-1] == "UNK"
     with h5py.File(path / "captions.h5", "r") as f:

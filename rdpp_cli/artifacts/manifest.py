@@ -31,19 +31,20 @@ from rdpp_cli.errors import RdppError
 # the training reward does (docs/rewards.md); schema-1 data artifacts are still read (their references
 # score, their models sample) and refused by the stages that need the training reward
 # (rdpp_cli.metrics.train_cider).
-SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
-OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1}
+SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
+OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
 SCHEMA = 1  # kept for old imports; use SCHEMAS[kind]
 REMAKE = {
     "rdpp.data": "rdpp prepro toy` or `rdpp prepro coco",
     "rdpp.model": "rdpp train-xe` (XE) or `rdpp finetune",
     "rdpp.samples": "rdpp sample",
     "rdpp.scores": "rdpp score",
+    "rdpp.captions": "rdpp caption",
 }
 MANIFEST = "manifest.json"
 KINDS = tuple(SCHEMAS)
 # An artifact's workspace is the folder two levels up when its parent is one of these group folders.
-GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores")
+GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores", "captions")
 _CHUNK = 1 << 20
 
 

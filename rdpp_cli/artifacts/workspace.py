@@ -34,6 +34,7 @@ GROUPS = {
     "finetune": "rdpp.model",
     "samples": "rdpp.samples",
     "scores": "rdpp.scores",
+    "captions": "rdpp.captions",
 }
 assert tuple(GROUPS) == GROUP_NAMES
 RESERVED = (PARTIAL, _lock.LOCK)  # bookkeeping files of a folder being written: never cleared, never hashed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from rdpp_cli import __version__
-from rdpp_cli.cli import demo, finetune, ls, plot, prepro, sample, score, train_xe, verify
+from rdpp_cli.cli import caption, demo, finetune, ls, plot, prepro, sample, score, train_xe, verify
 
 app = typer.Typer(
     name="rdpp",
@@ -25,6 +25,7 @@ app.command("train-xe")(train_xe.command)
 app.command("finetune")(finetune.command)
 app.command("sample")(sample.command)
 app.command("score")(score.command)
+app.command("caption")(caption.command)
 app.command("plot")(plot.command)
 app.command("demo")(demo.command)
 app.command("ls")(ls.command)

@@ -40,7 +40,9 @@ def coco(
              "that holds the first image)."),
     out: Path = OutOpt,
     force: bool = ForceOpt,
-    word_count_threshold: int = typer.Option(5, help="Keep words seen more than this many times in train."),
+    word_count_threshold: str = typer.Option(
+        "auto", help="Keep words seen more than this many times in train; auto: 5 for a COCO-sized training set, "
+                     "scaled down with its size, at least 1 (docs/data.md)."),
     max_length: int = typer.Option(16, help="Clip captions to this many tokens."),
     restval_to_train: bool = typer.Option(True, "--restval-to-train/--no-restval-to-train",
                                           help="restval images join train (else they are left out)."),
@@ -51,7 +53,7 @@ def coco(
                                     help="ImageNet weights (from torch's hub cache; no download), else random init."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     batch_size: int = typer.Option(32, help="Images per batch (also the resume/hash block)."),
-    workers: int = typer.Option(4, help="DataLoader processes decoding images."),
+    workers: int = typer.Option(None, help="Processes decoding images (default: the cores but one, at most 8)."),
     dtype: Dtype = typer.Option(Dtype.float16, help="Storage type of the features."),
     features_from: Path = typer.Option(None, help="Import region features (HDF5, or folder of <id>.npy/.npz) "
                                                   "instead of running a CNN."),

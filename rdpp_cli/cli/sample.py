@@ -27,6 +27,7 @@ def command(
     diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
     length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
     max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the data's caption length)."),
+    allow_unk: bool = typer.Option(False, "--allow-unk", help="Let captions contain UNK (suppressed by default)."),
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),

@@ -8,13 +8,17 @@
 
 Weights: ``--weights PATH`` (a local state_dict), else the ImageNet weights if they are already in
 torch's hub cache, else an error asking for ``--weights`` or ``--no-pretrained`` (random init, from
-a fixed seed so that reruns and resumed runs use the same model): nothing is downloaded.
+a fixed seed so that reruns and resumed runs use the same model): nothing is downloaded. The head is
+dropped, so a state_dict that lacks only head keys (a "features-only" trunk) is accepted and the
+missing keys are recorded (``Backbone.missing_head``); one that lacks any trunk key is refused. The
+file's sha256 is recorded too, so ``rdpp caption`` can check it extracts with the very same weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +46,8 @@ class Backbone:
     std: tuple[float, float, float] | None
     weights: str  # where the weights came from: "imagenet (hub cache)", a path, "random init", "none"
     threads: int | None = None  # torch threads while extracting (None: torch's default)
+    weights_sha256: str | None = None  # of the weights file (None: no file)
+    missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
 
 
 class ConvGrid(nn.Module):
@@ -141,17 +147,18 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
     if name not in known or name.startswith(_NOT_CONV):
         raise RdppError(f"unknown backbone '{name}'; use pixstats or a torchvision classification CNN "
                         "such as resnet101, resnet152, resnext101_32x8d, vgg16, densenet121, efficientnet_b0")
-    source = "random init"
-    state = None
+    source, state, file = "random init", None, None
     if weights is not None:
-        state, source = _load_state(Path(weights), name), str(weights)
+        file, source = Path(weights), str(weights)
     elif pretrained:
-        cached = _hub_cached_weights(name)
-        if cached is None:
+        file = _hub_cached_weights(name)
+        if file is None:
             raise RdppError(
                 f"ImageNet weights for {name} are not available offline (not in {_hub_dir()}); "
                 "pass --weights PATH (a local state_dict) or --no-pretrained (random init)")
-        state, source = _load_state(cached, name), "imagenet (hub cache)"
+        source = "imagenet (hub cache)"
+    if file is not None:
+        state = _load_state(file, name)
     import warnings
 
     # a fixed seed: random-init features are reproducible, so a resumed run continues with the same model
@@ -159,9 +166,12 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
         warnings.simplefilter("ignore")  # googlenet/inception warn about their init scheme
         torch.manual_seed(0)
         model = torchvision.models.get_model(name, weights=None)
+    missing_head: list[str] = []
     if state is not None:
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.lower().startswith("aux")]
+        missing_head = [k for k in missing if _is_head_key(k)]
+        missing = [k for k in missing if not _is_head_key(k)]  # the trunk must be complete
         if missing or unexpected:
             bad = (missing or unexpected)[:3]
             raise RdppError(f"weights {source} do not fit {name} ({'missing' if missing else 'unexpected'} "
@@ -177,7 +187,21 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
                         f"({str(e).splitlines()[0]}); choose another --image-size") from None
     if fc.ndim != 2 or att.shape[1] != att_size * att_size:
         raise RdppError(f"backbone {name} has no convolutional feature map; choose a CNN such as resnet101")
-    return Backbone(name, module, int(fc.shape[1]), att_size, image_size, IMAGENET_MEAN, IMAGENET_STD, source)
+    return Backbone(name, module, int(fc.shape[1]), att_size, image_size, IMAGENET_MEAN, IMAGENET_STD, source,
+                    weights_sha256=file_sha256(file) if file is not None else None, missing_head=missing_head)
+
+
+def _is_head_key(key: str) -> bool:
+    """A state_dict key of the pooling/classifier head, which the trunk drops anyway."""
+    return key.split(".", 1)[0] in _HEAD_NAMES
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _hub_dir() -> str:

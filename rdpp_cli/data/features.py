@@ -12,6 +12,8 @@ decode images; memory does not grow with the number of images).
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -141,9 +143,62 @@ def _attr_eq(stored, wanted) -> bool:
     return stored == wanted
 
 
+def default_workers() -> int:
+    """DataLoader processes decoding images when ``--workers`` is not given: one per core left over
+    after the main process (which runs the CNN), at most 8; 0 (decode in the main process) on 1 core.
+    Never more than the cores, which makes torch warn on every run."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(8, cores - 1))
+
+
+def read_image(path: Path, size: int) -> np.ndarray:
+    """The image at ``path`` as (3, size, size) float32 RGB in [0, 1] (docs/data.md, "Images"):
+
+    - turned upright by its EXIF orientation (phones store pixels sideways and say so in EXIF);
+    - greyscale, palette, CMYK and YCbCr converted to RGB, 16-bit greyscale scaled to 8 bits,
+      transparency composited onto white;
+    - the whole image resized to size×size (bilinear, antialiased when shrinking), aspect ratio not
+      kept and nothing cropped: captions speak of the whole photo. Any size and aspect ratio works.
+
+    Raises whatever PIL raises for a file it cannot decode (truncated, corrupt).
+    """
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: not stored upright
+            im = ImageOps.exif_transpose(im)
+        im = to_rgb(im)
+        if im.size != (size, size):
+            im = im.resize((size, size), Image.BILINEAR)
+        return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / 255.0
+
+
+def to_rgb(im):
+    """``im`` as an RGB PIL image (the conversions of ``read_image``)."""
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im
+    if im.mode.startswith("I;16") or im.mode in ("I", "F"):  # 16-bit or float greyscale
+        scale = 1 / 257 if im.mode.startswith("I;16") or np.asarray(im).max() > 255 else 1.0
+        grey = np.clip(np.asarray(im, dtype=np.float64) * scale + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return im.convert("RGB")  # L, 1, P, CMYK (Adobe-inverted CMYK included), YCbCr, LAB, HSV
+
+
 class ImageFiles(Dataset):
-    """Images resized to S×S as normalised (3, S, S) float tensors; a file that cannot be decoded
-    comes back flagged (never raised inside a worker) so the main process can name it."""
+    """Images read by ``read_image`` at S×S, normalised, as (3, S, S) float tensors; a file that
+    cannot be decoded comes back flagged (never raised inside a worker) so the main process can
+    name it."""
 
     def __init__(self, paths: Sequence[Path], image_size: int, mean=None, std=None):
         self.paths, self.size = list(paths), image_size
@@ -154,14 +209,8 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        from PIL import Image
-
         try:
-            with Image.open(self.paths[i]) as im:
-                im = im.convert("RGB")
-                if im.size != (self.size, self.size):
-                    im = im.resize((self.size, self.size), Image.BILINEAR)
-                x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+            x = torch.from_numpy(read_image(self.paths[i], self.size))
         except Exception as e:  # PIL raises many kinds for broken files
             return torch.zeros(3, self.size, self.size), i, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if self.mean is not None:
@@ -169,9 +218,48 @@ class ImageFiles(Dataset):
         return x, i, ""
 
 
+# What a complete file of these formats ends with; a file that does not is decoded in full up front.
+_END_MARKERS = {"JPEG": (b"\xff\xd9",), "PNG": (b"IEND\xaeB`\x82",), "GIF": (b";",)}
+
+
+def image_problem(p: Path, what: str = "remove it from the caption file or replace it") -> str | None:
+    """Why ``p`` cannot be used as an image (None when it can), reading only its header and its
+    last bytes: a JPEG/PNG/GIF that does not end with its end marker (a truncated download, a
+    copy that stopped) is decoded in full to tell a truncated file from one with trailing bytes.
+    ``what``: what the user should do about it (the end of the message)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(p) as im:
+            im.size  # header only
+            markers = _END_MARKERS.get(im.format or "")
+            if markers and not _ends_with(p, markers):
+                try:
+                    im.load()
+                except (OSError, ValueError, SyntaxError) as e:
+                    return f"{p} cannot be decoded, it is truncated or damaged ({_why(e)}); {what}"
+    except Image.DecompressionBombError as e:
+        return f"{p} is too large to decode safely ({_why(e)}); {what}"
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        return f"{p} is not an image ({type(e).__name__}); {what}"
+    return None
+
+
+def _why(e: Exception) -> str:
+    return (str(e).splitlines()[0] if str(e) else type(e).__name__)[:120]
+
+
+def _ends_with(p: Path, markers: tuple[bytes, ...], tail: int = 64) -> bool:
+    with open(p, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - tail))
+        end = f.read().rstrip(b"\x00\r\n\t ")  # padding some writers leave after the marker
+    return any(end.endswith(m) for m in markers)
+
+
 def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> None:
-    """Every image file exists and has an image header (PIL reads only the header): fails with one
-    line naming the first bad file, before anything is written."""
+    """Every image file exists and can be read (``image_problem``): fails with one line naming the
+    first bad file, before anything is written."""
     from concurrent.futures import ThreadPoolExecutor
 
     for p in paths:
@@ -179,21 +267,11 @@ def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> 
             raise RdppError(f"image file {p} is missing (from the caption file, under --images-root {images_root}); "
                             "pass the folder that holds the images")
 
-    def bad(p: Path) -> str | None:
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(p) as im:
-                im.size  # header only
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            return f"{p} is not an image ({type(e).__name__}); replace or remove it from the caption file"
-        return None
-
     pool = ThreadPoolExecutor(max(1, workers))
     try:
         with progress("images") as bar:
             task = bar.add_task("check images", total=len(paths), info="")
-            for msg in pool.map(bad, paths):
+            for msg in pool.map(image_problem, paths):
                 if msg:
                     raise RdppError(msg)
                 bar.advance(task)
@@ -213,28 +291,45 @@ def pick_device(device: str) -> torch.device:
 
 
 def extract_features(writer: FeatureWriter, paths: Sequence[Path], backbone: Backbone, *,
-                     device: str = "auto", workers: int = 0) -> None:
+                     device: str = "auto", workers: int = 0) -> float | None:
     """Run ``backbone`` over ``paths[writer.done:]`` in batches of ``writer.block`` and write each
-    batch as it comes (the first unfinished block onward, so a rerun resumes)."""
+    batch as it comes (the first unfinished block onward, so a rerun resumes). Returns the images/s
+    of this run (None when there was nothing left to do)."""
+    start = writer.done
+    n = 0
+    t0 = time.perf_counter()
+    for fc, att in iter_features(paths[start:], backbone, batch_size=writer.block, device=device, workers=workers,
+                                 total=len(paths), completed=start, resume_hint=True):
+        writer.write(fc, att)
+        n += len(fc)
+    return n / (time.perf_counter() - t0) if n else None
+
+
+def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int, device: str = "auto",
+                  workers: int = 0, total: int | None = None, completed: int = 0, resume_hint: bool = False):
+    """``(fc (B, D), att (B, G*G, D))`` float32 numpy arrays for ``paths`` in batches of ``batch_size``,
+    read by ``read_image`` in ``workers`` processes; a file that cannot be decoded stops it with
+    one line naming the file. The one extraction loop of ``prepro coco`` and ``rdpp caption``."""
     dev = pick_device(device)
     module = backbone.module.to(dev).eval()
-    start = writer.done
-    data = ImageFiles(paths[start:], backbone.image_size, backbone.mean, backbone.std)
-    loader = DataLoader(data, batch_size=writer.block, shuffle=False, num_workers=workers,
+    data = ImageFiles(paths, backbone.image_size, backbone.mean, backbone.std)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=dev.type == "cuda", persistent_workers=False)
+    then = ", then rerun to resume" if resume_hint else ""
     threads = torch.get_num_threads()
     if backbone.threads:
         torch.set_num_threads(backbone.threads)
     try:
         with progress("images") as bar, torch.inference_mode():
-            task = bar.add_task(f"extract {backbone.name}", total=len(paths), completed=start, info="")
+            task = bar.add_task(f"extract {backbone.name}", total=total if total is not None else len(paths),
+                                completed=completed, info="")
             for x, idx, errors in loader:
                 for i, err in zip(idx.tolist(), errors):
                     if err:
-                        raise RdppError(f"image file {paths[start + i]} could not be decoded ({err}); "
-                                        "replace it or remove it from the caption file, then rerun to resume")
+                        raise RdppError(f"image file {paths[i]} could not be decoded ({err}); "
+                                        f"replace it or remove it from the caption file{then}")
                 fc, att = module(x.to(dev, non_blocking=True))
-                writer.write(fc.float().cpu().numpy(), att.float().cpu().numpy())
+                yield fc.float().cpu().numpy(), att.float().cpu().numpy()
                 bar.advance(task, len(idx))
     finally:
         torch.set_num_threads(threads)

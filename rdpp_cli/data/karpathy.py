@@ -15,7 +15,10 @@ from pathlib import Path
 from rdpp_cli.errors import RdppError
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
-_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+# Karpathy's split file keeps lower-case letters and digits and splits at everything else
+# ("bear's" -> "bear s", "upside-down" -> "upside down"): equal to its tokens for every sentence of
+# ../shared/data/coco-real-390 (tested).
+_TOKEN = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -26,10 +29,14 @@ class ImageRecord:
     relpath: str  # filepath/filename, relative to the image root ("" when the JSON names no file)
     split: str  # train, val or test (restval joins train by default; otherwise it is left out)
     captions: tuple[tuple[str, ...], ...]
+    # each caption as the person wrote it (the sentence's ``raw``; the joined tokens when it has none):
+    # the references for scoring, tokenized by coco-caption's PTB tokenizer as the peers do
+    raws: tuple[str, ...] = ()
 
 
 def tokenize(raw: str) -> list[str]:
-    """Karpathy-style tokens for a sentence given only as ``raw``: lowercase words, no punctuation."""
+    """Karpathy-style tokens for a sentence given only as ``raw``: lower case, letters and digits
+    only, split at everything else (punctuation, apostrophes, hyphens)."""
     return _TOKEN.findall(raw.lower())
 
 
@@ -88,7 +95,7 @@ def _record(path: Path, k: int, img, restval_to_train: bool, need_files: bool) -
     sentences = img.get("sentences")
     if not isinstance(sentences, list) or not sentences:
         raise RdppError(f"{where} has no 'sentences'; every image needs at least one reference caption")
-    caps = []
+    caps, raws = [], []
     for j, s in enumerate(sentences):
         tokens = s.get("tokens") if isinstance(s, dict) else None
         if tokens is None and isinstance(s, dict) and isinstance(s.get("raw"), str):
@@ -101,4 +108,6 @@ def _record(path: Path, k: int, img, restval_to_train: bool, need_files: bool) -
         if not tokens:
             raise RdppError(f"{where} has an empty caption (sentence {j}); remove it or give it tokens")
         caps.append(tuple(tokens))
-    return ImageRecord(int(image_id), relpath, split, tuple(caps))
+        raw = s.get("raw")
+        raws.append(" ".join(raw.split()) if isinstance(raw, str) and raw.strip() else " ".join(tokens))
+    return ImageRecord(int(image_id), relpath, split, tuple(caps), tuple(raws))

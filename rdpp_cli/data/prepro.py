@@ -19,11 +19,11 @@ import h5py
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
-from rdpp_cli.console import console, info, progress, summary_table
+from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
 from rdpp_cli.data.dataset_paths import find_images_root, find_karpathy_json
-from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, extract_features, pick_device
+from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, default_workers, extract_features, pick_device
 from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
 from rdpp_cli.errors import RdppError
@@ -40,7 +40,7 @@ class PreproPlan:
 
     records: list[ImageRecord]
     karpathy_json: Path
-    word_count_threshold: int
+    word_count_threshold: int  # resolved (``auto`` -> vocab.auto_threshold of the training images)
     max_length: int
     dtype: str
     batch_size: int
@@ -56,7 +56,7 @@ def plan_prepro(
     karpathy_json: Path | None,
     images_root: Path | None = None,
     *,
-    word_count_threshold: int = 5,
+    word_count_threshold: int | str = "auto",
     max_length: int = 16,
     restval_to_train: bool = True,
     backbone: str = "resnet101",
@@ -65,15 +65,17 @@ def plan_prepro(
     pretrained: bool = True,
     device: str = "auto",
     batch_size: int = 32,
-    workers: int = 4,
+    workers: int | None = None,
     dtype: str = "float16",
     features_from: Path | None = None,
     image_size: int | None = None,
     workspace: Path | None = None,
 ) -> PreproPlan:
-    """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing."""
-    if word_count_threshold < 0:
-        raise RdppError(f"--word-count-threshold {word_count_threshold} must be 0 or more")
+    """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing.
+    ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images; ``workers=None``:
+    ``features.default_workers()``."""
+    threshold = parse_threshold(word_count_threshold)
+    workers = default_workers() if workers is None else workers
     if max_length < 1:
         raise RdppError(f"--max-length {max_length} must be at least 1")
     if batch_size < 1:
@@ -87,7 +89,9 @@ def plan_prepro(
     splits = Counter(r.split for r in records)
     if not splits.get("train"):
         raise RdppError(f"{json_path} has no training images (split train or restval); the vocabulary is built from them")
-    plan = PreproPlan(records, json_path, word_count_threshold, max_length, dtype, batch_size, workers, device)
+    if threshold is None:
+        threshold = V.auto_threshold(splits["train"])
+    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers, device)
     if features_from is not None:
         plan.features_from = FeatureSource(features_from, [r.image_id for r in records])
         return plan
@@ -98,6 +102,20 @@ def plan_prepro(
     plan.image_paths = [plan.images_root / r.relpath for r in records]
     check_images(plan.image_paths, plan.images_root, workers=max(1, workers))
     return plan
+
+
+def parse_threshold(value: int | str) -> int | None:
+    """``--word-count-threshold``: a count >= 0, or ``auto`` (None: decided from the training set)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        t = int(value)
+    except (TypeError, ValueError):
+        raise RdppError(f"--word-count-threshold {value!r} is neither a count nor 'auto'; "
+                        "pass e.g. 5 (keep words seen more than 5 times in train) or auto") from None
+    if t < 0:
+        raise RdppError(f"--word-count-threshold {t} must be 0 or more (or auto)")
+    return t
 
 
 FILES = ("vocab.json", "captions.h5", "features.h5", "cider_df.h5")
@@ -123,8 +141,9 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     image_ids = np.array([r.image_id for r in recs], dtype=np.int64)
 
     atomic_write_json(out_dir / "vocab.json", {"words": words})
+    raws = [_raw(r, j) for r in recs for j in range(len(r.captions))]
     _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
-                                                                          label_end, image_ids, recs, captions))
+                                                                          label_end, image_ids, recs, raws))
     # the training reward's document frequencies, as self-critical.pytorch's prepro_ngrams.py counts
     # them: each training reference's UNK-mapped tokens, not clipped, plus the end token; an n-gram
     # once per image (docs/rewards.md)
@@ -134,25 +153,42 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     df = doc_freq_with_eos(train_refs, eos, words=words)
     _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: _save_df(df, tmp, eos))
 
-    features_hash, feat_desc = _write_features(out_dir / "features.h5", plan, image_ids)
+    unk_all = V.unk_rate(labels, lengths, unk)
+    train_caps = np.concatenate([np.arange(label_start[i], label_end[i])
+                                 for i, r in enumerate(recs) if r.split == "train"])
+    unk_train = V.unk_rate(labels[train_caps], lengths[train_caps], unk)
+    clipped = float(np.mean([len(c) > plan.max_length for c in captions]))
+    if unk_train > V.HIGH_UNK:
+        note(f"{unk_train:.1%} of the training tokens are UNK at --word-count-threshold {plan.word_count_threshold} "
+             f"({len(words) - 1:,} words kept); a model learns to say UNK that often. A lower threshold keeps "
+             "more words (see docs/data.md, Vocabulary)")
+
+    features_hash, feat_desc, speed = _write_features(out_dir / "features.h5", plan, image_ids)
 
     splits = Counter(r.split for r in recs)
     summary = {"images": len(recs), "captions": len(captions), "vocab": len(words),
-               **{s: splits.get(s, 0) for s in ("train", "val", "test")}}
+               **{s: splits.get(s, 0) for s in ("train", "val", "test")},
+               "word_count_threshold": plan.word_count_threshold, "unk_rate": round(unk_all, 6),
+               "unk_rate_train": round(unk_train, 6), "clipped": round(clipped, 6)}
     artifact = write_manifest(out_dir, KIND, config, precomputed={"features.h5": features_hash}, summary=summary)
     finish(out_dir)
-    unk = V.unk_rate(labels, lengths, w2i[V.UNK])
     console.print(summary_table(title, [
         ("artifact", out_dir),
         ("images", f"{len(recs):,} (train {splits.get('train', 0):,} · val {splits.get('val', 0):,} · "
                    f"test {splits.get('test', 0):,})"),
-        ("captions", f"{len(captions):,} (max length {plan.max_length}, "
-                     f"{np.mean([len(c) > plan.max_length for c in captions]):.1%} clipped)"),
-        ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk:.2%} of tokens)"),
+        ("captions", f"{len(captions):,} (max length {plan.max_length}, {clipped:.1%} clipped)"),
+        ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk_train:.2%} of training "
+                       f"tokens, {unk_all:.2%} of all)"),
         ("features", feat_desc),
+        *([("extraction", f"{speed:,.1f} images/s ({plan.workers} image-reading worker process(es))")] if speed else []),
         ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
     ]))
     return artifact
+
+
+def _raw(rec: ImageRecord, j: int) -> str:
+    """Caption j of ``rec`` as written (``raw``), else its tokens joined."""
+    return rec.raws[j] if j < len(rec.raws) else " ".join(rec.captions[j])
 
 
 def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
@@ -194,12 +230,12 @@ def _save_df(df: DocFreq, path: Path, eos: int) -> None:
         f.attrs["eos_id"] = eos  # the end token's id: counted in every training reference
 
 
-def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:
+def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, raws) -> None:
     with h5py.File(path, "w") as f:
-        _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, captions)
+        _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, raws)
 
 
-def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, captions) -> None:
+def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, raws) -> None:
     kw = {"track_times": False}  # the same input gives the same bytes
     f.create_dataset("labels", data=labels, **kw)
     f.create_dataset("lengths", data=lengths, **kw)
@@ -207,11 +243,11 @@ def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, 
     f.create_dataset("label_end", data=label_end.astype(np.int64), **kw)
     f.create_dataset("image_ids", data=image_ids, **kw)
     f.create_dataset("split", data=np.array([r.split.encode() for r in recs], dtype="S5"), **kw)
-    f.create_dataset("raw", data=np.array([" ".join(c) for c in captions], dtype=object),
-                     dtype=h5py.string_dtype("utf-8"), **kw)
+    # the sentences as written: scoring sends them through coco-caption's PTB tokenizer
+    f.create_dataset("raw", data=np.array(raws, dtype=object), dtype=h5py.string_dtype("utf-8"), **kw)
 
 
-def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tuple[dict, str]:
+def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tuple[dict, str, float | None]:
     if plan.features_from is not None:
         src = plan.features_from
         writer = FeatureWriter(path, image_ids, fc_dim=src.dim, regions=src.regions, dtype=plan.dtype,
@@ -227,20 +263,22 @@ def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tupl
         finally:
             writer.close()
         regions = f"up to {src.regions} regions (att_len)" if src.varying else f"{src.regions} regions"
-        return digest, f"imported from {src.path}: {regions} × {src.dim} ({plan.dtype})"
+        return digest, f"imported from {src.path}: {regions} × {src.dim} ({plan.dtype})", None
     bb = plan.backbone
     writer = FeatureWriter(path, image_ids, fc_dim=bb.dim, regions=bb.att_size ** 2, dtype=plan.dtype,
                            block=plan.batch_size,
                            attrs={"backbone": bb.name, "att_size": bb.att_size, "image_size": bb.image_size,
                                   "weights": bb.weights})
+    speed = None
     try:
         if writer.done < writer.n:
-            extract_features(writer, plan.image_paths, bb, device=plan.device, workers=plan.workers)
+            speed = extract_features(writer, plan.image_paths, bb, device=plan.device, workers=plan.workers)
         digest = writer.finish()
     finally:
         writer.close()
-    return digest, (f"{bb.name} ({bb.weights}) on {bb.image_size}×{bb.image_size} images: fc {bb.dim}, "
-                    f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})")
+    head = f"; no head keys ({', '.join(bb.missing_head)}): unused" if bb.missing_head else ""
+    return digest, (f"{bb.name} ({bb.weights}{head}) on {bb.image_size}×{bb.image_size} images: fc {bb.dim}, "
+                    f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})"), speed
 
 
 def prepro_coco(
@@ -250,7 +288,7 @@ def prepro_coco(
     *,
     workspace: Path | None = None,
     force: bool = False,
-    word_count_threshold: int = 5,
+    word_count_threshold: int | str = "auto",
     max_length: int = 16,
     restval_to_train: bool = True,
     backbone: str = "resnet101",
@@ -259,7 +297,7 @@ def prepro_coco(
     pretrained: bool = True,
     device: str = "auto",
     batch_size: int = 32,
-    workers: int = 4,
+    workers: int | None = None,
     dtype: str = "float16",
     features_from: Path | None = None,
     image_size: int | None = None,
@@ -274,14 +312,19 @@ def prepro_coco(
                        batch_size=batch_size, workers=workers, dtype=dtype, features_from=features_from,
                        image_size=image_size, workspace=workspace)
     bb = plan.backbone
+    given = parse_threshold(word_count_threshold)
     config = {
         "source": "coco", "karpathy_json": str(plan.karpathy_json),
         "images_root": str(plan.images_root) if plan.images_root else None,
-        "word_count_threshold": word_count_threshold, "max_length": max_length,
+        "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
         "restval_to_train": restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
-        "image_size": bb.image_size if bb else None, "weights": str(weights) if weights else None,
-        "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": workers,
+        # absolute, so that `rdpp caption` finds the file from any folder
+        "image_size": bb.image_size if bb else None, "weights": str(Path(weights).resolve()) if weights else None,
+        # what `rdpp caption` checks to extract with the very same weights
+        "weights_sha256": bb.weights_sha256 if bb else None,
+        "weights_missing_head": bb.missing_head if bb else [],
+        "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,
         "dtype": dtype, "features_from": str(features_from) if features_from else None,
     }
     out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force)

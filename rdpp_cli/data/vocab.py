@@ -3,6 +3,8 @@
 - ``build_vocab``: words seen more than ``threshold`` times in the training captions, most frequent
   first (ties alphabetical), then ``"UNK"``; the id of ``words[i]`` is ``i + 1``, id 0 is pad/BOS/EOS.
 - ``encode``: tokens -> ids, unknown words -> UNK, clipped to ``max_length``.
+- ``auto_threshold``: the default word-count threshold, scaled to the training set (docs/data.md).
+- ``unk_id``: the id decoders suppress (evaluation decoding never emits UNK unless asked).
 
 The training n-gram document frequencies (``cider_df.h5``) come from ``rdpp_cli.metrics.cider.DocFreq``
 over these encoded references (see ``prepro.write_data_artifact``).
@@ -16,6 +18,26 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 UNK = "UNK"
+COCO_TRAIN_IMAGES = 113_287  # Karpathy train + restval: where the reference's "count > 5" was chosen
+REFERENCE_THRESHOLD = 5
+HIGH_UNK = 0.10  # a training-token UNK share above this (one word in ten) gets a warning
+
+
+def auto_threshold(train_images: int) -> int:
+    """``--word-count-threshold auto``: the reference's count > 5 on a COCO-sized training set,
+    scaled down in proportion to the number of training images (a word must be about as frequent
+    relative to the corpus), but never below 1, so words seen once are UNK and the model still
+    learns what UNK is. COCO (113,287 images): 5; 34k-57k images: 2; under 34k images: 1."""
+    scaled = round(REFERENCE_THRESHOLD * train_images / COCO_TRAIN_IMAGES)
+    return int(min(REFERENCE_THRESHOLD, max(1, scaled)))
+
+
+def unk_id(words: Sequence[str]) -> int | None:
+    """The word id of ``UNK`` in a vocabulary (``words[i]`` has id i + 1), None when it has none."""
+    try:
+        return list(words).index(UNK) + 1
+    except ValueError:
+        return None
 
 
 def build_vocab(train_captions: Iterable[Sequence[str]], threshold: int = 5) -> list[str]:

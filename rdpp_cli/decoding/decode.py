@@ -27,6 +27,11 @@ Output layout, shared by all methods (and matching ``sequence_logprobs(model(fc,
 
 A caption that reaches ``max_len`` words is ended there: the EOS is forced at step max_len and its
 log-probability counted, so every returned caption is a complete sequence of the model.
+
+UNK suppression (``unk_id``): the word is never chosen, by any method (as self-critical.pytorch's
+evaluation decoding with its default ``suppress_UNK``); the log-probabilities reported stay the
+model's own. Evaluation callers (``rdpp sample``, ``rdpp caption``, validation) set it from the
+vocabulary; RL sampling leaves it None, as the reference's does.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class DecodeConfig:
     groups: int | None = None  # dbs groups
     diversity_lambda: float = 0.5
     length_norm: float = 0.0  # beam ranking: score / len**alpha (len counts the EOS)
+    unk_id: int | None = None  # a word id never emitted (UNK suppression); None: every word allowed
 
     def check(self) -> "DecodeConfig":
         """Fill the method's defaults for settings left as None (docs/decoding.md); raise ValueError
@@ -187,6 +193,8 @@ def _nucleus(probs: Tensor, top_p: float, generator: torch.Generator | None) -> 
 
 def _choose(lp: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) -> Tensor:
     """Next word ids (N,) from log-probs lp (N, V+1) by the configured rule."""
+    if cfg.unk_id is not None:
+        lp = _suppress(lp, cfg.unk_id)
     if cfg.method == "greedy":
         return lp.argmax(-1)
     logits = lp / cfg.temperature if cfg.temperature != 1 else lp
@@ -200,6 +208,13 @@ def _choose(lp: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) ->
     if cfg.method == "nucleus" and cfg.top_p < 1:
         return _nucleus(probs, cfg.top_p, generator)
     return _draw(probs, generator)
+
+
+def _suppress(lp: Tensor, word: int) -> Tensor:
+    """``lp`` with ``word`` made impossible (a copy: the caller's log-probs stay the model's)."""
+    lp = lp.clone()
+    lp[..., word] = float("-inf")
+    return lp
 
 
 def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None) -> Decoded:
@@ -281,8 +296,9 @@ def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> D
         norm = torch.where(done, length, length + 1).unsqueeze(-1).pow(cfg.length_norm) if cfg.length_norm else None
         counts = torch.zeros(B, 1, V1, device=device)  # words picked by earlier groups at this step
         parents, words, augs = [], [], []
+        choice = _suppress(lp, cfg.unk_id) if cfg.unk_id is not None and t < L else lp
         for g in range(G):
-            cand = aug[:, g].unsqueeze(-1) + lp[:, g]  # (B, K, V1)
+            cand = aug[:, g].unsqueeze(-1) + choice[:, g]  # (B, K, V1)
             if lam and g:
                 cand = cand - lam * counts * (~done[:, g]).unsqueeze(-1)
             rank = cand / norm[:, g] if norm is not None else cand

@@ -25,6 +25,7 @@ from rdpp_cli.artifacts import (Artifact, atomic_write_json, derived_name, finis
 from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.vocab import unk_id
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.device import resolve_device
@@ -68,6 +69,7 @@ def sample(
     diversity_lambda: float = 0.5,
     length_norm: float = 0.0,
     max_len: int | None = None,
+    allow_unk: bool = False,
     batch_size: int = 50,
     max_images: int | None = None,
     seed: int = 0,
@@ -114,6 +116,7 @@ def sample(
     check_fits_data(ckpt, ds, f"model {model_art.path}", "sample with the data the model was trained on")
     if max_len is None:
         cfg.max_len = ds.seq_length
+    cfg.unk_id = None if allow_unk else unk_id(vocab)  # evaluation decoding never says UNK unless asked
     images = ds.split_indices(split)
     if max_images is not None:
         images = images[:max_images]

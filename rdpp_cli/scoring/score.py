@@ -309,10 +309,13 @@ def score(
         if ref.data is not None:
             per_div["unk_ending"] = divstats.ending_share(ev.captions, {"unk"})
             div["unk_ending"] = _nanmean(per_div["unk_ending"])
-            # raw references are Karpathy tokens (lower case, no punctuation): compared as they are
-            # with the PTB-tokenized captions, without sending every training caption through Java
-            train = [c.lower() for c in training_captions(ref.data)]
-            div["novel"] = divstats.novel_fraction(ev.captions, train)
+            # training references are sentences as written: both sides in Karpathy's tokens (lower
+            # case, letters and digits), without sending every training caption through Java
+            from rdpp_cli.data.karpathy import tokenize
+
+            train = [" ".join(tokenize(c)) for c in training_captions(ref.data)]
+            mine = [[" ".join(tokenize(c)) for c in caps] for caps in ev.captions]
+            div["novel"] = divstats.novel_fraction(mine, train)
         else:
             note("novel-caption fraction needs the training captions of a data artifact; left out with --refs")
 

@@ -183,12 +183,13 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
     Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
     theirs up). The model is put in eval mode and back.
     """
+    from rdpp_cli.data.vocab import unk_id
     from rdpp_cli.decoding.decode import DecodeConfig, decode
     from rdpp_cli.metrics.train_cider import TrainCider
 
     cider = cider or TrainCider.for_data(data)
     m = unwrap(model)
-    greedy = DecodeConfig(method="greedy", max_len=data.seq_length)
+    greedy = DecodeConfig(method="greedy", max_len=data.seq_length, unk_id=unk_id(data.words))  # no UNK, as `rdpp sample`
     was_training = m.training
     m.eval()
     sums: dict[str, float] = {"val_cider": 0.0, "_n": 0.0}
