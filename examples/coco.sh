@@ -5,24 +5,23 @@
 # (filepath/filename as in the JSON), ImageNet ResNet-101 weights as a local file (torchvision's
 # resnet101-63fe2227.pth), one GPU (or several with torchrun), Java for METEOR / the PTB tokenizer.
 #
-# Sizes and times per stage. Step rates: one NVIDIA H200, synthetic inputs at the paper's shapes
-# (benchmarks/train.py, benchmarks/finetune.py --device cuda). Loader rates: benchmarks/data.py on this
-# project's shared 2-core CPU under load 10-16 (not final; the lead replaces them with the GPU machine's
-# `benchmarks/data.py --xe-epoch` run): warm (rows in the page cache) ~1,400-1,600 images/s on a fraction
-# of one core; cold (that machine's virtual disk) 560-770 images/s. With --workers the reading overlaps
-# the step, so an epoch takes 113,287 images / the slower of the two rates (docs/data.md):
+# Sizes and times per stage, measured on one NVIDIA H200 machine (16 cores, 128 GB; 2026-11-26):
+# `benchmarks/data.py --xe-epoch --device cuda --rows 10000` ran whole XE epochs of `rdpp train-xe`
+# at the paper preset over 10,000 COCO-shaped feature rows (8.1 GB), data loading included:
+# 1,093-1,373 images/s from the page cache, 889-1,469 from that machine's disk after dropping the
+# caches (0, 2, 4 workers; docs/data.md). RL step rates from `benchmarks/finetune.py --device cuda`.
 #   prepro coco   123,287 images; features.h5 99.5 GB (196x2048 fp16 att + fc, 0.81 MB an image; --dtype
 #                 float32: 199 GB), captions.h5 ~70 MB, cider_df.h5 ~20 MB; the text side (vocabulary,
-#                 labels, df) under 1 min and 2 GB; features ~1 h on one GPU with 8 loader workers (JPEG
-#                 decoding bound; estimate)
-#   train-xe      100 epochs x 113,287 training images (91.4 GB of features read per epoch), batch 50;
-#                 step 1,300-1,700 images/s. Warm (>= ~96 GB of RAM left for the page cache, from the 2nd
-#                 epoch on): 71-87 s/epoch -> 2-2.4 h. From disk: 113,287 / its images/s for random 0.81 MB
-#                 reads (560-770/s above: 2.5-3.4 min/epoch -> 4.1-5.6 h). 1/N of that with torchrun on N
-#                 GPUs while the disk keeps up; checkpoints ~90 MB each
-#   finetune      --preset paper: 100 epochs of 113,287 images, batch 128; step ~1,100 images/s for R-DPP
-#                 m=5 (SCST ~900; measured at batch 50): warm 1.7-2.1 min/epoch -> 2.9-3.5 h per model;
-#                 from the disk above 2.5-3.4 min/epoch -> 4.1-5.6 h
+#                 labels, df) under 1 min and 2 GB (benchmarks/data.py); features ~1 h on one GPU with 8
+#                 loader workers (JPEG decoding bound; an estimate, not measured)
+#   train-xe      100 epochs x 113,287 training images (91.4 GB of features read per epoch), batch 50,
+#                 --workers 2: 1,180-1,470 images/s with loading -> 77-96 s/epoch -> 2.1-2.7 h. Keeping
+#                 the features in the page cache wants ~96 GB of free RAM; a slower disk than that
+#                 machine's bounds the epoch at 113,287 / its random-read images/s. 1/N of that with
+#                 torchrun on N GPUs while the disk keeps up; checkpoints ~90 MB each
+#   finetune      --preset paper: 100 epochs of 113,287 images, batch 128; the step bounds it, not the
+#                 loader: R-DPP m=5 ~870 images/s (SCST ~810; measured at batch 50, on-policy) ->
+#                 2.2-2.3 min/epoch -> 3.6-3.9 h per model
 #   sample        5,000 test images x 20 captions; about a minute
 #   score         oracle + self-CIDEr over 100,000 captions; METEOR dominates, ~5-10 min on CPU
 set -euo pipefail
