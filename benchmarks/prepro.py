@@ -15,7 +15,7 @@ Rows, timed ``--repeats`` times each, interleaved, medians reported:
 - ``rdpp``: ``rdpp_cli.data.features.iter_features`` (the loop of `rdpp prepro coco` and
   `rdpp caption`): a DataLoader with ``workers`` processes reading photos, batches of
   ``batch`` images, one forward pass per batch; for each worker count in ``--workers`` and batch
-  size in ``--batches``. ``workers=default`` is ``features.default_workers()`` (the cores but one).
+  size in ``--batches``. ``workers=default`` is ``features.default_workers("cpu")`` (a quarter of the cores).
 
     python benchmarks/prepro.py [--images 48] [--image-size 448] [--repeats 3] [--workers 0,1,default]
                                 [--batches 8,32] [--threads N] [--json]
@@ -94,7 +94,7 @@ def main() -> None:
     weights = args.weights if args.weights.is_file() else None
     bb = build_backbone("mobilenet_v2", att_size=args.image_size // 32, image_size=args.image_size,
                         weights=weights, pretrained=False)
-    workers = sorted({F.default_workers() if w == "default" else int(w) for w in args.workers.split(",")})
+    workers = sorted({F.default_workers("cpu") if w == "default" else int(w) for w in args.workers.split(",")})
     batches = [int(b) for b in args.batches.split(",")]
 
     # the same numbers first
@@ -118,7 +118,7 @@ def main() -> None:
     result = {
         "images": len(paths), "image_size": args.image_size, "att_size": bb.att_size,
         "weights": str(weights) if weights else "random init", "threads": torch.get_num_threads(),
-        "cores": len(os.sched_getaffinity(0)), "default_workers": F.default_workers(),
+        "cores": len(os.sched_getaffinity(0)), "default_workers": F.default_workers("cpu"),
         "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in load1],
         "rows": {k: {"median_s": statistics.median(v), "images_per_s": len(paths) / statistics.median(v),
                      "speedup": ref / statistics.median(v)} for k, v in times.items()},

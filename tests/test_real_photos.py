@@ -119,15 +119,46 @@ def test_karpathy_tokens_are_the_raw_sentences_tokenized_on_all_390_photos():
 
 def test_default_workers_fit_the_cores_and_torch_does_not_warn(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert F.default_workers() == 1
+    assert F.default_workers("cuda") == 1
+    assert F.default_workers("cpu") == 0  # the CNN's threads take both cores; a decoder would slow it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         art = prepro_coco(REAL6_JSON, REAL6 / "images", tmp_path / "art", backbone="pixstats", att_size=2,
-                          image_size=16, batch_size=3)
-    assert art.config["workers"] == 1
+                          image_size=16, batch_size=3, device="cpu")
+    assert art.config["workers"] == 0
     assert not [w for w in caught if "worker" in str(w.message)], [str(w.message) for w in caught]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert (F.default_workers("cuda"), F.default_workers("cuda:1"), F.default_workers("cpu")) == (7, 7, 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert F.default_workers() == 0
+    assert (F.default_workers("cuda"), F.default_workers("cpu")) == (0, 0)
+
+
+def test_cpu_extraction_feeds_a_cnn_one_channels_last_image_at_a_time_with_the_same_features():
+    """On a CPU a CNN's activations for one image fit the caches and a batch's do not (MobileNetV2 at
+    448 px: ~18 ms an image one at a time in channels-last, 60-110 ms in batches of 8;
+    benchmarks/prepro.py). The chunked forward must give the batched forward's numbers."""
+    paths = [GREY, PORTRAIT, LANDSCAPE] * 2
+    bb = build_backbone("resnet18", att_size=2, image_size=64, pretrained=False)
+    assert bb.cpu_chunk == 1
+    seen = []
+    hook = bb.module.trunk.register_forward_pre_hook(
+        lambda mod, args: seen.append((args[0].shape[0], args[0].is_contiguous(memory_format=torch.channels_last))))
+    try:
+        out = list(F.iter_features(paths, bb, batch_size=4, device="cpu"))
+    finally:
+        hook.remove()
+    assert seen == [(1, True)] * 6
+    fc, att = np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+    x = torch.stack([F.ImageFiles(paths, 64, bb.mean, bb.std)[i][0] for i in range(6)])
+    with torch.inference_mode():
+        ref_fc, ref_att = bb.module.to(memory_format=torch.contiguous_format)(x.contiguous())
+    assert fc.shape == (6, 512) and att.shape == (6, 4, 512)
+    np.testing.assert_allclose(fc, ref_fc.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(att, ref_att.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fc[:3], fc[3:], rtol=0, atol=0)  # the same photo, the same numbers
+
+    pix = build_backbone("pixstats", att_size=2, image_size=16)
+    assert pix.cpu_chunk is None  # tiny ops: the whole batch in one call
 
 
 # ---- files as cameras and downloads make them --------------------------------------------------------

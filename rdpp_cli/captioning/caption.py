@@ -168,7 +168,7 @@ def caption(
         cfg.max_len = net.config.seq_length
     cfg.unk_id = None if allow_unk else unk_id(vocab)
     batch_size = batch_size or int(data_art.config.get("batch_size") or 32)
-    workers = default_workers() if workers is None else workers
+    workers = default_workers(dev.type) if workers is None else workers
     ids = image_ids(files)
 
     settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": seed, "weights": str(bb.weights),

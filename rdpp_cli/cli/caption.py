@@ -29,7 +29,7 @@ def command(
     weights: Path = typer.Option(None, "--weights", dir_okay=False,
                                  help="The backbone's weights file, when it moved since prepro (same sha256)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Images per extraction batch (default: the data's)."),
-    workers: int = typer.Option(None, "--workers", help="Processes decoding images (default: the cores but one)."),
+    workers: int = typer.Option(None, "--workers", help="Processes decoding images (default: on a GPU the cores but one; on a CPU a quarter of them)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
     device: str = DeviceOpt,
     out: Path = typer.Option(None, "--out", help="Write the captions artifact exactly here."),

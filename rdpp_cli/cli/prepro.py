@@ -53,7 +53,7 @@ def coco(
                                     help="ImageNet weights (from torch's hub cache; no download), else random init."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     batch_size: int = typer.Option(32, help="Images per batch (also the resume/hash block)."),
-    workers: int = typer.Option(None, help="Processes decoding images (default: the cores but one, at most 8)."),
+    workers: int = typer.Option(None, help="Processes decoding images (default: on a GPU the cores but one, at most 8; on a CPU a quarter of them)."),
     dtype: Dtype = typer.Option(Dtype.float16, help="Storage type of the features."),
     features_from: Path = typer.Option(None, help="Import region features (HDF5, or folder of <id>.npy/.npz) "
                                                   "instead of running a CNN."),

@@ -46,6 +46,11 @@ class Backbone:
     std: tuple[float, float, float] | None
     weights: str  # where the weights came from: "imagenet (hub cache)", a path, "random init", "none"
     threads: int | None = None  # torch threads while extracting (None: torch's default)
+    # images per forward pass on a CPU, in channels-last layout (None: the whole batch, as on a GPU).
+    # A CNN's activations for one 448-px image fit the CPU's caches and a batch's do not: MobileNetV2
+    # took ~18 ms an image one at a time in channels-last against ~60-110 ms in batches of 8
+    # (benchmarks/prepro.py, docs/data.md "Extraction speed").
+    cpu_chunk: int | None = None
     weights_sha256: str | None = None  # of the weights file (None: no file)
     missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
 
@@ -188,7 +193,8 @@ def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pr
     if fc.ndim != 2 or att.shape[1] != att_size * att_size:
         raise RdppError(f"backbone {name} has no convolutional feature map; choose a CNN such as resnet101")
     return Backbone(name, module, int(fc.shape[1]), att_size, image_size, IMAGENET_MEAN, IMAGENET_STD, source,
-                    weights_sha256=file_sha256(file) if file is not None else None, missing_head=missing_head)
+                    weights_sha256=file_sha256(file) if file is not None else None, missing_head=missing_head,
+                    cpu_chunk=1)
 
 
 def _is_head_key(key: str) -> bool:

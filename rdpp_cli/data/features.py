@@ -143,14 +143,22 @@ def _attr_eq(stored, wanted) -> bool:
     return stored == wanted
 
 
-def default_workers() -> int:
-    """DataLoader processes decoding images when ``--workers`` is not given: one per core left over
-    after the main process (which runs the CNN), at most 8; 0 (decode in the main process) on 1 core.
+def default_workers(device: str = "cuda") -> int:
+    """Image-decoding processes when ``--workers`` is not given, for extraction on ``device``'s type.
+
+    GPU: one per core left over after the main process, at most 8 (decoding JPEGs is the bottleneck
+    there). CPU: a quarter of the cores, rounded down (0 on 2 cores). There the CNN's forward runs on
+    torch's threads on every core and a decoding process takes cores from it: on this project's idle
+    2-core machine 0 workers extracted 45 MobileNetV2 images/s and 1 worker 32 (benchmarks/prepro.py).
+    Decoding a COCO photo costs about a quarter of the CPU time of its forward pass, hence a quarter
+    of the cores on larger CPUs (derived from those per-image costs, not measured on such a machine).
     Never more than the cores, which makes torch warn on every run."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    if str(device).startswith("cpu"):
+        return min(8, cores // 4)
     return max(0, min(8, cores - 1))
 
 
@@ -305,6 +313,14 @@ def extract_features(writer: FeatureWriter, paths: Sequence[Path], backbone: Bac
     return n / (time.perf_counter() - t0) if n else None
 
 
+def _forward(module, x: torch.Tensor, chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``module(x)``, or with ``chunk``: ``chunk`` images at a time in channels-last layout (the CPU path)."""
+    if not chunk:
+        return module(x)
+    outs = [module(x[i:i + chunk].contiguous(memory_format=torch.channels_last)) for i in range(0, len(x), chunk)]
+    return torch.cat([fc for fc, _ in outs]), torch.cat([att for _, att in outs])
+
+
 def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int, device: str = "auto",
                   workers: int = 0, total: int | None = None, completed: int = 0, resume_hint: bool = False):
     """``(fc (B, D), att (B, G*G, D))`` float32 numpy arrays for ``paths`` in batches of ``batch_size``,
@@ -312,6 +328,9 @@ def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int,
     one line naming the file. The one extraction loop of ``prepro coco`` and ``rdpp caption``."""
     dev = pick_device(device)
     module = backbone.module.to(dev).eval()
+    chunk = backbone.cpu_chunk if dev.type == "cpu" else None
+    if chunk:
+        module = module.to(memory_format=torch.channels_last)
     data = ImageFiles(paths, backbone.image_size, backbone.mean, backbone.std)
     loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=dev.type == "cuda", persistent_workers=False)
@@ -328,7 +347,7 @@ def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int,
                     if err:
                         raise RdppError(f"image file {paths[i]} could not be decoded ({err}); "
                                         f"replace it or remove it from the caption file{then}")
-                fc, att = module(x.to(dev, non_blocking=True))
+                fc, att = _forward(module, x.to(dev, non_blocking=True), chunk)
                 yield fc.float().cpu().numpy(), att.float().cpu().numpy()
                 bar.advance(task, len(idx))
     finally:

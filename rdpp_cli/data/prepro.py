@@ -73,9 +73,9 @@ def plan_prepro(
 ) -> PreproPlan:
     """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing.
     ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images; ``workers=None``:
-    ``features.default_workers()``."""
+    ``features.default_workers()`` for the device."""
     threshold = parse_threshold(word_count_threshold)
-    workers = default_workers() if workers is None else workers
+    workers = default_workers(pick_device(device).type) if workers is None else workers
     if max_length < 1:
         raise RdppError(f"--max-length {max_length} must be at least 1")
     if batch_size < 1:
