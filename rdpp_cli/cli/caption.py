@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from rdpp_cli.cli import common as C
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
 
 
@@ -15,17 +16,17 @@ def command(
     paths: list[Path] = typer.Argument(..., help="Image files, or folders of them (searched recursively)."),
     from_: str = typer.Option(None, "--from", help="Model artifact (name or path); default: the newest fine-tuned, "
                                                   "else XE model."),
-    method: str = typer.Option("beam", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
+    method: str = typer.Option("beam", "--method", help=C.MethodHelp),
     n: int = typer.Option(1, "--n", help="Captions per photo."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
-    top_k: int = typer.Option(None, "--top-k", help="k for --method topk (default 10)."),
-    top_p: float = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9)."),
-    beam: int = typer.Option(None, "--beam", help="Beam width, per group for dbs (default: beam max(n, 3); dbs 1)."),
-    groups: int = typer.Option(None, "--groups", help="Groups for diverse beam search (default: n)."),
-    diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
-    length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
+    temperature: float = C.TemperatureOpt,
+    top_k: int = C.TopKOpt,
+    top_p: float = C.TopPOpt,
+    beam: int = C.BeamOpt,
+    groups: int = C.GroupsOpt,
+    diversity_lambda: float = C.DiversityLambdaOpt,
+    length_norm: float = C.LengthNormOpt,
     max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the model's)."),
-    allow_unk: bool = typer.Option(False, "--allow-unk", help="Let captions contain UNK (suppressed by default)."),
+    allow_unk: bool = C.AllowUnkOpt,
     weights: Path = typer.Option(None, "--weights", dir_okay=False,
                                  help="The backbone's weights file, when it moved since prepro (same sha256)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Images per extraction batch (default: the data's)."),

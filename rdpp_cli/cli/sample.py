@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from rdpp_cli.cli import common as C
 from rdpp_cli.cli.common import ConfigOpt, DeviceOpt, ForceOpt, WorkspaceOpt, resolve_options, stage
 from rdpp_cli.cli.common import PrecisionOpt
 
@@ -18,16 +19,16 @@ def command(
     data: str = typer.Option(None, "--data", help="Data artifact; default: the one the model was trained on."),
     split: str = typer.Option("test", "--split", help="train, val or test."),
     n: int = typer.Option(20, "--n", help="Captions per image."),
-    method: str = typer.Option("random", "--method", help="One of: greedy, beam, random, topk, nucleus, dbs."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus."),
-    top_k: int = typer.Option(None, "--top-k", help="k for --method topk (default 10)."),
-    top_p: float = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9)."),
-    beam: int = typer.Option(None, "--beam", help="Beam width, per group for dbs (default: beam max(n, 3); dbs 1)."),
-    groups: int = typer.Option(None, "--groups", help="Groups for diverse beam search (default: n)."),
-    diversity_lambda: float = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups."),
-    length_norm: float = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha."),
+    method: str = typer.Option("random", "--method", help=C.MethodHelp),
+    temperature: float = C.TemperatureOpt,
+    top_k: int = C.TopKOpt,
+    top_p: float = C.TopPOpt,
+    beam: int = C.BeamOpt,
+    groups: int = C.GroupsOpt,
+    diversity_lambda: float = C.DiversityLambdaOpt,
+    length_norm: float = C.LengthNormOpt,
     max_len: int = typer.Option(None, "--max-len", help="Most words per caption (default: the data's caption length)."),
-    allow_unk: bool = typer.Option(False, "--allow-unk", help="Let captions contain UNK (suppressed by default)."),
+    allow_unk: bool = C.AllowUnkOpt,
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
