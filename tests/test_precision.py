@@ -148,7 +148,7 @@ def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
     w, plain = step.weights(d.samples.numpy(), None, tiny.references_ids(batch.index))
     assert logs["reward"] == plain["reward"] and logs["sample_cider"] == plain["sample_cider"]
     assert logs["self_cider"] == plain["self_cider"]
-    assert loss.dtype == torch.float32 and np.isfinite(float(loss))
+    assert loss.dtype == torch.float32 and np.isfinite(float(loss.detach()))
 
 
 def test_the_fused_token_log_prob_equals_log_softmax_and_keeps_small_gradients_exact():
