@@ -234,6 +234,20 @@ def test_import_folder_of_bottom_up_npz(tmp_path):
     assert art.config["backbone"] == "imported" and art.config["images_root"] is None
 
 
+def test_import_reads_no_image_so_it_needs_no_device_and_no_workers(tmp_path):
+    """Imported features decode no photo: --device is not used (a GPU named on a machine without one
+    is no error here) and no image-reading workers are started or recorded."""
+    regions = _regions(0)
+    src = tmp_path / "bu"
+    src.mkdir()
+    for i, r in regions.items():
+        np.savez(src / f"{i}.npz", feat=r)
+    art = prepro_coco(FIXTURE, out=tmp_path / "a", features_from=src, word_count_threshold=1, batch_size=3,
+                      device="cuda")
+    _check_imported(art, regions)
+    assert art.config["workers"] == 0 and art.config["device"] == "cuda"
+
+
 def test_import_att_and_fc_subfolders_of_npy(tmp_path):
     regions, fcs = _regions(1), {i: np.full(6, float(i), np.float32) for i in IDS}
     (tmp_path / "src" / "cocobu_att").mkdir(parents=True)

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from rdpp_cli.artifacts import content_hash
 from rdpp_cli.console import info, progress
 from rdpp_cli.data.backbones import Backbone
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -287,17 +288,6 @@ def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> 
         pool.shutdown(wait=True, cancel_futures=True)  # on the first bad file, skip the rest
 
 
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RdppError(f"--device {device} asked for but no CUDA GPU is available; use --device cpu or auto")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise RdppError(f"--device {device} is not a device; use auto, cpu or cuda") from None
-
-
 def extract_features(writer: FeatureWriter, paths: Sequence[Path], backbone: Backbone, *,
                      device: str = "auto", workers: int = 0) -> float | None:
     """Run ``backbone`` over ``paths[writer.done:]`` in batches of ``writer.block`` and write each
@@ -326,7 +316,7 @@ def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int,
     """``(fc (B, D), att (B, G*G, D))`` float32 numpy arrays for ``paths`` in batches of ``batch_size``,
     read by ``read_image`` in ``workers`` processes; a file that cannot be decoded stops it with
     one line naming the file. The one extraction loop of ``prepro coco`` and ``rdpp caption``."""
-    dev = pick_device(device)
+    dev = resolve_device(device)
     module = backbone.module.to(dev).eval()
     chunk = backbone.cpu_chunk if dev.type == "cpu" else None
     if chunk:

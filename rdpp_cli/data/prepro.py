@@ -23,9 +23,10 @@ from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
 from rdpp_cli.data.dataset_paths import find_images_root, find_karpathy_json
-from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, default_workers, extract_features, pick_device
+from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, default_workers, extract_features
 from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
+from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
@@ -75,12 +76,11 @@ def plan_prepro(
     ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images; ``workers=None``:
     ``features.default_workers()`` for the device."""
     threshold = parse_threshold(word_count_threshold)
-    workers = default_workers(pick_device(device).type) if workers is None else workers
     if max_length < 1:
         raise RdppError(f"--max-length {max_length} must be at least 1")
     if batch_size < 1:
         raise RdppError(f"--batch-size {batch_size} must be at least 1")
-    if workers < 0:
+    if workers is not None and workers < 0:
         raise RdppError(f"--workers {workers} must be 0 or more")
     if dtype not in DTYPES:
         raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
@@ -91,16 +91,19 @@ def plan_prepro(
         raise RdppError(f"{json_path} has no training images (split train or restval); the vocabulary is built from them")
     if threshold is None:
         threshold = V.auto_threshold(splits["train"])
-    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers, device)
+    # imported features decode no image: no workers, and --device is not used
+    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers or 0, device)
     if features_from is not None:
         plan.features_from = FeatureSource(features_from, [r.image_id for r in records])
         return plan
-    pick_device(device)
+    dev = resolve_device(device)
+    if workers is None:
+        plan.workers = default_workers(dev.type)
     plan.backbone = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights,
                                    pretrained=pretrained)
     plan.images_root = find_images_root(images_root, json_path, records[0].relpath)
     plan.image_paths = [plan.images_root / r.relpath for r in records]
-    check_images(plan.image_paths, plan.images_root, workers=max(1, workers))
+    check_images(plan.image_paths, plan.images_root, workers=max(1, plan.workers))
     return plan
 
 
