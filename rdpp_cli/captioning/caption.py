@@ -41,8 +41,8 @@ from rdpp_cli.artifacts import (
 from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
-from rdpp_cli.data.vocab import unk_id
-from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.data.vocab import decode_ids, unk_id
+from rdpp_cli.decoding.decode import decode
 from rdpp_cli.errors import RdppError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -136,17 +136,11 @@ def caption(
     from rdpp_cli.artifacts.lineage import ref_name, resolve_data_for
     from rdpp_cli.artifacts.workspace import derived_name
     from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
-    from rdpp_cli.decoding.sample import model_checkpoint, run_name
+    from rdpp_cli.decoding.sample import decode_config, model_checkpoint, run_name
     from rdpp_cli.device import resolve_device
     from rdpp_cli.models.checkpoint import load_model
 
-    try:
-        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
-                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                           length_norm=length_norm).check()
-    except ValueError as e:
-        raise RdppError(str(e)) from None
-    checks.finite("--temperature", temperature)
+    cfg = decode_config(method, n, max_len, temperature, top_k, top_p, beam, groups, diversity_lambda, length_norm)
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--workers", workers, 0)
     checks.seed(seed)
@@ -195,7 +189,7 @@ def caption(
             toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
             for b in range(len(take)):
                 k = len(records)
-                caps = [" ".join(vocab[t - 1] for t in toks[b, j] if t > 0) for j in range(cfg.n)]
+                caps = [decode_ids(vocab, toks[b, j]) for j in range(cfg.n)]
                 records.append({"image_id": ids[k], "caption": caps[0], "captions": caps,
                                 "logprobs": [round(float(x), 6) for x in lps[b]], "file": str(files[k])})
 

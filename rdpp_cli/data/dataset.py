@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rdpp_cli.artifacts import Artifact, read_artifact
+from rdpp_cli.data.vocab import decode_ids
 from rdpp_cli.errors import RdppError
 
 SPLITS = ("train", "val", "test")
@@ -77,12 +78,7 @@ class DataArtifact:
 
     def decode(self, ids) -> str:
         """Word ids (stopping at the first 0) → space-joined words."""
-        out = []
-        for i in (ids.tolist() if hasattr(ids, "tolist") else ids):
-            if i == 0:
-                break
-            out.append(self.words[i - 1])
-        return " ".join(out)
+        return decode_ids(self.words, ids)
 
     # -- rows ---------------------------------------------------------------------------------
     def split_indices(self, split: str) -> np.ndarray:

@@ -5,6 +5,7 @@
 - ``encode``: tokens -> ids, unknown words -> UNK, clipped to ``max_length``.
 - ``auto_threshold``: the default word-count threshold, scaled to the training set (docs/data.md).
 - ``unk_id``: the id decoders suppress (evaluation decoding never emits UNK unless asked).
+- ``decode_ids``: ids -> words, up to the first 0.
 
 The training n-gram document frequencies (``cider_df.h5``) come from ``rdpp_cli.metrics.cider.DocFreq``
 over these encoded references (see ``prepro.write_data_artifact``).
@@ -45,6 +46,16 @@ def build_vocab(train_captions: Iterable[Sequence[str]], threshold: int = 5) -> 
     counts = Counter(t for cap in train_captions for t in cap)
     words = sorted((w for w, c in counts.items() if c > threshold and w != UNK), key=lambda w: (-counts[w], w))
     return words + [UNK]
+
+
+def decode_ids(words: Sequence[str], ids) -> str:
+    """Word ids (stopping at the first 0) -> the space-joined words (``words[i - 1]`` for id i)."""
+    out = []
+    for i in (ids.tolist() if hasattr(ids, "tolist") else ids):
+        if i == 0:
+            break
+        out.append(words[i - 1])
+    return " ".join(out)
 
 
 def word_to_id(words: Sequence[str]) -> dict[str, int]:

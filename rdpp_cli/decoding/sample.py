@@ -42,6 +42,24 @@ def model_checkpoint(model_art: Artifact) -> Path:
     raise RdppError(f"model artifact {model_art.path} has no checkpoints/best.pt or last.pt; retrain it")
 
 
+def decode_config(method: str, n: int, max_len: int | None, temperature: float, top_k: int | None,
+                  top_p: float | None, beam: int | None, groups: int | None, diversity_lambda: float,
+                  length_norm: float) -> DecodeConfig:
+    """The checked ``DecodeConfig`` of a command's decoding options (``rdpp sample``, ``rdpp caption``),
+    the method's defaults filled in; RdppError (one line) for a bad value. ``max_len`` None: 16 until
+    the caller sets the model's or the data's caption length."""
+    from rdpp_cli import checks
+
+    try:
+        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
+                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
+                           length_norm=length_norm).check()
+    except ValueError as e:
+        raise RdppError(str(e)) from None
+    checks.finite("--temperature", temperature)
+    return cfg
+
+
 def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None = None) -> str:
     """The decoding part of a samples artifact's name (``random-n20``); the whole stem is
     ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it.
@@ -94,16 +112,13 @@ def sample(
 
     try:
         sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
-        cfg = DecodeConfig(method=method, n=sel.candidates if sel else n, max_len=16 if max_len is None else max_len,
-                           temperature=temperature,
-                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                           length_norm=length_norm).check()
     except ValueError as e:
         raise RdppError(str(e)) from None
+    cfg = decode_config(method, sel.candidates if sel else n, max_len, temperature, top_k, top_p, beam, groups,
+                        diversity_lambda, length_norm)
     checks.at_least("--batch-size", batch_size, 1)
     checks.at_least("--max-images", max_images, 1)
     checks.seed(seed)
-    checks.finite("--temperature", temperature)
     if keep_candidates and sel is None:
         raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
     dev = resolve_device(device)
