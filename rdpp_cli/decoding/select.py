@@ -154,8 +154,7 @@ def train_scorer(data, max_len: int):
     Refuses, in one line, a data artifact whose df does not count the EOS."""
     from rdpp_cli.metrics.train_cider import TrainCider
 
-    reward = TrainCider.for_data(data, max_len)
-    return TrainCider(reward.df, reward.eos, max_len, ref_len=max_len)
+    return TrainCider.for_data(data, max_len, ref_len=max_len)
 
 
 def _cider_terms(tokens: np.ndarray, scorer, consensus: bool = True) -> tuple[np.ndarray | None, np.ndarray]:

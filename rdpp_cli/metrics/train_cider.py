@@ -71,9 +71,10 @@ class TrainCider:
         self.cider = CiderD(df)
 
     @classmethod
-    def for_data(cls, data, max_len: int | None = None) -> "TrainCider":
+    def for_data(cls, data, max_len: int | None = None, ref_len: int | None = None) -> "TrainCider":
         """The reward of a data artifact (a ``DataArtifact``); refuses one made before the EOS was
-        counted (schema 1) with one line that says how to remake it."""
+        counted (schema 1) with one line that says how to remake it. ``max_len`` and ``ref_len``
+        default to the data's caption length (``captions.h5`` label width)."""
         schema = data.artifact.manifest.get("schema", 1)
         if schema < 2:
             raise RdppError(
@@ -81,7 +82,7 @@ class TrainCider:
                 "does not count the end token that the training reward scores; remake it with "
                 f"`rdpp prepro toy` or `rdpp prepro coco` ({_remake_hint(data)})")
         df = DocFreq.from_h5(data.cider_df_path)
-        return cls(df, eos_id(data.vocab_size), max_len or data.seq_length, data.seq_length)
+        return cls(df, eos_id(data.vocab_size), max_len or data.seq_length, ref_len or data.seq_length)
 
     # -- EOS ---------------------------------------------------------------------------------
     def captions(self, tokens: Any) -> np.ndarray:
