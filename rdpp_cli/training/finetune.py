@@ -425,6 +425,7 @@ def finetune(
             summary["xe_val_cider"] = ckpt["val_cider"]
         return run_training(stage="finetune", model=net, data=ds, out_dir=out_dir, cfg=cfg, step_fn=step,
                             inputs=[data_art, model_art], manifest_config=config,
-                            epoch_metrics_fn=step.val_metrics, summary=summary, after_step=after_step)
+                            epoch_metrics_fn=step.val_metrics, summary=summary, after_step=after_step,
+                            cider=cider)
     finally:
         D.teardown()

@@ -291,13 +291,15 @@ def run_training(
     epoch_metrics_fn: EpochMetricsFn | None = None,
     summary: dict[str, Any] | None = None,
     after_step: Callable[[int], None] | None = None,
+    cider=None,
 ) -> Artifact:
     """Train ``model`` on ``data``'s train split into ``out_dir`` (claimed by ``claim_output``).
 
     ``manifest_config``: the stage's resolved options (recorded with ``stage`` and
     ``model_config``). ``summary``: extra headline numbers for the manifest and the final table.
     ``after_step(step)``: called after every optimizer step (and its checkpoint, when one is due);
-    tests raise from it to simulate a crash. Returns the finished model artifact (on every rank).
+    tests raise from it to simulate a crash. ``cider``: the validation scorer (``TrainCider`` of
+    ``data``), when the stage has already loaded it. Returns the finished model artifact (on every rank).
     """
     cfg.check()
     rt = D.setup(cfg.device)
@@ -312,8 +314,7 @@ def run_training(
                             pin_memory=rt.device.type == "cuda")
     val_all = validation_images(data, cfg.val_images)
     val_share = np.array_split(val_all, rt.world_size)[rt.rank]
-    cider = None
-    if len(val_all):
+    if len(val_all) and cider is None:
         from rdpp_cli.metrics.train_cider import TrainCider
 
         cider = TrainCider.for_data(data)

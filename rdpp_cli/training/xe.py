@@ -57,14 +57,15 @@ def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
     return np.frombuffer(best, dtype=np.int32).copy()
 
 
-def baseline_cider(data: DataArtifact, images: np.ndarray) -> tuple[float, str]:
+def baseline_cider(data: DataArtifact, images: np.ndarray, cider=None) -> tuple[float, str]:
     """Mean CIDEr-D (training df) over ``images`` of the trivial captioner that answers every image
-    with the most frequent training caption; and that caption."""
+    with the most frequent training caption; and that caption. ``cider``: ``data``'s ``TrainCider``
+    when already loaded."""
     from rdpp_cli.metrics.train_cider import TrainCider
 
     cap = most_frequent_caption(data)
     hyps = np.repeat(cap[None, :], len(images), axis=0)
-    scores = TrainCider.for_data(data).score(hyps, data.references_ids(images))
+    scores = (cider or TrainCider.for_data(data)).score(hyps, data.references_ids(images))
     return float(np.mean(scores)), data.decode(cap)
 
 
@@ -133,10 +134,11 @@ def train_xe(
         ds = DataArtifact(art)
         ds.split_indices("train")
         val_idx = validation_images(ds, val_images)
+        cider = None
         if len(val_idx):  # validation scores with the training reward: refuse an outdated df now
             from rdpp_cli.metrics.train_cider import TrainCider
 
-            TrainCider.for_data(ds)
+            cider = TrainCider.for_data(ds)
         init_ckpt, init_where = _init_checkpoint(init_from, workspace, ds) if init_from else (None, None)
 
         seed_everything(seed)  # the same initial weights on every process
@@ -163,12 +165,13 @@ def train_xe(
                                config=identity, force=force)
         summary: dict[str, Any] = {}
         if len(val_idx):
-            base, cap = D.on_main(lambda: baseline_cider(ds, val_idx))
+            base, cap = D.on_main(lambda: baseline_cider(ds, val_idx, cider))
             summary["baseline_cider"] = base
             if rt.is_main:
                 info(f"trivial baseline: every val image captioned '{cap}' scores CIDEr-D {base:.4f}")
         return run_training(stage="xe", model=model, data=ds, out_dir=out_dir, cfg=cfg, step_fn=xe_loss,
-                            inputs=[art], manifest_config=config, summary=summary, after_step=after_step)
+                            inputs=[art], manifest_config=config, summary=summary, after_step=after_step,
+                            cider=cider)
     finally:
         D.teardown()
 
