@@ -28,7 +28,8 @@ def command(
     oracle: bool = typer.Option(False, "--oracle", help="Also report best-of-n (oracle) scores for every metric."),
     self_cider: bool = typer.Option(False, "--self-cider", help="Self-CIDEr diversity of each image's captions."),
     self_cider_variant: str = typer.Option(
-        "cider-d", "--self-cider-variant", help="cider-d (DESIGN: CIDEr-D kernel, svd) or cider (plain CIDEr, eigvalsh)."),
+        "cider-d", "--self-cider-variant", help="cider-d (CIDEr-D kernel, svd; the authors' definition) or cider "
+        "(plain CIDEr, eigvalsh); see docs/metrics.md#self-cider."),
     diversity: bool = typer.Option(
         False, "--diversity", help="Div-1, Div-2, mBLEU-4, distinct captions, vocabulary, novel captions."),
     plot: bool = typer.Option(False, "--plot", help="Write plot.png: the diversity-accuracy plane (implies --self-cider)."),
