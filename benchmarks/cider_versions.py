@@ -1,7 +1,7 @@
 """The CIDEr-D package against an earlier version of itself: did a change cost speed?
 
-Loads ``rdpp_cli/metrics/cider.py`` as it was at a git revision (default 787cd4c, the last
-single-module version before the split into ``rdpp_cli/metrics/cider/``) next to the current
+Loads ``rdpp_cli/metrics/cider.py`` as it was at a git revision (default 787cd4c, rdpp 0.1.0: the
+last revision where CIDEr-D was one module, not the package ``rdpp_cli/metrics/cider/``) next to the
 package, checks that both give the same numbers on every shape, then times them interleaved, the
 same number of runs each, on the inputs of benchmarks/metrics.py, and prints medians (best beside).
 
