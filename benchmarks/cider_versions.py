@@ -94,9 +94,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"CIDEr-D at {args.rev} (one module) vs now (package): {args.repeat} interleaved runs "
+    table = Table(title=f"CIDEr-D at {args.rev} (one module) vs the package: {args.repeat} interleaved runs "
                   "each, medians (best in brackets); results identical", title_justify="left")
-    for col in ("shape", f"{args.rev} ms", "now ms", "now / before (medians)"):
+    for col in ("shape", f"{args.rev} ms", "package ms", f"package / {args.rev} (medians)"):
         table.add_column(col, justify="left" if col == "shape" else "right")
     for name, o, n in rows:
         table.add_row(name, f"{o.median * 1e3:,.2f} ({o.best * 1e3:,.2f})", f"{n.median * 1e3:,.2f} ({n.best * 1e3:,.2f})",

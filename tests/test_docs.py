@@ -120,6 +120,18 @@ def test_every_relative_link_leads_somewhere(page):
     assert not broken, f"{page}:\n" + "\n".join(broken)
 
 
+def test_every_docs_page_named_in_code_tests_and_help_exists_with_its_anchor():
+    """Code, tests, benchmarks and examples point to definitions as ``docs/<page>.md#<anchor>``."""
+    ref = re.compile(r"\bdocs/([A-Za-z0-9_-]+\.md)(?:#([\w-]+))?")
+    broken = []
+    for p in _text_files():
+        for page, anchor in ref.findall(p.read_text(encoding="utf-8", errors="replace")):
+            dest = ROOT / "docs" / page
+            if not dest.exists() or (anchor and anchor not in anchors(dest)):
+                broken.append(f"{p.relative_to(ROOT)}: docs/{page}" + (f"#{anchor}" if anchor else ""))
+    assert not broken, "\n".join(sorted(set(broken)))
+
+
 def test_the_link_check_finds_a_broken_link_and_a_wrong_anchor(tmp_path):
     page = tmp_path / "a.md"
     page.write_text("# A page\n\n## Two words\n\n[ok](#two-words) [`b`](b.md) [x](#three) ![i](img.png)\n"
