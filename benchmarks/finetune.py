@@ -42,7 +42,7 @@ beside); peak memory; the matmul rate of this device measured in the same run.
     python benchmarks/finetune.py [--ms 2,3,4,5,6,7] [--precision fp32,bf16] [--words 9] [--repeats 3]
                                   [--batch 50] [--threads 2] [--device cpu] [--no-reference] [--sample-modes] [--json]
 
-Targets (issue 6): an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
+Targets: an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
 the greedy baseline) at ≥ 10 images/s and twice the reference's images/s.
 """
 

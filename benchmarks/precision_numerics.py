@@ -1,5 +1,5 @@
 """How far bf16 is from fp32 at the paper's shapes, and how closely the on-policy replay matches
-the sampling pass in each precision (issue 15; docs/training.md "Precision").
+the sampling pass in each precision (docs/training.md "Precision").
 
 On one batch (paper preset, V = 9,487, 196×2048 att; a model whose output layer is scaled up so
 that its log-probs are as peaked as a trained model's, and whose EOS bias gives ~9-word captions):

@@ -1,4 +1,4 @@
-"""NaN, Inf and absurd options (issue 17, item 3): a diverging run stops with one line and never writes
+"""NaN, Inf and absurd options (docs/training.md): a diverging run stops with one line and never writes
 a non-finite checkpoint; absurd options are refused before anything is written; JSON never holds NaN."""
 
 from __future__ import annotations

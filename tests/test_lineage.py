@@ -1,4 +1,4 @@
-"""Lineage by content (issue 17, items 1 and 6): a stage combines only artifacts that belong together
+"""Lineage by content (docs/workspace.md#lineage-inputs-by-content): a stage combines only artifacts that belong together
 (by manifest hash, not image ids or paths), opens recorded inputs only when their manifest hash still
 matches, and `rdpp verify` finds missing or changed files, changed inputs and broken lineage."""
 
@@ -29,7 +29,7 @@ os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# -- helpers the other issue-17 test modules share ------------------------------------------------
+# -- helpers the other workspace and lineage test modules share ---------------------------------
 
 def rdpp(*args):
     return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"})

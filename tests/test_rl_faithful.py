@@ -1,4 +1,4 @@
-"""The RL objective is the published one (issue 16): the end token in the training CIDEr-D and its
+"""The RL objective is the published one (docs/rewards.md): the end token in the training CIDEr-D and its
 document frequencies, the published kernel direction, on-policy samples, no loss on a forced EOS,
 outdated data refused, and the paper preset.
 

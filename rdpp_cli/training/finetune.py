@@ -134,7 +134,7 @@ class RewardStep:
         sampling, with masks drawn in advance from the step's generator; ``loss`` replays the very
         same masks, so the log-probabilities that carry the gradient are those the captions were
         drawn with. ``"eval"``: sampled without dropout and scored with fresh dropout in ``loss``
-        (off-policy; rdpp's behaviour before 0.2, kept as an option).
+        (off-policy, an option for comparison; docs/rewards.md).
         """
         gen = self._generator(batch)
         cfg = DecodeConfig(method="random", n=self.m, max_len=self.max_len)
