@@ -48,8 +48,8 @@ def model_artifact(ws: Path, data, *, group: str = "xe", name: str = "att2in", s
     """A small untrained Att2in as a complete model artifact made from ``data`` (an Artifact)."""
     ds = DataArtifact(data)
     torch.manual_seed(seed)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
                                     input_encoding_size=32, att_hid_size=32))
     cfg = {"stage": "xe" if group == "xe" else "finetune", "seed": seed}
     out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
