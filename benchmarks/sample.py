@@ -80,7 +80,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import interleaved, machine  # noqa: E402
 
-from rdpp_cli.decoding import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset, sequence_logprobs  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, MAX_LEN = 9487, 196, 2048, 16

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from rdpp_cli.decoding import DecodeConfig, decode
+from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.models import Att2in, config_from_preset, save_checkpoint, sequence_logprobs
 
 V = 15
@@ -285,7 +285,7 @@ def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     code = (
         "import json, sys, torch\n"
         "from rdpp_cli.models import load_model\n"
-        "from rdpp_cli.decoding import DecodeConfig, decode\n"
+        "from rdpp_cli.decoding.decode import DecodeConfig, decode\n"
         f"m, vocab, _ = load_model({str(tmp_path / 'best.pt')!r})\n"
         f"att = torch.load({str(tmp_path / 'att.pt')!r})\n"
         "print(json.dumps(decode(m, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"

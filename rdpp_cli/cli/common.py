@@ -185,7 +185,8 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
     from rdpp_cli.options import hints
 
     types = hints(cls)
-    fields = dataclasses.fields(cls)
+    # arguments first (an options class may inherit its options before declaring its argument)
+    fields = sorted(dataclasses.fields(cls), key=lambda f: not f.metadata.get("argument"))
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
     params += [_parameter(f, types[f.name]) for f in fields]
     alias = next((f for f in fields if f.metadata.get("from_alias")), None)

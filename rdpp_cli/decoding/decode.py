@@ -1,6 +1,6 @@
 """Caption decoding over any model with ``encode / expand / init_state / step``.
 
-Methods (``DecodeConfig.method``):
+Methods (``DecodeConfig.method``; the config and its defaults: ``rdpp_cli.decoding.config``):
 
 - ``greedy``   the arg-max word at every step;
 - ``random``   multinomial sampling from softmax(log p / temperature);
@@ -36,74 +36,14 @@ vocabulary; RL sampling leaves it None, as the reference's does.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-METHODS = ("greedy", "beam", "random", "topk", "nucleus", "dbs")
+from rdpp_cli.decoding.config import METHODS, DecodeConfig
 
-# What each method uses for a setting that is not given, as a function of the config, in this
-# order (docs/decoding.md says where each comes from): top-k 10 (Fan et al., 2018, who introduced
-# top-k sampling); nucleus p = 0.9 (Holtzman et al., 2020); beam search: n beams, at least 3
-# (self-critical.pytorch's n captions by beam search; bw 3 for one caption); diverse beam search:
-# one group per caption (self-critical.pytorch's `sample_n_method dbs`) with one beam each
-# (Vijayakumar et al.'s G = B), or as many as n needs when one of the two is given; λ = 0.5 (both).
-DEFAULTS: dict[str, dict] = {
-    "topk": {"top_k": lambda c: 10},
-    "nucleus": {"top_p": lambda c: 0.9},
-    "beam": {"beam": lambda c: max(c.n, 3)},
-    "dbs": {"groups": lambda c: -(-c.n // c.beam) if c.beam else c.n, "beam": lambda c: -(-c.n // max(c.groups, 1))},
-}
-
-
-@dataclass
-class DecodeConfig:
-    method: str = "greedy"  # greedy | beam | random | topk | nucleus | dbs
-    n: int = 1  # captions per image (beam/dbs: the n best of the final beams; n <= beam*groups)
-    max_len: int = 16  # most words per caption
-    temperature: float = 1.0
-    # None = the method's default (DEFAULTS), filled in by check(); unused settings stay None
-    top_k: int | None = None
-    top_p: float | None = None
-    beam: int | None = None  # beams (per group for dbs)
-    groups: int | None = None  # dbs groups
-    diversity_lambda: float = 0.5
-    length_norm: float = 0.0  # beam ranking: score / len**alpha (len counts the EOS)
-    unk_id: int | None = None  # a word id never emitted (UNK suppression); None: every word allowed
-
-    def check(self) -> "DecodeConfig":
-        """Fill the method's defaults for settings left as None (docs/decoding.md); raise ValueError
-        with one clear line when the settings make no sense."""
-        if self.method not in METHODS:
-            raise ValueError(f"unknown decoding method '{self.method}'; use one of {', '.join(METHODS)}")
-        for name, value in DEFAULTS.get(self.method, {}).items():
-            if getattr(self, name) is None:
-                setattr(self, name, value(self))
-        if self.n < 1:
-            raise ValueError(f"--n must be at least 1 (got {self.n})")
-        if self.max_len < 1:
-            raise ValueError(f"--max-len must be at least 1 (got {self.max_len})")
-        if self.method in ("random", "topk", "nucleus") and not self.temperature > 0:
-            raise ValueError(f"--temperature must be > 0 (got {self.temperature}); use --method greedy for 0")
-        if self.method == "topk" and self.top_k < 1:
-            raise ValueError(f"--method topk needs --top-k ≥ 1 (got {self.top_k})")
-        if self.method == "nucleus" and not 0 < self.top_p <= 1:
-            raise ValueError(f"--method nucleus needs 0 < --top-p ≤ 1 (got {self.top_p})")
-        if self.method in ("beam", "dbs"):
-            groups = self.groups if self.method == "dbs" else 1
-            if self.beam < 1 or groups < 1:
-                raise ValueError(f"--beam and --groups must be ≥ 1 (got {self.beam}, {groups})")
-            width = self.beam * groups
-            if self.n > width:
-                raise ValueError(f"--n {self.n} is more than the {width} beams of --method {self.method}; "
-                                 f"raise --beam{' or --groups' if self.method == 'dbs' else ''} or lower --n")
-            if self.length_norm < 0:
-                raise ValueError(f"--length-norm must be ≥ 0 (got {self.length_norm})")
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["METHODS", "DecodeConfig", "Decoded", "decode"]
 
 
 @dataclass

@@ -13,9 +13,10 @@ of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices
 
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +27,20 @@ from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.vocab import unk_id
-from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.decoding.config import DecodeConfig
+from rdpp_cli.decoding.decode import Decoded, decode
+from rdpp_cli.decoding.options import SampleOptions
 from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
-from rdpp_cli.precision import DEFAULT_PRECISION, autocast, resolve_precision
+from rdpp_cli.options import takes
+from rdpp_cli.precision import autocast, resolve_precision
 
+
+# ----------------------------------------------------------------------------------------------
+# what `rdpp sample` and `rdpp caption` share: the model, the output folder, the names
+# ----------------------------------------------------------------------------------------------
 
 def model_checkpoint(model_art: Artifact) -> Path:
     """``checkpoints/best.pt`` of a model artifact, else ``last.pt``."""
@@ -42,65 +50,65 @@ def model_checkpoint(model_art: Artifact) -> Path:
     raise RdppError(f"model artifact {model_art.path} has no checkpoints/best.pt or last.pt; retrain it")
 
 
-def decode_config(method: str, n: int, max_len: int | None, temperature: float, top_k: int | None,
-                  top_p: float | None, beam: int | None, groups: int | None, diversity_lambda: float,
-                  length_norm: float) -> DecodeConfig:
-    """The checked ``DecodeConfig`` of a command's decoding options (``rdpp sample``, ``rdpp caption``),
-    the method's defaults filled in; RdppError (one line) for a bad value. ``max_len`` None: 16 until
-    the caller sets the model's or the data's caption length."""
-    from rdpp_cli import checks
+@dataclass
+class Decoder:
+    """A model artifact loaded to decode: the artifact, the data artifact it was trained on, the
+    network with its vocabulary and checkpoint, and the device it runs on."""
 
-    try:
-        cfg = DecodeConfig(method=method, n=n, max_len=16 if max_len is None else max_len, temperature=temperature,
-                           top_k=top_k, top_p=top_p, beam=beam, groups=groups, diversity_lambda=diversity_lambda,
-                           length_norm=length_norm).check()
-    except ValueError as e:
-        raise RdppError(str(e)) from None
-    checks.finite("--temperature", temperature)
-    return cfg
+    model: Artifact
+    data: Artifact
+    net: Any
+    vocab: list[str]
+    checkpoint: dict
+    device: torch.device
 
 
-def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None = None) -> str:
-    """The decoding part of a samples artifact's name (``random-n20``); the whole stem is
-    ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``), so the name says which model made it.
-    With a selection of n of the cfg.n candidates: ``random-c50.dpp-consensus-n5``."""
+def load_decoder(model: str | Path | None, data: str | Path | None, workspace, device: str) -> Decoder:
+    """The model artifact ``model`` (default: the newest fine-tuned, else XE model) and its data
+    artifact (``data``, which must be the one it was trained on; default: that one), loaded on ``device``."""
+    dev = resolve_device(device)
+    model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
+                              what="model", make_with="rdpp train-xe")
+    data_art = resolve_data_for(model_art, data, workspace)
+    net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
+    return Decoder(model_art, data_art, net, vocab, ckpt, dev)
+
+
+def claim_output(opts, dec: Decoder, *, group: str, kind: str, name: str, settings: dict) -> tuple[Path, dict]:
+    """Claim the folder of a run of ``settings`` with this model (``prepare_output``: a new version of
+    ``<model name>.<name>`` under ``<workspace>/<group>``, or ``opts.out``); returns it and the
+    manifest's config (the model and data by name; the run's identity names them by manifest hash)."""
+    config = {"model": ref_name(dec.model), "data": ref_name(dec.data), **settings}
+    identity = {"model_sha256": dec.model.manifest_sha256, "data_sha256": dec.data.manifest_sha256, **settings}
+    path = prepare_output(opts.out, workspace=opts.workspace, group=group, name=derived_name(dec.model.name, name),
+                          kind=kind, config=identity, force=opts.force)
+    return path, config
+
+
+def run_name(cfg: DecodeConfig, n: int, sel: SelectConfig | None = None) -> str:
+    """The decoding part of an artifact's name (``random-n20``): the method, its settings and the
+    ``n`` captions per image; the whole stem is ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``),
+    so the name says which model made it. With a selection of n of the candidates:
+    ``random-c50.dpp-consensus-n5``."""
     extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
              "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
     if sel is not None:
         how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
-        return f"{cfg.method}{extra}-c{cfg.n}.{how}-n{n}"
-    return f"{cfg.method}{extra}-n{cfg.n}"
+        return f"{cfg.method}{extra}-c{sel.candidates}.{how}-n{n}"
+    return f"{cfg.method}{extra}-n{n}"
 
 
-def sample(
-    model: str | Path | None = None,
-    *,
-    data: str | Path | None = None,
-    split: str = "test",
-    n: int = 20,
-    method: str = "random",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    beam: int | None = None,
-    groups: int | None = None,
-    diversity_lambda: float = 0.5,
-    length_norm: float = 0.0,
-    max_len: int | None = None,
-    allow_unk: bool = False,
-    batch_size: int = 50,
-    max_images: int | None = None,
-    seed: int = 0,
-    select: str | None = None,
-    candidates: int = 50,
-    quality: str | None = None,
-    keep_candidates: bool = False,
-    device: str = "auto",
-    precision: str = DEFAULT_PRECISION,
-    out: Path | str | None = None,
-    force: bool = False,
-    workspace: Path | str | None = None,
-) -> Artifact:
+def decoding_summary(cfg: DecodeConfig, count: str) -> str:
+    """The summary table's "decoding" row: the method, ``count`` ("n=5") and the beam width."""
+    return f"{cfg.method}, {count}" + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# the stage
+# ----------------------------------------------------------------------------------------------
+
+@takes(SampleOptions)
+def sample(opts: SampleOptions) -> Artifact:
     """Decode ``n`` captions per image of ``split`` (with ``select``: ``candidates`` per image, of
     which ``n`` are kept); returns the samples artifact
     ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``).
@@ -108,85 +116,86 @@ def sample(
     ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
     autocast; log-probabilities are float32 either way. The one used is in the manifest.
     """
-    from rdpp_cli import checks
-
-    try:
-        sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
-    except ValueError as e:
-        raise RdppError(str(e)) from None
-    cfg = decode_config(method, sel.candidates if sel else n, max_len, temperature, top_k, top_p, beam, groups,
-                        diversity_lambda, length_norm)
-    checks.at_least("--batch-size", batch_size, 1)
-    checks.at_least("--max-images", max_images, 1)
-    checks.seed(seed)
-    if keep_candidates and sel is None:
-        raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
-    dev = resolve_device(device)
-    prec = resolve_precision(precision, dev)
-    model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
-                              what="model", make_with="rdpp train-xe")
-    data_art = resolve_data_for(model_art, data, workspace)
-    ds = DataArtifact(data_art)
-    net, vocab, ckpt = load_model(model_checkpoint(model_art), dev)
-    check_fits_data(ckpt, ds, f"model {model_art.path}", "sample with the data the model was trained on")
-    if max_len is None:
-        cfg.max_len = ds.seq_length
-    cfg.unk_id = None if allow_unk else unk_id(vocab)  # evaluation decoding never says UNK unless asked
-    images = ds.split_indices(split)
-    if max_images is not None:
-        images = images[:max_images]
-
-    chooser = Chooser(sel, n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
-    settings = {"split": split, **cfg.to_dict(), "n": n, "select": select, "candidates": cfg.n if sel else None,
-                "quality": sel.quality if sel else None, "keep_candidates": keep_candidates if sel else None,
-                "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
-                "precision": prec}
-    config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
-    identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
-    out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg, sel, n)),
-                             kind="rdpp.samples", config=identity, force=force)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    records: list[dict] = []
+    sel = opts.selection()
+    dec = load_decoder(opts.model, opts.data, opts.workspace, opts.device)
+    prec = resolve_precision(opts.precision, dec.device)
+    ds = DataArtifact(dec.data)
+    check_fits_data(dec.checkpoint, ds, f"model {dec.model.path}", "sample with the data the model was trained on")
+    # evaluation decoding never says UNK unless asked
+    cfg = opts.decode_config(opts.decoded_per_image, max_len=ds.seq_length, unk_id=unk_id(dec.vocab))
+    images = ds.split_indices(opts.split)[:opts.max_images]
+    chooser = Chooser(sel, opts.n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
+    out_dir, config = claim_output(opts, dec, group="samples", kind="rdpp.samples", name=run_name(cfg, opts.n, sel),
+                                   settings=_settings(opts, cfg, sel, dec.device, prec))
     t0 = time.perf_counter()
-    with progress("captions") as bar:
-        task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
-        for start in range(0, len(images), batch_size):
-            idx = images[start:start + batch_size]
-            _, att, mask = ds.features(idx, dev)
-            with autocast(prec, dev):
-                out_ = decode(net, att, cfg, att_mask=mask, generator=gen)
-            toks = out_.tokens.cpu().numpy()
-            lps = out_.seq_logprob.cpu().numpy()
-            chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))
-            for b, i in enumerate(idx):
-                rec = {"image_id": int(ds.image_ids[i]),
-                       "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
-                       "logprobs": [round(float(lps[b, j]), 6) for j in chosen[b]]}
-                if chooser and keep_candidates:
-                    rec.update(candidates=[ds.decode(t) for t in toks[b]],
-                               candidate_logprobs=[round(float(x), 6) for x in lps[b]],
-                               chosen=[int(j) for j in chosen[b]])
-                records.append(rec)
-            bar.advance(task, len(idx) * cfg.n)
+    records = _decode_images(opts, dec, ds, cfg, images, prec, chooser)
     elapsed = time.perf_counter() - t0
     atomic_write_json(out_dir / "samples.json", records, indent=1)
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
-    summary = {"images": len(records), "n": n, "method": cfg.method, "distinct": distinct}
+    summary = {"images": len(records), "n": opts.n, "method": cfg.method, "distinct": distinct}
     if sel:
-        summary.update(select=sel.method, candidates=cfg.n, quality=sel.quality)
-    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[model_art, data_art], summary=summary)
+        summary.update(select=sel.method, candidates=opts.candidates, quality=sel.quality)
+    art = write_manifest(out_dir, "rdpp.samples", config, inputs=[dec.model, dec.data], summary=summary)
     finish(out_dir)
+    _print_summary(opts, dec, cfg, sel, chooser, records, elapsed, distinct, out_dir)
+    return art
 
+
+def _settings(opts: SampleOptions, cfg: DecodeConfig, sel: SelectConfig | None, dev, prec: str) -> dict:
+    """The manifest's settings: the options, with what the run resolved (the decoder's settings with
+    the method's defaults, the selection's quality, the device and precision used)."""
+    decoder = {k: v for k, v in cfg.to_dict().items() if k != "n"}  # the decoder's n: the candidates with --select
+    return {**opts.recorded(), **decoder, "candidates": opts.candidates if sel else None,
+            "quality": sel.quality if sel else None, "keep_candidates": opts.keep_candidates if sel else None,
+            "device": str(dev), "precision": prec}
+
+
+def _decode_images(opts: SampleOptions, dec: Decoder, ds: DataArtifact, cfg: DecodeConfig, images, prec: str,
+                   chooser: Chooser | None) -> list[dict]:
+    """The records of ``images``, decoded in batches of ``opts.batch_size`` with one seeded generator."""
+    gen = torch.Generator(device=dec.device).manual_seed(opts.seed)
+    records: list[dict] = []
+    with progress("captions") as bar:
+        task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
+        for start in range(0, len(images), opts.batch_size):
+            idx = images[start:start + opts.batch_size]
+            _, att, mask = ds.features(idx, dec.device)
+            with autocast(prec, dec.device):
+                out = decode(dec.net, att, cfg, att_mask=mask, generator=gen)
+            records += _records(ds, idx, out, opts, chooser)
+            bar.advance(task, len(idx) * cfg.n)
+    return records
+
+
+def _records(ds: DataArtifact, idx, out: Decoded, opts: SampleOptions, chooser: Chooser | None) -> list[dict]:
+    """One ``samples.json`` record per image of the batch: its n captions (the chosen ones with a
+    selection, and every candidate with ``keep_candidates``) and their log-probabilities."""
+    toks = out.tokens.cpu().numpy()
+    lps = out.seq_logprob.cpu().numpy()
+    chosen = chooser(out) if chooser else np.broadcast_to(np.arange(opts.n), (len(idx), opts.n))
+    records = []
+    for b, i in enumerate(idx):
+        rec = {"image_id": int(ds.image_ids[i]),
+               "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
+               "logprobs": [round(float(lps[b, j]), 6) for j in chosen[b]]}
+        if chooser and opts.keep_candidates:
+            rec.update(candidates=[ds.decode(t) for t in toks[b]],
+                       candidate_logprobs=[round(float(x), 6) for x in lps[b]],
+                       chosen=[int(j) for j in chosen[b]])
+        records.append(rec)
+    return records
+
+
+def _print_summary(opts: SampleOptions, dec: Decoder, cfg: DecodeConfig, sel: SelectConfig | None,
+                   chooser: Chooser | None, records: list[dict], elapsed: float, distinct: float, out_dir: Path) -> None:
     console.print(summary_table("rdpp sample", {
         "artifact": out_dir,
-        "model": model_art.path,
-        "decoding": f"{cfg.method}, {'candidates' if sel else 'n'}={cfg.n}"
-                    + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
-        **({"selection": f"{n} of {cfg.n} per image by {sel.method} ({sel.quality} quality), "
+        "model": dec.model.path,
+        "decoding": decoding_summary(cfg, f"candidates={opts.candidates}" if sel else f"n={opts.n}"),
+        **({"selection": f"{opts.n} of {opts.candidates} per image by {sel.method} ({sel.quality} quality), "
                          f"{chooser.seconds:.1f} s"} if sel else {}),
-        "images": f"{len(records)} ({split} split)",
+        "images": f"{len(records)} ({opts.split} split)",
         "captions/s": f"{len(records) * cfg.n / max(elapsed, 1e-9):,.0f}",
-        "distinct per image": f"{distinct:.2f} of {n}",
+        "distinct per image": f"{distinct:.2f} of {opts.n}",
         **{f"e.g. {r['image_id']}": " | ".join(r["captions"][:3]) for r in records[:3]},
     }))
-    return art
