@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rdpp_cli.artifacts import read_artifact
-from rdpp_cli.cli.ls import ls
+from rdpp_cli.artifacts.listing import ls
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_lineage import error_line, model_artifact, rdpp  # noqa: E402

@@ -23,27 +23,24 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rdpp_cli.artifacts import (
-    Artifact,
-    atomic_write_bytes,
-    atomic_write_json,
-    finish,
-    prepare_output,
-    resolve_input,
-    write_manifest,
-)
+from rdpp_cli.artifacts import Artifact, atomic_write_bytes, atomic_write_json, finish, write_manifest
+from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
+from rdpp_cli.captioning.options import CaptionOptions
 from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
 from rdpp_cli.data.vocab import decode_ids, unk_id
+from rdpp_cli.decoding.config import DecodeConfig
 from rdpp_cli.decoding.decode import decode
+from rdpp_cli.decoding.sample import Decoder, claim_output, decoding_summary, load_decoder, run_name
 from rdpp_cli.errors import RdppError
+from rdpp_cli.options import takes
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 DECODE_BATCH = 50  # images per decoding batch, as `rdpp sample`'s default --batch-size
@@ -105,114 +102,32 @@ def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, 
     return bb, cfg.get("dtype", "float16")
 
 
-def caption(
-    paths: Sequence[str | Path],
-    *,
-    model: str | Path | None = None,
-    method: str = "beam",
-    n: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    beam: int | None = None,
-    groups: int | None = None,
-    diversity_lambda: float = 0.5,
-    length_norm: float = 0.0,
-    max_len: int | None = None,
-    allow_unk: bool = False,
-    weights: Path | None = None,
-    batch_size: int | None = None,
-    workers: int | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    out: Path | str | None = None,
-    force: bool = False,
-    workspace: Path | str | None = None,
-) -> Artifact:
-    """Caption the image files (or folders) ``paths`` with a model artifact (default: the newest
+@takes(CaptionOptions)
+def caption(opts: CaptionOptions) -> Artifact:
+    """Caption the image files (or folders) ``opts.paths`` with a model artifact (default: the newest
     fine-tuned, else XE model); returns the captions artifact. Decoding settings left as None take
-    the method's defaults (``decoding.decode.DEFAULTS``: beam search of width max(n, 3), ...)."""
-    from rdpp_cli import checks
-    from rdpp_cli.artifacts.lineage import ref_name, resolve_data_for
-    from rdpp_cli.artifacts.workspace import derived_name
-    from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
-    from rdpp_cli.decoding.sample import decode_config, model_checkpoint, run_name
-    from rdpp_cli.device import resolve_device
-    from rdpp_cli.models.checkpoint import load_model
-
-    cfg = decode_config(method, n, max_len, temperature, top_k, top_p, beam, groups, diversity_lambda, length_norm)
-    checks.at_least("--batch-size", batch_size, 1)
-    checks.at_least("--workers", workers, 0)
-    checks.seed(seed)
-    files = find_images(paths)
-    for f in files:  # every photo readable before anything is written
-        problem = image_problem(f, what="leave it out or replace it")
-        if problem:
-            raise RdppError(problem)
-    dev = resolve_device(device)
-    model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
-                              what="model", make_with="rdpp train-xe")
-    data_art = resolve_data_for(model_art, None, workspace)
-    bb, dtype = backbone_of(data_art, weights)
-    net, vocab, _ = load_model(model_checkpoint(model_art), dev)
-    if net.config.att_feat_size != bb.dim:
-        raise RdppError(f"model {model_art.path} expects {net.config.att_feat_size}-d features but {bb.name} gives "
-                        f"{bb.dim}-d ones; the model was not trained on data artifact {data_art.path}")
-    if max_len is None:
-        cfg.max_len = net.config.seq_length
-    cfg.unk_id = None if allow_unk else unk_id(vocab)
-    batch_size = batch_size or int(data_art.config.get("batch_size") or 32)
-    workers = default_workers(dev.type) if workers is None else workers
-    ids = image_ids(files)
-
-    settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": seed, "weights": str(bb.weights),
-                "device": str(dev)}
-    config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
-    identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
-    out_dir = prepare_output(out, workspace=workspace, group="captions", name=derived_name(model_art.name, run_name(cfg)),
-                             kind="rdpp.captions", config=identity, force=force)
-    info(f"captioning {len(files)} photo(s) with {model_art.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
-         f"images, {bb.att_size}×{bb.att_size} grid, as {data_art.path}")
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    records: list[dict] = []
-    store = DTYPES[dtype]
+    the method's defaults (``decoding.config.DEFAULTS``: beam search of width max(n, 3), ...)."""
+    files = readable_images(opts.paths)
+    dec = load_decoder(opts.model, None, opts.workspace, opts.device)
+    bb, dtype = backbone_of(dec.data, opts.weights)
+    if dec.net.config.att_feat_size != bb.dim:
+        raise RdppError(f"model {dec.model.path} expects {dec.net.config.att_feat_size}-d features but {bb.name} "
+                        f"gives {bb.dim}-d ones; the model was not trained on data artifact {dec.data.path}")
+    cfg = opts.decode_config(opts.n, max_len=dec.net.config.seq_length, unk_id=unk_id(dec.vocab))
+    settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": opts.seed, "weights": str(bb.weights),
+                "device": str(dec.device)}
+    out_dir, config = claim_output(opts, dec, group="captions", kind="rdpp.captions", name=run_name(cfg, opts.n),
+                                   settings=settings)
+    info(f"captioning {len(files)} photo(s) with {dec.model.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
+         f"images, {bb.att_size}×{bb.att_size} grid, as {dec.data.path}")
     t0 = time.perf_counter()
-    pending: list[np.ndarray] = []
-
-    def flush(final: bool) -> None:
-        while pending and (final or sum(len(a) for a in pending) >= DECODE_BATCH):
-            att = np.concatenate(pending)
-            take, rest = att[:DECODE_BATCH], att[DECODE_BATCH:]
-            pending[:] = [rest] if len(rest) else []
-            a = torch.from_numpy(take).to(dev)
-            d = decode(net, a, cfg, generator=gen)
-            toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
-            for b in range(len(take)):
-                k = len(records)
-                caps = [decode_ids(vocab, toks[b, j]) for j in range(cfg.n)]
-                records.append({"image_id": ids[k], "caption": caps[0], "captions": caps,
-                                "logprobs": [round(float(x), 6) for x in lps[b]], "file": str(files[k])})
-
-    for _, att in iter_features(files, bb, batch_size=batch_size, device=str(dev), workers=workers):
-        # the precision the data artifact stored its features in, as the model saw them in training
-        pending.append(att.astype(store).astype(np.float32))
-        flush(final=False)
-    flush(final=True)
+    records = _caption_photos(opts, dec, bb, DTYPES[dtype], cfg, files)
     elapsed = time.perf_counter() - t0
-
-    atomic_write_json(out_dir / "results.json", records, indent=1)
-    entries = [SheetEntry(Path(r["file"]), r["image_id"], r["captions"], r["logprobs"]) for r in records]
-    sheet = render_html(entries, title=f"{model_art.name}: {run_name(cfg)}",
-                        subtitle=f"{len(records)} photos · model {model_art.path} · features {bb.name} "
-                                 f"{bb.image_size}px {bb.att_size}×{bb.att_size} as {data_art.path}")
-    atomic_write_bytes(out_dir / "contact_sheet.html", sheet.encode("utf-8"))
-    art = write_manifest(out_dir, "rdpp.captions", config, inputs=[model_art, data_art],
-                         summary={"photos": len(records), "n": cfg.n, "method": cfg.method})
-    finish(out_dir)
+    art = _write(out_dir, dec, bb, cfg, records, config)
     console.print(summary_table("rdpp caption", {
         "artifact": out_dir,
-        "model": model_art.path,
-        "decoding": f"{cfg.method}, n={cfg.n}" + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
+        "model": dec.model.path,
+        "decoding": decoding_summary(cfg, f"n={cfg.n}"),
         "photos": f"{len(records)} ({len(records) / max(elapsed, 1e-9):.1f} photos/s)",
         "results": out_dir / "results.json",
         "contact sheet": out_dir / "contact_sheet.html",
@@ -220,3 +135,64 @@ def caption(
     }))
     return art
 
+
+def readable_images(paths: Sequence[str | Path]) -> list[Path]:
+    """The image files of ``paths`` (``find_images``), every one readable, before anything is written."""
+    files = find_images(paths)
+    for f in files:
+        problem = image_problem(f, what="leave it out or replace it")
+        if problem:
+            raise RdppError(problem)
+    return files
+
+
+def regroup(batches: Iterable[np.ndarray], size: int) -> Iterator[np.ndarray]:
+    """The rows of ``batches`` in the same order, in batches of ``size`` (the last one smaller)."""
+    pending: list[np.ndarray] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += len(batch)
+        while held >= size:
+            rows = np.concatenate(pending)
+            pending, held = [rows[size:]], held - size
+            yield rows[:size]
+    if held:
+        yield np.concatenate(pending)
+
+
+def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg: DecodeConfig,
+                    files: list[Path]) -> list[dict]:
+    """One ``results.json`` record per photo: features extracted as the data artifact extracted them
+    (stored in its precision, as the model saw them in training), decoded in batches of
+    ``DECODE_BATCH`` photos with one seeded generator, as `rdpp sample` decodes a split."""
+    ids = image_ids(files)
+    gen = torch.Generator(device=dec.device).manual_seed(opts.seed)
+    batch_size = opts.batch_size or int(dec.data.config.get("batch_size") or 32)
+    workers = default_workers(dec.device.type) if opts.workers is None else opts.workers
+    features = (att.astype(store).astype(np.float32)
+                for _, att in iter_features(files, bb, batch_size=batch_size, device=str(dec.device), workers=workers))
+    records: list[dict] = []
+    for att in regroup(features, DECODE_BATCH):
+        d = decode(dec.net, torch.from_numpy(att).to(dec.device), cfg, generator=gen)
+        toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
+        for b in range(len(att)):
+            k = len(records)
+            caps = [decode_ids(dec.vocab, toks[b, j]) for j in range(cfg.n)]
+            records.append({"image_id": ids[k], "caption": caps[0], "captions": caps,
+                            "logprobs": [round(float(x), 6) for x in lps[b]], "file": str(files[k])})
+    return records
+
+
+def _write(out_dir: Path, dec: Decoder, bb: Backbone, cfg: DecodeConfig, records: list[dict], config: dict) -> Artifact:
+    """``results.json``, ``contact_sheet.html`` and the manifest."""
+    atomic_write_json(out_dir / "results.json", records, indent=1)
+    entries = [SheetEntry(Path(r["file"]), r["image_id"], r["captions"], r["logprobs"]) for r in records]
+    sheet = render_html(entries, title=f"{dec.model.name}: {run_name(cfg, cfg.n)}",
+                        subtitle=f"{len(records)} photos · model {dec.model.path} · features {bb.name} "
+                                 f"{bb.image_size}px {bb.att_size}×{bb.att_size} as {dec.data.path}")
+    atomic_write_bytes(out_dir / "contact_sheet.html", sheet.encode("utf-8"))
+    art = write_manifest(out_dir, "rdpp.captions", config, inputs=[dec.model, dec.data],
+                         summary={"photos": len(records), "n": cfg.n, "method": cfg.method})
+    finish(out_dir)
+    return art

@@ -15,12 +15,6 @@ from rdpp_cli.options import seed as seed_check
 SELECT_CLI = {"rich_help_panel": "Selection (--select)"}
 
 
-def model_argument() -> object:
-    """The model artifact a stage decodes with (`rdpp sample MODEL`, `rdpp caption --from MODEL`)."""
-    return argument("Model artifact (path or name); default: the newest fine-tuned, else XE model.",
-                    from_alias=True)
-
-
 @dataclass
 class SampleOptions(DecodingOptions):
     """`rdpp sample`: ``n`` captions per image of a split; with ``select``, ``candidates`` captions
@@ -28,7 +22,8 @@ class SampleOptions(DecodingOptions):
 
     section = "sample"
 
-    model: str | None = model_argument()
+    model: str | None = argument("Model artifact (path or name); default: the newest fine-tuned, else XE model.",
+                                 from_alias=True)
     method: str = method_option("random")
     data: str | None = option(None, "Data artifact; default: the one the model was trained on.", identity=False,
                               record=False)

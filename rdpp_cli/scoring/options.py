@@ -55,3 +55,20 @@ class ScoreOptions(Options):
     def validate(self) -> None:
         if self.refs is not None and self.data is not None:
             raise RdppError("give references either with --refs (a COCO annotation file) or --data, not both")
+
+
+@dataclass
+class PlotOptions(Options):
+    """`rdpp plot`: scores artifacts on the diversity-accuracy plane."""
+
+    section = "plot"
+
+    scores: list[str] | None = argument(
+        "Scores artifacts (folders or workspace names; default: every one in the workspace).")
+    out: Path | None = option(None, "PNG to write (default: <workspace>/plots/diversity-accuracy.png).",
+                              identity=False, record=False, cli={"dir_okay": False})
+    labels: str | None = option(None, "Comma-separated point labels, one per artifact.")
+    workspace: Path | None = workspace_option()
+
+    def label_list(self) -> list[str] | None:
+        return [x.strip() for x in self.labels.split(",")] if self.labels else None

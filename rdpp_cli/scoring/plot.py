@@ -11,6 +11,8 @@ from rdpp_cli.artifacts import read_artifact, resolve_input
 from rdpp_cli.artifacts.workspace import list_artifacts
 from rdpp_cli.console import console, note, summary_table
 from rdpp_cli.errors import RdppError
+from rdpp_cli.options import takes
+from rdpp_cli.scoring.options import PlotOptions
 
 Point = tuple[str, float | None, float | None]
 
@@ -82,21 +84,20 @@ def plot_scores(scores_dirs: list[Path], out_png: Path, labels: list[str] | None
     return plot_points(points, human, out_png)
 
 
-def plot(scores: list[str] | None = None, *, out: Path | None = None, labels: str | None = None,
-         workspace: Path | None = None) -> Path:
+@takes(PlotOptions)
+def plot(opts: PlotOptions) -> Path:
     """`rdpp plot`: the given scores artifacts (paths or workspace names; default: all of them)."""
     from rdpp_cli.artifacts import workspace_dir
 
-    if scores:
-        dirs = [resolve_input(s, workspace=workspace, groups=("scores",), kind="rdpp.scores",
-                              what="scores artifact", make_with="rdpp score --self-cider").path for s in scores]
+    if opts.scores:
+        dirs = [resolve_input(s, workspace=opts.workspace, groups=("scores",), kind="rdpp.scores",
+                              what="scores artifact", make_with="rdpp score --self-cider").path for s in opts.scores]
     else:
-        dirs = [a.path for a in list_artifacts(workspace, ("scores",))]
+        dirs = [a.path for a in list_artifacts(opts.workspace, ("scores",))]
         if not dirs:
-            raise RdppError(f"no scores artifacts in {workspace_dir(workspace)}; make one with "
+            raise RdppError(f"no scores artifacts in {workspace_dir(opts.workspace)}; make one with "
                             "`rdpp score --self-cider`")
-    label_list = [x.strip() for x in labels.split(",")] if labels else None
-    out = Path(out) if out is not None else workspace_dir(workspace) / "plots" / "diversity-accuracy.png"
-    path = plot_scores(dirs, out, label_list)
+    out = Path(opts.out) if opts.out is not None else workspace_dir(opts.workspace) / "plots" / "diversity-accuracy.png"
+    path = plot_scores(dirs, out, opts.label_list())
     console.print(summary_table("rdpp plot", [("plot", path), ("points", len(dirs))]))
     return path

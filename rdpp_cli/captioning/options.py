@@ -1,0 +1,42 @@
+"""The options of `rdpp caption`, declared once (rdpp_cli.options); the decoding ones are
+``DecodingOptions``'s (rdpp_cli.decoding.config), shared with `rdpp sample`. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rdpp_cli.decoding.config import DecodingOptions, method_option
+from rdpp_cli.errors import RdppError
+from rdpp_cli.options import (argument, at_least, device_option, force_option, option, out_option,
+                              workspace_option)
+from rdpp_cli.options import seed as seed_check
+
+
+@dataclass
+class CaptionOptions(DecodingOptions):
+    """`rdpp caption PATH…`: ``n`` captions per photo (default: beam search, one caption)."""
+
+    section = "caption"
+
+    paths: list[Path] = argument("Image files, or folders of them (searched recursively).", required=True)
+    model: str | None = option(None, "Model artifact (name or path); default: the newest fine-tuned, else XE model.",
+                               "--from", identity=False, record=False)
+    method: str = method_option("beam")
+    n: int = option(1, "Captions per photo.", check=at_least(1))
+    weights: Path | None = option(None, "The backbone's weights file, when it moved since prepro (same sha256).",
+                                  identity=False, record=False, cli={"dir_okay": False})
+    batch_size: int | None = option(None, "Images per extraction batch (default: the data's).", identity=False,
+                                    record=False, check=at_least(1))
+    workers: int | None = option(None, "Processes decoding images (default: on a GPU the cores but one; on a CPU a "
+                                 "quarter of them).", identity=False, record=False, check=at_least(0))
+    seed: int = option(0, "Seed of the sampling generator.", check=seed_check)
+    device: str = device_option()
+    out: Path | None = out_option("<workspace>/captions/<model name>.<method>-n<n>-v<k>")
+    force: bool = force_option()
+    workspace: Path | None = workspace_option()
+
+    def validate(self) -> None:
+        if not self.paths:
+            raise RdppError("no photos given; pass image files or folders of them (rdpp caption PATH…)")
+        self.decode_config(self.n)  # the decoding settings make sense, before any photo is read
