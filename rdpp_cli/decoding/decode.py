@@ -216,65 +216,101 @@ def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> D
     enc = model.expand(enc, R)
     h, c = model.init_state(B * R)
     it = torch.zeros(B * R, dtype=torch.long, device=device)
-    aug = torch.zeros(B, G, K, device=device)  # ranking score: log-probs minus diversity penalties
-    aug[:, :, 1:] = float("-inf")  # at t = 0 all beams of a group are the same: keep one
-    done = torch.zeros(B, G, K, dtype=torch.bool, device=device)
-    length = torch.zeros(B, G, K, device=device)  # tokens so far, the EOS included
-    tokens = torch.zeros(B, G, K, L, dtype=torch.long, device=device)
-    logps = torch.zeros(B, G, K, L + 1, device=device)  # the model's log-prob of each chosen token
-    ar_b = torch.arange(B, device=device)
+    beams = _Beams.start(B, G, K, L, device)
+    first_row = (torch.arange(G, device=device).view(1, G, 1) * K
+                 + torch.arange(B, device=device).view(B, 1, 1) * R)  # of each (image, group) in the flat state
     for t in range(L + 1):
         lp, (h, c) = model.step(it, enc, (h, c))
-        lp = lp.float().view(B, G, K, -1)
-        V1 = lp.shape[-1]
-        if t == L:  # force the EOS
-            lp = torch.cat([lp[..., :1], torch.full_like(lp[..., 1:], float("-inf"))], -1)
-        # finished beams continue with padding only, at no cost
-        pad = torch.full((V1,), float("-inf"), device=device)
-        pad[0] = 0.0
-        lp = torch.where(done.unsqueeze(-1), pad, lp)
-        norm = torch.where(done, length, length + 1).unsqueeze(-1).pow(cfg.length_norm) if cfg.length_norm else None
-        counts = torch.zeros(B, 1, V1, device=device)  # words picked by earlier groups at this step
-        parents, words, augs = [], [], []
+        lp = _continuations(lp.float().view(B, G, K, -1), beams.done, force_eos=t == L)
         choice = _suppress(lp, cfg.unk_id) if cfg.unk_id is not None and t < L else lp
-        for g in range(G):
-            cand = aug[:, g].unsqueeze(-1) + choice[:, g]  # (B, K, V1)
-            if lam and g:
-                cand = cand - lam * counts * (~done[:, g]).unsqueeze(-1)
-            rank = cand / norm[:, g] if norm is not None else cand
-            best = rank.reshape(B, K * V1).topk(K, dim=-1).indices  # (B, K)
-            parent, word = best // V1, best % V1
-            parents.append(parent)
-            words.append(word)
-            augs.append(cand.reshape(B, K * V1).gather(1, best))
-            if lam and g < G - 1:
-                live = (~done[:, g].gather(1, parent)).float()
-                counts.scatter_add_(2, word.unsqueeze(1), live.unsqueeze(1))
-        parent = torch.stack(parents, 1)  # (B, G, K)
-        word = torch.stack(words, 1)
-        aug = torch.stack(augs, 1)
-        step_lp = lp.view(B, G, K * V1).gather(2, parent * V1 + word)
-        was_done = done.gather(2, parent)
-        length = length.gather(2, parent) + (~was_done).float()
-        tokens = tokens.gather(2, parent.unsqueeze(-1).expand_as(tokens))
-        logps = logps.gather(2, parent.unsqueeze(-1).expand_as(logps))
-        if t < L:
-            tokens[..., t] = word
-        logps[..., t] = step_lp.masked_fill(was_done, 0.0)
-        done = was_done | (word == 0)
-        rows = (parent + torch.arange(G, device=device).view(1, G, 1) * K
-                + ar_b.view(B, 1, 1) * R).view(-1)  # the parent's row in the flat state
+        parent, word = beams.advance(t, lp, choice, cfg.length_norm, lam)
+        rows = (parent + first_row).view(-1)  # the parent's row in the flat state
         h, c = h.index_select(0, rows), c.index_select(0, rows)
         it = word.view(-1)
-        if bool(done.all()):
+        if bool(beams.done.all()):
             break
-    final = aug / length.clamp(min=1).pow(cfg.length_norm) if cfg.length_norm else aug
-    lengths = (tokens > 0).long().cumprod(-1).sum(-1)
-    # order: best first within each group; across groups round-robin (best of every group first)
-    order = final.argsort(-1, descending=True)  # (B, G, K)
-    pick = lambda x: x.gather(2, order.view(B, G, K, *([1] * (x.dim() - 3))).expand_as(x))  # noqa: E731
-    tokens, logps, lengths = pick(tokens), pick(logps), pick(lengths)
-    tokens = tokens.transpose(1, 2).reshape(B, R, -1)[:, :cfg.n]  # (rank, group) order
-    logps = logps.transpose(1, 2).reshape(B, R, -1)[:, :cfg.n]
-    lengths = lengths.transpose(1, 2).reshape(B, R)[:, :cfg.n]
-    return _pack(tokens, logps, lengths)
+    return beams.best_first(cfg.n, cfg.length_norm)
+
+
+def _continuations(lp: Tensor, done: Tensor, force_eos: bool) -> Tensor:
+    """The log-probs (B, G, K, V+1) of each beam's next word: the EOS only at the last step
+    (``force_eos``), and padding at no cost (word 0, log-prob 0) for a finished beam."""
+    V1 = lp.shape[-1]
+    if force_eos:
+        lp = torch.cat([lp[..., :1], torch.full_like(lp[..., 1:], float("-inf"))], -1)
+    pad = torch.full((V1,), float("-inf"), device=lp.device)
+    pad[0] = 0.0
+    return torch.where(done.unsqueeze(-1), pad, lp)
+
+
+@dataclass
+class _Beams:
+    """The beams of every (image, group): ranking score, finished flag, length, words and log-probs."""
+
+    aug: Tensor  # (B, G, K) ranking score: log-probs minus diversity penalties
+    done: Tensor  # (B, G, K) bool
+    length: Tensor  # (B, G, K) tokens so far, the EOS included
+    tokens: Tensor  # (B, G, K, L)
+    logps: Tensor  # (B, G, K, L + 1) the model's log-prob of each chosen token
+
+    @classmethod
+    def start(cls, B: int, G: int, K: int, L: int, device) -> _Beams:
+        aug = torch.zeros(B, G, K, device=device)
+        aug[:, :, 1:] = float("-inf")  # at t = 0 all beams of a group are the same: keep one
+        return cls(aug, torch.zeros(B, G, K, dtype=torch.bool, device=device), torch.zeros(B, G, K, device=device),
+                   torch.zeros(B, G, K, L, dtype=torch.long, device=device), torch.zeros(B, G, K, L + 1, device=device))
+
+    def advance(self, t: int, lp: Tensor, choice: Tensor, length_norm: float, lam: float) -> tuple[Tensor, Tensor]:
+        """Step ``t``: each group keeps its K best continuations (``choice``: the log-probs words are
+        chosen by; ``lp``: the model's, recorded); returns each new beam's parent and word (B, G, K)."""
+        B, G, K, V1 = lp.shape
+        norm = (torch.where(self.done, self.length, self.length + 1).unsqueeze(-1).pow(length_norm)
+                if length_norm else None)
+        parent, word, self.aug = _pick(self.aug, choice, self.done, norm, lam)
+        step_lp = lp.view(B, G, K * V1).gather(2, parent * V1 + word)
+        was_done = self.done.gather(2, parent)
+        self.length = self.length.gather(2, parent) + (~was_done).float()
+        self.tokens = self.tokens.gather(2, parent.unsqueeze(-1).expand_as(self.tokens))
+        self.logps = self.logps.gather(2, parent.unsqueeze(-1).expand_as(self.logps))
+        if t < self.tokens.shape[-1]:
+            self.tokens[..., t] = word
+        self.logps[..., t] = step_lp.masked_fill(was_done, 0.0)
+        self.done = was_done | (word == 0)
+        return parent, word
+
+    def best_first(self, n: int, length_norm: float) -> Decoded:
+        """The n best captions per image: best first within each group; across groups round-robin
+        (the best of every group first)."""
+        B, G, K = self.aug.shape
+        final = self.aug / self.length.clamp(min=1).pow(length_norm) if length_norm else self.aug
+        lengths = (self.tokens > 0).long().cumprod(-1).sum(-1)
+        order = final.argsort(-1, descending=True)  # (B, G, K)
+        pick = lambda x: x.gather(2, order.view(B, G, K, *([1] * (x.dim() - 3))).expand_as(x))  # noqa: E731
+        tokens, logps, lengths = pick(self.tokens), pick(self.logps), pick(lengths)
+        tokens = tokens.transpose(1, 2).reshape(B, G * K, -1)[:, :n]  # (rank, group) order
+        logps = logps.transpose(1, 2).reshape(B, G * K, -1)[:, :n]
+        lengths = lengths.transpose(1, 2).reshape(B, G * K)[:, :n]
+        return _pack(tokens, logps, lengths)
+
+
+def _pick(aug: Tensor, choice: Tensor, done: Tensor, norm: Tensor | None, lam: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Each group's K best continuations, group by group: a word earlier groups chose at this step
+    costs ``lam`` per group (Hamming diversity) to a live beam. Returns parent, word and new score
+    (B, G, K)."""
+    B, G, K, V1 = choice.shape
+    counts = torch.zeros(B, 1, V1, device=choice.device)  # words picked by earlier groups at this step
+    parents, words, augs = [], [], []
+    for g in range(G):
+        cand = aug[:, g].unsqueeze(-1) + choice[:, g]  # (B, K, V1)
+        if lam and g:
+            cand = cand - lam * counts * (~done[:, g]).unsqueeze(-1)
+        rank = cand / norm[:, g] if norm is not None else cand
+        best = rank.reshape(B, K * V1).topk(K, dim=-1).indices  # (B, K)
+        parent, word = best // V1, best % V1
+        parents.append(parent)
+        words.append(word)
+        augs.append(cand.reshape(B, K * V1).gather(1, best))
+        if lam and g < G - 1:
+            live = (~done[:, g].gather(1, parent)).float()
+            counts.scatter_add_(2, word.unsqueeze(1), live.unsqueeze(1))
+    return torch.stack(parents, 1), torch.stack(words, 1), torch.stack(augs, 1)

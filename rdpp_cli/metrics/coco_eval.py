@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,11 +304,35 @@ def evaluate(captions: list[list[str]], refs: list[list[str]], metrics: tuple[st
     corpus-level aggregates, ROUGE-L, CIDEr and SPICE the mean over captions (CIDEr with corpus
     document frequencies from the references, one document per image, whatever n is).
     """
-    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
-    from pycocoevalcap.rouge.rouge import Rouge
+    counts = _check_inputs(captions, refs, metrics)
+    want, skipped = _runnable(metrics)
+    flat = [c for cs in captions for c in cs]
+    img = np.repeat(np.arange(len(captions)), counts)
+    corpus: dict[str, float] = {}
+    per: dict[str, np.ndarray] = {}
+    with contextlib.ExitStack() as stack, progress("metrics") as bar:
+        # METEOR's JVM loads its paraphrase table while the tokenizer and the Python metrics run
+        meteor_ = stack.enter_context(Meteor()) if "METEOR" in want else None
+        steps = _steps(want, meteor_)
+        task = bar.add_task("coco-caption evaluation", total=len(steps) + tokenize, info="")
+        if tokenize:
+            bar.update(task, info="PTB tokenizer")
+            refs, flat = _tokenized(refs, flat)
+            bar.advance(task)
+        hyp_refs = [refs[i] for i in img]
+        for label, step in steps:
+            bar.update(task, info=label)
+            for name, (total, each) in step(flat, refs, hyp_refs, img).items():
+                corpus[name], per[name] = total, each
+            bar.advance(task)
+    splits = np.cumsum(counts)[:-1]
+    per_image = {m: np.split(v, splits) for m, v in per.items()}
+    tokenized = [list(x) for x in np.split(np.array(flat, dtype=object), splits)]
+    return CocoEval(corpus=corpus, per_caption=per_image, captions=tokenized, refs=refs, skipped=skipped)
 
-    from rdpp_cli.metrics.cider import CiderD
 
+def _check_inputs(captions: list[list[str]], refs: list[list[str]], metrics: tuple[str, ...]) -> np.ndarray:
+    """The number of captions of each image; ValueError for unknown metrics or missing captions."""
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise ValueError(f"unknown metrics {unknown}; known: {', '.join(METRICS)}")
@@ -316,63 +341,68 @@ def evaluate(captions: list[list[str]], refs: list[list[str]], metrics: tuple[st
     counts = np.array([len(c) for c in captions], dtype=np.int64)
     if (counts == 0).any() or any(len(r) == 0 for r in refs):
         raise ValueError("every image needs at least one caption and one reference")
-    skipped: dict[str, str] = {}
-    want = [m for m in metrics]
+    return counts
+
+
+def _runnable(metrics: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The metrics to compute, and the ones skipped with why (SPICE without its models)."""
+    want, skipped = list(metrics), {}
     if "SPICE" in want and not spice_available():
         why = (f"Stanford CoreNLP 3.6.0 models not found in {spice_models()[0].parent} "
                "(rdpp never downloads them; see docs/scoring.md)")
         note(f"SPICE skipped: {why}")
         skipped["SPICE"] = why
         want.remove("SPICE")
-    steps = (["tokenize"] if tokenize else []) + [m for m in ("BLEU", "ROUGE_L", "CIDEr", "METEOR", "SPICE")
-                                                 if m in want or (m == "BLEU" and any(x.startswith("Bleu") for x in want))]
-    flat = [c for cs in captions for c in cs]
-    img = np.repeat(np.arange(len(captions)), counts)
-    splits = np.cumsum(counts)[:-1]
-    corpus: dict[str, float] = {}
-    per: dict[str, np.ndarray] = {}
-    with contextlib.ExitStack() as stack, progress("metrics") as bar:
-        # METEOR's JVM loads its paraphrase table while the tokenizer and the Python metrics run
-        met = stack.enter_context(Meteor()) if "METEOR" in want else None
-        task = bar.add_task("coco-caption evaluation", total=len(steps), info="")
-        if tokenize:
-            bar.update(task, info="PTB tokenizer")
-            ref_flat = [r for rs in refs for r in rs]
-            toks = ptb_tokenize(ref_flat + flat)
-            rc = np.cumsum([len(r) for r in refs])[:-1]
-            refs = [list(x) for x in np.split(np.array(toks[:len(ref_flat)], dtype=object), rc)]
-            flat = toks[len(ref_flat):]
-            bar.advance(task)
-        hyp_refs = [refs[i] for i in img]
-        if any(m.startswith("Bleu") for m in want):
-            bar.update(task, info="BLEU")
-            bs = BleuScorer(n=4)
-            for h, rs in zip(flat, hyp_refs):
-                bs += (h, rs)
-            scores, lists = bs.compute_score(option="closest", verbose=0)
-            for k in range(4):
-                corpus[f"Bleu_{k + 1}"] = float(scores[k])
-                per[f"Bleu_{k + 1}"] = np.array(lists[k])
-            bar.advance(task)
-        if "ROUGE_L" in want:
-            bar.update(task, info="ROUGE_L")
-            r = Rouge()
-            per["ROUGE_L"] = np.array([r.calc_score([h], rs) for h, rs in zip(flat, hyp_refs)])
-            corpus["ROUGE_L"] = float(np.mean(per["ROUGE_L"]))
-            bar.advance(task)
-        if "CIDEr" in want:
-            bar.update(task, info="CIDEr")
-            per["CIDEr"] = CiderD().score(flat, refs, ref_index=img)
-            corpus["CIDEr"] = float(np.mean(per["CIDEr"]))
-            bar.advance(task)
-        if "METEOR" in want:
-            bar.update(task, info="METEOR")
-            corpus["METEOR"], per["METEOR"] = met.score(flat, hyp_refs)
-            bar.advance(task)
-        if "SPICE" in want:
-            bar.update(task, info="SPICE")
-            corpus["SPICE"], per["SPICE"] = spice(flat, hyp_refs)
-            bar.advance(task)
-    per_image = {m: np.split(v, splits) for m, v in per.items()}
-    tokenized = [list(x) for x in np.split(np.array(flat, dtype=object), splits)]
-    return CocoEval(corpus=corpus, per_caption=per_image, captions=tokenized, refs=refs, skipped=skipped)
+    return want, skipped
+
+
+def _tokenized(refs: list[list[str]], flat: list[str]) -> tuple[list[list[str]], list[str]]:
+    """References (per image) and captions (flat) through one run of the PTB tokenizer."""
+    ref_flat = [r for rs in refs for r in rs]
+    toks = ptb_tokenize(ref_flat + flat)
+    rc = np.cumsum([len(r) for r in refs])[:-1]
+    return [list(x) for x in np.split(np.array(toks[:len(ref_flat)], dtype=object), rc)], toks[len(ref_flat):]
+
+
+Scores = dict[str, tuple[float, np.ndarray]]  # metric -> (corpus score, score of each caption)
+
+
+def _bleu(flat: list[str], refs, hyp_refs: list[list[str]], img) -> Scores:
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+
+    bs = BleuScorer(n=4)
+    for h, rs in zip(flat, hyp_refs):
+        bs += (h, rs)
+    scores, lists = bs.compute_score(option="closest", verbose=0)
+    return {f"Bleu_{k + 1}": (float(scores[k]), np.array(lists[k])) for k in range(4)}
+
+
+def _rouge(flat: list[str], refs, hyp_refs: list[list[str]], img) -> Scores:
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    r = Rouge()
+    per = np.array([r.calc_score([h], rs) for h, rs in zip(flat, hyp_refs)])
+    return {"ROUGE_L": (float(np.mean(per)), per)}
+
+
+def _cider(flat: list[str], refs: list[list[str]], hyp_refs, img: np.ndarray) -> Scores:
+    from rdpp_cli.metrics.cider import CiderD
+
+    per = CiderD().score(flat, refs, ref_index=img)
+    return {"CIDEr": (float(np.mean(per)), per)}
+
+
+def _steps(want: list[str], meteor_: Meteor | None) -> list[tuple[str, Callable[..., Scores]]]:
+    """The scoring steps for the metrics ``want``, in coco-caption's order, each with its progress label."""
+    steps: list[tuple[str, Callable[..., Scores]]] = []
+    if any(m.startswith("Bleu") for m in want):
+        steps.append(("BLEU", _bleu))
+    if "ROUGE_L" in want:
+        steps.append(("ROUGE_L", _rouge))
+    if "CIDEr" in want:
+        steps.append(("CIDEr", _cider))
+    if "METEOR" in want:
+        steps.append(("METEOR", lambda flat, refs, hyp_refs, img: {"METEOR": meteor_.score(flat, hyp_refs)}))
+    if "SPICE" in want:
+        steps.append(("SPICE", lambda flat, refs, hyp_refs, img: {"SPICE": spice(flat, hyp_refs)}))
+    return steps

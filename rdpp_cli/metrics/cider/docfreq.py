@@ -80,21 +80,19 @@ class DocFreq:
     def ngrams(self) -> np.ndarray:
         """(K, 4) int64: each n-gram's ids t1..tn, right-padded with 0."""
         if self._ngrams is None:
-            if self._keys is not None:
-                self._ngrams = keys_to_tuples(self._keys, self._keys_base)
-            else:
-                self._ngrams = digits_to_tuples(self._digits)
+            self._ngrams = self._made(keys_to_tuples, digits_to_tuples, self._digits)
         return self._ngrams
 
     @property
     def digits(self) -> np.ndarray:
         """(K, 4) int64: each n-gram's ids last word first (tn..t1), right-padded with 0."""
         if self._digits is None:
-            if self._keys is not None:
-                self._digits = keys_to_digits(self._keys, self._keys_base)
-            else:
-                self._digits = tuples_to_digits(self._ngrams)
+            self._digits = self._made(keys_to_digits, tuples_to_digits, self._ngrams)
         return self._digits
+
+    def _made(self, from_keys, from_other, other: np.ndarray | None) -> np.ndarray:
+        """One form of the n-grams, made from the keys when built from references, else from the other form."""
+        return from_keys(self._keys, self._keys_base) if self._keys is not None else from_other(other)
 
     def __repr__(self) -> str:
         return f"DocFreq({len(self.df)} n-grams, num_docs={self.num_docs}, base={self.base})"

@@ -26,7 +26,7 @@ from rdpp_cli.metrics.cider.postings import Postings
 
 
 def pair_scores(post: Postings, gram_idf: np.ndarray, lens: np.ndarray, S: int, k: int, sigma: float,
-                 clipped: bool, vs_refs: bool, vs_self: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+                clipped: bool, vs_refs: bool, vs_self: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Pair scores within each row of captions: 10 * mean over n of val_n [* length penalty].
 
     ``post``: the postings of G rows of S slots; ``gram_idf``: the idf of each of its gram groups;
@@ -45,53 +45,77 @@ def pair_scores(post: Postings, gram_idf: np.ndarray, lens: np.ndarray, S: int, 
     acc = np.zeros(n_ref + n_self)
     diag = None
     if post.count.size:
-        pcount, pslot, prow, gid, gstart = post.count, post.slot, post.row, post.gram, post.gram_start
-        P = len(pcount)
-        cw = pcount * gram_idf[gid]  # each posting's vector entry tf * idf
-        cell = prow * S + pslot
-        nrm = np.sqrt(np.bincount(cell, weights=cw * cw, minlength=G * N_ORDER * S))
-        den = nrm[cell]
-        v = cw / np.where(den != 0, den, 1.0)  # the entry of the normalised vector
-        # val_n = sum over shared n-grams of min(h, r) * r * idf^2 / (|h| |r|) = v_h * v_r * min(1, r / h)
-        multi = pcount > 1
-        any_multi = clipped and bool(multi.any())
-        hyp = np.flatnonzero(pslot >= k) if k else np.arange(P)
-        hgid, hslot = gid[hyp], pslot[hyp] - k
-        hrow = (prow[hyp] // N_ORDER) * m + hslot
-        parts = []  # (partner range start, length, bin of the hypothesis row, bin offset of the partner)
-        if vs_refs:
-            rcount = np.bincount(gid[pslot < k], minlength=len(gstart)) if k else np.zeros(len(gstart), np.int64)
-            parts.append((gstart[hgid], rcount[hgid], hrow * k, pslot))
-        if vs_self:
-            # a caption against itself: sum of v^2 over an order is 1 where its norm is not 0
-            diag = (nrm.reshape(G, N_ORDER, S)[:, :, k:] > 0).sum(1)
-            gend = np.append(gstart[1:], P)
-            parts.append((hyp + 1, gend[hgid] - hyp - 1, n_ref + hrow * m, pslot - k))
+        v, nrm = _unit_entries(post, gram_idf, G, S)
+        multi = post.count > 1
+        multi = multi if clipped and bool(multi.any()) else None  # min(h, r) / h differs from 1 only there
+        hyp, parts = _partners(post, k, m, n_ref, vs_refs, vs_self)
         for lo, ln, rowbin, colbin in parts:
-            tot = int(ln.sum())
-            if tot == 0:
-                continue
-            ai = np.repeat(hyp, ln)
-            bi = np.repeat(lo - (np.cumsum(ln) - ln), ln) + np.arange(tot)
-            val = v[ai] * v[bi]
-            if any_multi:
-                fix = np.flatnonzero(multi[ai] | multi[bi])
-                ca, cb = pcount[ai[fix]], pcount[bi[fix]]
-                val[fix] *= np.minimum(ca, cb) / ca
-            acc += np.bincount(np.repeat(rowbin, ln) + colbin[bi], weights=val, minlength=n_ref + n_self)
+            _add_products(acc, post.count, v, multi, hyp, lo, ln, rowbin, colbin)
+        if vs_self:  # a caption against itself: sum of v^2 over an order is 1 where its norm is not 0
+            diag = (nrm.reshape(G, N_ORDER, S)[:, :, k:] > 0).sum(1)
     to_refs = acc[:n_ref].reshape(G, m, k) * (10.0 / N_ORDER) if vs_refs else None
     to_self = acc[n_ref:].reshape(G, m, m) * (10.0 / N_ORDER) if vs_self else None
     if diag is not None:
         i = np.arange(m)
         to_self[:, i, i] = diag * (10.0 / N_ORDER)
     if clipped:
-        blen = np.maximum(lens - 1, 0).astype(np.float64)  # coco-caption's length: the number of bigrams
-        bh = blen[:, k:]
-        if vs_refs:
-            d = bh[:, :, None] - blen[:, None, :k]
-            to_refs *= np.exp(-(d * d) / (2 * sigma ** 2))
-        if vs_self:
-            d = bh[:, :, None] - bh[:, None, :]
-            to_self *= np.exp(-(d * d) / (2 * sigma ** 2))
+        _length_penalty(lens, k, sigma, to_refs, to_self)
     return to_refs, to_self
 
+
+def _unit_entries(post: Postings, gram_idf: np.ndarray, G: int, S: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each posting's entry of its caption's normalised vector, ``tf * idf / |vector|`` (0 for a zero
+    norm), and the norm of every (row, order, slot) vector."""
+    cw = post.count * gram_idf[post.gram]  # each posting's vector entry tf * idf
+    cell = post.row * S + post.slot
+    nrm = np.sqrt(np.bincount(cell, weights=cw * cw, minlength=G * N_ORDER * S))
+    den = nrm[cell]
+    return cw / np.where(den != 0, den, 1.0), nrm
+
+
+def _partners(post: Postings, k: int, m: int, n_ref: int, vs_refs: bool, vs_self: bool) -> tuple[np.ndarray, list]:
+    """The hypothesis postings, and for each kind of partner (references, later hypotheses) the range
+    of postings each pairs with: ``(range start, length, bin of the hypothesis row, bin offset of
+    each partner posting)``."""
+    pslot, gid, gstart = post.slot, post.gram, post.gram_start
+    hyp = np.flatnonzero(pslot >= k) if k else np.arange(len(post.count))
+    hgid = gid[hyp]
+    hrow = (post.row[hyp] // N_ORDER) * m + pslot[hyp] - k
+    parts = []
+    if vs_refs:
+        rcount = np.bincount(gid[pslot < k], minlength=len(gstart)) if k else np.zeros(len(gstart), np.int64)
+        parts.append((gstart[hgid], rcount[hgid], hrow * k, pslot))
+    if vs_self:
+        gend = np.append(gstart[1:], len(post.count))
+        parts.append((hyp + 1, gend[hgid] - hyp - 1, n_ref + hrow * m, pslot - k))
+    return hyp, parts
+
+
+def _add_products(acc: np.ndarray, pcount: np.ndarray, v: np.ndarray, multi: np.ndarray | None, hyp: np.ndarray,
+                  lo: np.ndarray, ln: np.ndarray, rowbin: np.ndarray, colbin: np.ndarray) -> None:
+    """Add ``v_h * v_r * min(1, r / h)`` of every hypothesis posting and each partner posting of its
+    range into the (hypothesis, partner) bins of ``acc`` (the clipping only where ``multi``: a count above 1)."""
+    tot = int(ln.sum())
+    if tot == 0:
+        return
+    ai = np.repeat(hyp, ln)
+    bi = np.repeat(lo - (np.cumsum(ln) - ln), ln) + np.arange(tot)
+    val = v[ai] * v[bi]
+    if multi is not None:
+        fix = np.flatnonzero(multi[ai] | multi[bi])
+        ca, cb = pcount[ai[fix]], pcount[bi[fix]]
+        val[fix] *= np.minimum(ca, cb) / ca
+    acc += np.bincount(np.repeat(rowbin, ln) + colbin[bi], weights=val, minlength=len(acc))
+
+
+def _length_penalty(lens: np.ndarray, k: int, sigma: float, to_refs: np.ndarray | None,
+                    to_self: np.ndarray | None) -> None:
+    """CIDEr-D's ``exp(-(len_h - len_r)^2 / (2 sigma^2))``, with coco-caption's length: the number of bigrams."""
+    blen = np.maximum(lens - 1, 0).astype(np.float64)
+    bh = blen[:, k:]
+    if to_refs is not None:
+        d = bh[:, :, None] - blen[:, None, :k]
+        to_refs *= np.exp(-(d * d) / (2 * sigma ** 2))
+    if to_self is not None:
+        d = bh[:, :, None] - bh[:, None, :]
+        to_self *= np.exp(-(d * d) / (2 * sigma ** 2))
