@@ -70,5 +70,10 @@ class PlotOptions(Options):
     labels: str | None = option(None, "Comma-separated point labels, one per artifact.")
     workspace: Path | None = workspace_option()
 
+    def validate(self) -> None:
+        labels = self.label_list()
+        if labels is not None and self.scores and len(labels) != len(self.scores):
+            raise RdppError(f"{len(labels)} labels for {len(self.scores)} scores artifacts; give one label each")
+
     def label_list(self) -> list[str] | None:
         return [x.strip() for x in self.labels.split(",")] if self.labels else None
