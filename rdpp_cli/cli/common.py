@@ -148,18 +148,6 @@ def stage(fn):
 
     return wrapper
 
-# The decoding options `rdpp sample` and `rdpp caption` share (decoding/decode.py's DecodeConfig).
-MethodHelp = "One of: greedy, beam, random, topk, nucleus, dbs."
-TemperatureOpt = typer.Option(1.0, "--temperature", help="Softmax temperature for random/topk/nucleus.")
-TopKOpt = typer.Option(None, "--top-k", help="k for --method topk (default 10).")
-TopPOpt = typer.Option(None, "--top-p", help="p for --method nucleus (default 0.9).")
-BeamOpt = typer.Option(None, "--beam", help="Beam width, per group for dbs (default: beam max(n, 3); dbs 1).")
-GroupsOpt = typer.Option(None, "--groups", help="Groups for diverse beam search (default: n).")
-DiversityLambdaOpt = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups.")
-LengthNormOpt = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha.")
-AllowUnkOpt = typer.Option(False, "--allow-unk", help="Let captions contain UNK (suppressed by default).")
-
-
 # ---- commands made from a stage's options class (rdpp_cli.options) ----------------------------------
 
 def _parameter(f: dataclasses.Field, annotation: Any) -> inspect.Parameter:

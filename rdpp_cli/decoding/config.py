@@ -109,19 +109,16 @@ class DecodeConfig(DecodingOptions):
         if self.method == "nucleus" and not 0 < self.top_p <= 1:
             raise ValueError(f"--method nucleus needs 0 < --top-p ≤ 1 (got {self.top_p})")
         if self.method in ("beam", "dbs"):
-            self._check_beams()
+            groups = self.groups if self.method == "dbs" else 1
+            if self.beam < 1 or groups < 1:
+                raise ValueError(f"--beam and --groups must be ≥ 1 (got {self.beam}, {groups})")
+            width = self.beam * groups
+            if self.n > width:
+                raise ValueError(f"--n {self.n} is more than the {width} beams of --method {self.method}; "
+                                 f"raise --beam{' or --groups' if self.method == 'dbs' else ''} or lower --n")
+            if self.length_norm < 0:
+                raise ValueError(f"--length-norm must be ≥ 0 (got {self.length_norm})")
         return self
-
-    def _check_beams(self) -> None:
-        groups = self.groups if self.method == "dbs" else 1
-        if self.beam < 1 or groups < 1:
-            raise ValueError(f"--beam and --groups must be ≥ 1 (got {self.beam}, {groups})")
-        width = self.beam * groups
-        if self.n > width:
-            raise ValueError(f"--n {self.n} is more than the {width} beams of --method {self.method}; "
-                             f"raise --beam{' or --groups' if self.method == 'dbs' else ''} or lower --n")
-        if self.length_norm < 0:
-            raise ValueError(f"--length-norm must be ≥ 0 (got {self.length_norm})")
 
     def to_dict(self) -> dict:
         """The settings a manifest records (``allow_unk`` is there as ``unk_id``)."""
