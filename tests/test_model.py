@@ -19,6 +19,8 @@ from rdpp_cli.models import (
 )
 from rdpp_cli.models.att2in import _AttScores
 
+from helpers import fit_captions
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,6 +63,7 @@ def reference_logprobs(m: Att2in, att, seqs, att_mask=None):
     return torch.stack(out, 1)
 
 
+@pytest.mark.unit
 def test_forward_shapes_and_reference_math():
     m = tiny().eval()
     att = torch.randn(3, 5, 7)
@@ -74,6 +77,7 @@ def test_forward_shapes_and_reference_math():
     assert torch.equal(lp, m(None, att, seqs.reshape(12, 5)))
 
 
+@pytest.mark.unit
 def test_att_mask_ignores_padded_regions():
     m = tiny().eval()
     att = torch.randn(2, 5, 7)
@@ -90,6 +94,7 @@ def test_att_mask_ignores_padded_regions():
     assert torch.allclose(lp[:2], lp3, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_step_equals_teacher_forcing():
     m = tiny().eval()
     att = torch.randn(2, 5, 7)
@@ -106,6 +111,7 @@ def test_step_equals_teacher_forcing():
             it = s[:, t]
 
 
+@pytest.mark.unit
 def test_fused_attention_gradients_equal_autograd():
     k = torch.randn(2, 4, 3, dtype=torch.double, requires_grad=True)
     q = torch.randn(2, 3, 3, dtype=torch.double, requires_grad=True)
@@ -124,6 +130,7 @@ def test_fused_attention_gradients_equal_autograd():
         assert torch.allclose(g1[n], p.grad, atol=1e-4), n
 
 
+@pytest.mark.unit
 def test_sequence_logprobs_masks_after_first_eos():
     # vocab 3 (logits over 4); hand-set log-probs: value at [i, t, w] = -(10 t + w) / 100
     N, L, V1 = 3, 4, 4
@@ -142,6 +149,7 @@ def test_sequence_logprobs_masks_after_first_eos():
     assert mask.sum(1).tolist() == [3, 5, 1]
 
 
+@pytest.mark.unit
 def test_token_logprobs_equals_forward_then_sequence_logprobs():
     m = tiny().train()
     att = torch.randn(3, 5, 7)
@@ -168,18 +176,13 @@ def test_token_logprobs_equals_forward_then_sequence_logprobs():
     assert torch.allclose(a, b, atol=1e-6) and (b[:, 3:] == 0).all()
 
 
+@pytest.mark.integration
 def test_tiny_model_overfits_four_images():
     torch.manual_seed(0)
     m = tiny(vocab=10, rnn_size=32, att_hid_size=16, input_encoding_size=16)
     att = torch.randn(4, 3, 7)
     seqs = torch.tensor([[3, 4, 5, 0, 0], [6, 2, 0, 0, 0], [7, 7, 8, 9, 1], [2, 0, 0, 0, 0]]).view(4, 1, 5)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(300):
-        tok, mask = sequence_logprobs(m(None, att, seqs), seqs)
-        loss = -tok.sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = fit_captions(m, att, seqs, steps=300)
     assert loss.item() < 0.01
     # and greedy decoding by steps reproduces the captions
     m.eval()
@@ -196,6 +199,7 @@ def test_tiny_model_overfits_four_images():
         assert got[i, :len(words) + 1].tolist() == words + [0]
 
 
+@pytest.mark.unit
 def test_checkpoint_roundtrip_and_errors(tmp_path):
     m = tiny()
     vocab = [f"w{i}" for i in range(12)]
