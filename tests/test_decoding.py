@@ -129,7 +129,7 @@ def test_greedy_by_hand_and_max_len():
     assert d.logprobs[0, 0].tolist() == pytest.approx([torch.tensor(x).log().item() for x in (0.7, 0.7, 0.075)])
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_beam_width_1_top_k_1_nucleus_p0_and_cold_temperature_equal_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -150,7 +150,7 @@ def _pad(t, T=8):
     return torch.nn.functional.pad(t, (0, T - t.shape[-1]))
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_temperature_to_zero_approaches_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -164,7 +164,7 @@ def test_temperature_to_zero_approaches_greedy(toy):
     assert agree == sorted(agree)
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 @pytest.mark.parametrize("which", ["toy", "random"])
 def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     m, feats = toy if which == "toy" else (model(seed=3, scale=1.5), feats)
@@ -177,7 +177,7 @@ def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     assert (b.seq_logprob[:, 0] > g.seq_logprob[:, 0] + 1e-3).any()  # and it does find better ones
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_beam_length_normalisation_prefers_longer_captions(toy):
     """On the trained toy captioner (short and long wordings of every image), ranking by
     log-prob / len**alpha (len counting the EOS) picks longer captions than plain log-prob."""
@@ -207,7 +207,7 @@ def _distinct(d):
     return distinct, bigrams
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_diverse_beam_search_gives_more_distinct_captions(toy):
     m, feats = toy
     B = feats.shape[0]
@@ -226,7 +226,7 @@ def test_diverse_beam_search_gives_more_distinct_captions(toy):
     assert torch.equal(div.tokens[:, 0, :b.tokens.shape[-1]], b.tokens[:, 0])
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_same_seed_same_samples(toy):
     m, feats = toy
     for method in ("random", "topk", "nucleus"):

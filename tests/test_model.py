@@ -22,7 +22,7 @@ from rdpp_cli.models.att2in import _AttScores
 from helpers import fit_captions
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny(vocab=12, seed=0, dropout=0.0, **kw):
@@ -63,7 +63,6 @@ def reference_logprobs(m: Att2in, att, seqs, att_mask=None):
     return torch.stack(out, 1)
 
 
-@pytest.mark.unit
 def test_forward_shapes_and_reference_math():
     m = tiny().eval()
     att = torch.randn(3, 5, 7)
@@ -77,7 +76,6 @@ def test_forward_shapes_and_reference_math():
     assert torch.equal(lp, m(None, att, seqs.reshape(12, 5)))
 
 
-@pytest.mark.unit
 def test_att_mask_ignores_padded_regions():
     m = tiny().eval()
     att = torch.randn(2, 5, 7)
@@ -94,7 +92,6 @@ def test_att_mask_ignores_padded_regions():
     assert torch.allclose(lp[:2], lp3, atol=1e-5)
 
 
-@pytest.mark.unit
 def test_step_equals_teacher_forcing():
     m = tiny().eval()
     att = torch.randn(2, 5, 7)
@@ -111,7 +108,6 @@ def test_step_equals_teacher_forcing():
             it = s[:, t]
 
 
-@pytest.mark.unit
 def test_fused_attention_gradients_equal_autograd():
     k = torch.randn(2, 4, 3, dtype=torch.double, requires_grad=True)
     q = torch.randn(2, 3, 3, dtype=torch.double, requires_grad=True)
@@ -130,7 +126,6 @@ def test_fused_attention_gradients_equal_autograd():
         assert torch.allclose(g1[n], p.grad, atol=1e-4), n
 
 
-@pytest.mark.unit
 def test_sequence_logprobs_masks_after_first_eos():
     # vocab 3 (logits over 4); hand-set log-probs: value at [i, t, w] = -(10 t + w) / 100
     N, L, V1 = 3, 4, 4
@@ -149,7 +144,6 @@ def test_sequence_logprobs_masks_after_first_eos():
     assert mask.sum(1).tolist() == [3, 5, 1]
 
 
-@pytest.mark.unit
 def test_token_logprobs_equals_forward_then_sequence_logprobs():
     m = tiny().train()
     att = torch.randn(3, 5, 7)
@@ -176,7 +170,6 @@ def test_token_logprobs_equals_forward_then_sequence_logprobs():
     assert torch.allclose(a, b, atol=1e-6) and (b[:, 3:] == 0).all()
 
 
-@pytest.mark.integration
 def test_tiny_model_overfits_four_images():
     torch.manual_seed(0)
     m = tiny(vocab=10, rnn_size=32, att_hid_size=16, input_encoding_size=16)
@@ -199,7 +192,6 @@ def test_tiny_model_overfits_four_images():
         assert got[i, :len(words) + 1].tolist() == words + [0]
 
 
-@pytest.mark.unit
 def test_checkpoint_roundtrip_and_errors(tmp_path):
     m = tiny()
     vocab = [f"w{i}" for i in range(12)]

@@ -41,6 +41,7 @@ from helpers import att2in_for, tiny_workspace, write_tiny_data
 
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN = 6
 
 CAPTIONS = {  # Karpathy tokens; several are longer than MAX_LEN (clipped in captions.h5, not in the df)
@@ -309,7 +310,7 @@ def test_the_forced_end_token_is_not_in_the_policy_gradient(tiny):
     assert torch.equal(sampled_mask(m[:, :3], torch.tensor([2, 2]), 3), m[:, :3])
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_on_policy_score_function_has_mean_zero(tiny):
     """E[grad log p(c)] = 0 under the distribution c is drawn from: the mean over many on-policy
     samples is within noise of 0, while eval-mode samples scored with fresh dropout are biased."""

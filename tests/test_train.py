@@ -239,7 +239,7 @@ def test_init_from_a_checkpoint_of_another_vocabulary(data_dir, tmp_path):
 
 
 @pytest.mark.integration
-def test_init_from_a_model_with_the_same_vocabulary_starts_from_itsstate_dict(data_dir, tmp_path):
+def test_init_from_a_model_with_the_same_vocabulary_starts_from_its_weights(data_dir, tmp_path):
     base = train_xe(data_dir, out=tmp_path / "a", preset="small", epochs=1, batch_size=16, val_images=0,
                     device="cpu", seed=3)
     r = _cli("--data", data_dir, "--init-from", base.path, "--out", tmp_path / "b", "--device", "cpu",
