@@ -16,8 +16,10 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.loop import greedy_cider
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import write_tiny_data
+
+pytestmark = pytest.mark.integration
+
 
 
 def test_two_process_gloo_run_writes_one_artifact(tmp_path):
