@@ -199,7 +199,7 @@ def test_loggers_see_every_step_and_the_rows_of_metrics_csv(tmp_path):
     d = DataArtifact.open(write_tiny_data(tmp_path / "d", n_train=8, n_val=2, n_test=0))
     torch.manual_seed(0)
     model = Att2in(Att2inConfig(vocab_size=d.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                                fc_feat_size=d.fc_dim, att_feat_size=d.att_dim, seq_length=d.seq_length))
+                                att_feat_size=d.att_dim, seq_length=d.seq_length))
     rec = Recorder()
     seen = []
     recipe = loop.TrainingRecipe(
