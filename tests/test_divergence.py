@@ -13,7 +13,8 @@ from rdpp_cli.artifacts import atomic_write_json, read_artifact
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import Att2in
-from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import xe_loss
 
 from helpers import att2in_for, error_line, listing, model_artifact, rdpp, state_dict, write_tiny_data
@@ -34,9 +35,9 @@ def _model(data: DataArtifact) -> Att2in:
 
 
 def _train(data: DataArtifact, out: Path, step_fn, epochs: int = 3, model=None, after_step=None):
-    cfg = TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
-    return run_training(stage="xe", model=model or _model(data), data=data, out_dir=out, cfg=cfg, step_fn=step_fn,
-                        inputs=[data.artifact], manifest_config={}, after_step=after_step)
+    cfg = TrainLoopOptions(epochs=epochs, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
+    return TrainingRecipe(stage="xe", model=model or _model(data), data=data, out_dir=out, opts=cfg, step_fn=step_fn,
+                          inputs=[data.artifact], manifest_config={}, after_step=after_step).run()
 
 
 def _finite(path: Path) -> bool:

@@ -21,7 +21,8 @@ from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.models.checkpoint import save_checkpoint
-from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import most_frequent_caption, train_xe, xe_loss
 
 import cider_reference
@@ -45,9 +46,9 @@ def test_tiny_model_overfits_four_images(tmp_path):
     d = DataArtifact.open(write_tiny_data(tmp_path / "four", n_train=4, n_val=2, n_test=0, templates=["a {c} {s}"]))
     torch.manual_seed(0)
     model = att2in_for(d)
-    cfg = TrainConfig(epochs=60, batch_size=2, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
-    art = run_training(stage="xe", model=model, data=d, out_dir=tmp_path / "out", cfg=cfg, step_fn=xe_loss,
-                       inputs=[d.artifact], manifest_config={})
+    cfg = TrainLoopOptions(epochs=60, batch_size=2, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
+    art = TrainingRecipe(stage="xe", model=model, data=d, out_dir=tmp_path / "out", opts=cfg, step_fn=xe_loss,
+                         inputs=[d.artifact], manifest_config={}).run()
     m = pd.read_csv(art.path / "metrics.csv")
     assert len(m) == 60 and m["step"].iloc[-1] == 120
     assert m["loss"].iloc[0] > 2.0  # log(vocab) at the start
