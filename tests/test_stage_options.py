@@ -50,6 +50,7 @@ def received(monkeypatch):
     return got
 
 
+@pytest.mark.unit
 def test_each_stage_command_shows_every_field_with_help():
     commands = typer.main.get_command(app).commands
     for name, (cls, _) in STAGES.items():
@@ -61,6 +62,7 @@ def test_each_stage_command_shows_every_field_with_help():
         assert "config" in shown and "workspace" in shown, name
 
 
+@pytest.mark.integration
 def test_config_file_and_workspace_yaml_keys_are_the_field_names(tmp_path, received):
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -86,6 +88,7 @@ def test_config_file_and_workspace_yaml_keys_are_the_field_names(tmp_path, recei
     assert r.exit_code == 2 and "unknown option 'beams'" in r.output
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["sample", "--n", "0"], "--n must be at least 1 (got 0)"),
     (["sample", "--method", "beam", "--beam", "2", "--n", "3"], "--n 3 is more than the 2 beams of --method beam"),
@@ -108,6 +111,7 @@ def test_a_bad_value_is_one_line_before_any_folder(tmp_path, args, message):
     assert not ws.exists()  # refused before the workspace (or anything in it) was made
 
 
+@pytest.mark.unit
 def test_the_decoding_options_are_declared_once_and_are_the_decoders_config():
     decoding = [f.name for f in dataclasses.fields(DecodingOptions)]
     assert decoding == ["method", "temperature", "top_k", "top_p", "beam", "groups", "diversity_lambda",
@@ -126,6 +130,7 @@ def test_the_decoding_options_are_declared_once_and_are_the_decoders_config():
     assert helps[0] == helps[1] and len(helps[0]) == len(decoding)
 
 
+@pytest.mark.unit
 def test_the_decoders_config_comes_from_the_options_in_one_step():
     opts = SampleOptions(method="dbs", n=4, diversity_lambda=0.3, allow_unk=False)
     cfg = opts.decode_config(opts.decoded_per_image, max_len=12, unk_id=7)
@@ -136,6 +141,7 @@ def test_the_decoders_config_comes_from_the_options_in_one_step():
     assert "allow_unk" not in cfg.to_dict() and cfg.to_dict()["unk_id"] == 7  # recorded as the word it suppresses
 
 
+@pytest.mark.unit
 def test_candidates_keep_their_own_name():
     """With --select the decoder makes ``candidates`` captions per image; ``n`` stays the captions kept."""
     plain = SampleOptions(n=5)
@@ -149,6 +155,7 @@ def test_candidates_keep_their_own_name():
         SampleOptions(keep_candidates=True)
 
 
+@pytest.mark.unit
 def test_sample_and_caption_take_their_fields_as_keyword_arguments():
     from rdpp_cli.captioning import caption as caption_module
     from rdpp_cli.decoding import sample as sample_module
