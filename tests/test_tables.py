@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers import error_line, rdpp
 
-from rdpp_cli.cli.app import app
 from rdpp_cli.errors import RdppError
 from rdpp_cli.reporting.report import Num, Table, Text, markdown, to_csv
 from rdpp_cli.reporting.selection import height_above
@@ -91,6 +90,7 @@ Results: greedy caption, and 10 random samples per test image
 """
 
 
+@pytest.mark.integration
 def test_toy_tables_quote_the_scores_files(tmp_path, capsys):
     """The paper's Tables 1-2, Fig. 1's columns and the results table, as the toy sweep prints them
     (the same Markdown as the sweep's former table script); "–" where an artifact or metric is missing;
@@ -99,6 +99,7 @@ def test_toy_tables_quote_the_scores_files(tmp_path, capsys):
     assert _md(capsys, "toy", workspace=tmp_path) == TOY
 
 
+@pytest.mark.integration
 def test_csv_keeps_every_digit_and_rich_prints_every_row(tmp_path, capsys):
     _toy_workspace(tmp_path)
     table("toy", workspace=tmp_path, format="csv")
@@ -116,6 +117,7 @@ def test_csv_keeps_every_digit_and_rich_prints_every_row(tmp_path, capsys):
     assert "58.3%" in out and "Att2in-XE" in out and "8.25" in out and "|---" not in out
 
 
+@pytest.mark.unit
 def test_markdown_and_csv_of_hand_made_blocks():
     blocks = [Table(["a", "b"], [["x", Num(0.12345)], ["y", Num(None)]], title="### T", align="lr"),
               Text(["note 1", "note 2"]), Table(["c"], [[Num(-0.25, "+.1%")]])]
@@ -133,6 +135,7 @@ def _run(ws: Path, name: str, greedy: float, mean: float, oracle: float, self_ci
     _samples(ws, f"{name}-random10", caps)
 
 
+@pytest.mark.integration
 def test_objective_table_seed_means_and_the_comparison_with_another_workspace(tmp_path, capsys):
     new, old = tmp_path / "new", tmp_path / "old"
     _run(new, "xe", 0.5, 0.4, 1.0, 0.2, [["a dog"]])
@@ -169,6 +172,7 @@ def _xe_run(ws: Path, tag: str, val: float, time: float | None, greedy: float | 
         _scores(ws, f"xe-{tag}-greedy", accuracy={"CIDEr": greedy})
 
 
+@pytest.mark.integration
 def test_precision_tables_mean_over_seeds_skip_what_is_missing(tmp_path, capsys):
     """Seeds sort as numbers (2 before 10); a run's missing number is NaN in its row and left out of
     the mean over seeds (fp32's greedy mean is seed 2's 0.6; bf16's time is seed 2's 50); bf16
@@ -211,6 +215,7 @@ def _sel(ws: Path, name: str, mean: float, oracle: float, self_cider: float, div
             human={"cider_leave_one_out": 0.8, "self_cider": 0.9, "images": 3})
 
 
+@pytest.mark.unit
 def test_height_above_a_curve_by_hand():
     pts = [(0.2, 1.5, "T=0.5"), (0.4, 1.0, "T=1"), (0.8, 0.6, "T=2")]
     assert height_above(pts, 0.3, 1.4) == pytest.approx(1.4 - 1.25)  # halfway between 1.5 and 1.0
@@ -220,6 +225,7 @@ def test_height_above_a_curve_by_hand():
     assert height_above([(0.2, 1.0, "a"), (0.6, 1.0, "b"), (0.4, 2.0, "c")], 0.5, 1.2) == pytest.approx(1.2 - 1.5)
 
 
+@pytest.mark.integration
 def test_selection_tables_frontier_and_plot_from_a_workspace(tmp_path, capsys):
     ws = tmp_path
     for label, base in (("xe", 0.8), ("scst", 1.5)):  # temperature curves: self-CIDEr up, CIDEr down with T
@@ -280,6 +286,7 @@ def _real_workspace(ws: Path) -> Path:
     return lic
 
 
+@pytest.mark.integration
 def test_real_photos_report_and_contact_sheet(tmp_path, capsys):
     """Times, the data and XE sentences, the model table, the photos whose licence lets them be
     shown (ids 8 and 10 here: CC BY and CC BY-SA) and the contact sheet PNG of the four photos."""
@@ -320,6 +327,7 @@ distinct ones):
         assert im.width == 10 + 150 + 10 + 2 * 430 + 10 and im.height == 40 + 4 * (150 + 17 + 4 + 10) + 40
 
 
+@pytest.mark.unit
 def test_a_photo_smaller_than_the_thumbnail_is_read_before_its_file_closes(tmp_path):
     from PIL import Image
 
@@ -333,10 +341,10 @@ def test_a_photo_smaller_than_the_thumbnail_is_read_before_its_file_closes(tmp_p
 
 # ---- the command --------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_bad_requests_are_one_line(tmp_path):
     _toy_workspace(tmp_path / "ws")
     (tmp_path / "empty").mkdir()
-    runner = CliRunner()
     for args, message in (
             (["toy", "--workspace", str(tmp_path / "nowhere")], "does not exist"),
             (["toy", "--workspace", str(tmp_path / "empty")], "no artifacts of `rdpp table toy`"),
@@ -346,12 +354,12 @@ def test_bad_requests_are_one_line(tmp_path):
             (["selection", "--ks", "5,x"], "--ks '5,x' is not a comma-separated list"),
             (["tables"], "TABLE 'tables' is not one of: toy, objective"),
             (["toy", "--format", "html"], "--format 'html' is not one of: md, csv, rich")):
-        r = runner.invoke(app, ["table", *args])
-        assert r.exit_code == 2 and message in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
+        assert message in error_line(rdpp("table", *args)), args
     with pytest.raises(RdppError, match="name the tables to print"):
         table(workspace=tmp_path / "ws")
 
 
+@pytest.mark.integration
 def test_rdpp_table_prints_without_torch_pandas_or_matplotlib(tmp_path):
     """The evaluator's side of rdpp: `rdpp table` reads files only."""
     _toy_workspace(tmp_path)
