@@ -24,7 +24,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 
 import cider_reference as ref
-from helpers import model_artifact, rdpp, tiny_workspace, write_data
+from helpers import error_line, listing, model_artifact, rdpp, tiny_workspace, write_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -164,7 +164,7 @@ def test_consensus_settings():
 
 @pytest.mark.unit
 def test_more_neighbours_than_training_images_is_one_line(hand):
-    with pytest.raises(RdppError, match="--neighbours 5 is more than the 4 training images"):
+    with pytest.raises(RdppError, match="--neighbours 5: data artifact .* has 4 training images an image can take"):
         NeighbourConsensus(hand, [0, 5], k=5)  # image 0 is a training image: 4 others
     assert NeighbourConsensus(hand, [5], k=5).neighbours[5].tolist() == [1, 3, 0, 2, 4]
 
@@ -200,6 +200,10 @@ def test_sample_consensus_then_score_reports_top1_oracle_and_diversity(tmp_path)
     ws = tiny_workspace(tmp_path / "ws")
     data = ws / "data" / "tiny-v1"
     model = model_artifact(ws, read_artifact(data, "rdpp.data"))
+    before = listing(ws)
+    r = rdpp("sample", "--select", "consensus", "--neighbours", "17", "--workspace", ws, "--device", "cpu")
+    assert "--neighbours 17: data artifact" in error_line(r) and "has 16 training images" in error_line(r)
+    assert listing(ws) == before  # refused before any folder
     r = rdpp("sample", "--select", "consensus", "--candidates", "12", "--n", "3", "--neighbours", "4",
              "--keep-candidates", "--workspace", ws, "--device", "cpu")
     assert r.exit_code == 0, r.output

@@ -117,8 +117,8 @@ class NeighbourConsensus:
         exclude = position[images]  # an image of the training split is not its own neighbour
         usable = len(train) - int((exclude >= 0).any())
         if k > usable:
-            raise RdppError(f"--neighbours {k} is more than the {usable} training images of {data.path} an image "
-                            f"can have as neighbours; use --neighbours {usable} or fewer")
+            raise RdppError(f"--neighbours {k}: data artifact {data.path} has {usable} training images an image can "
+                            f"take as neighbours; use --neighbours {usable} or fewer")
         self.data, self.k, self.top_m = data, int(k), int(top_m)
         self.scorer = TrainCider.for_data(data, max_len)
         block = max(256, min(BLOCK, CELLS // max(len(images), 1)))
