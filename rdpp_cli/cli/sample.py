@@ -10,4 +10,6 @@ command = command_for(SampleOptions, "rdpp_cli.decoding.sample:sample", """Decod
     Example: rdpp sample --n 20 --method random
 
     Example: rdpp sample --n 5 --select dpp --candidates 50
+
+    Example: rdpp sample --n 5 --select consensus --candidates 100
     """)

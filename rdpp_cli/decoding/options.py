@@ -32,9 +32,13 @@ class SampleOptions(DecodingOptions):
     batch_size: int = option(50, "Images per decoding batch.", check=at_least(1))
     max_images: int | None = option(None, "Only the first N images of the split.", check=at_least(1))
     seed: int = option(0, "Seed of the sampling generator.", check=seed_check)
-    select: str | None = option(None, "Keep n of --candidates per image: dpp, mbr or logprob.", cli=SELECT_CLI)
+    select: str | None = option(None, "Keep n of --candidates per image: dpp, mbr, logprob or consensus.",
+                                cli=SELECT_CLI)
     candidates: int = option(50, "Captions decoded per image for --select.", cli=SELECT_CLI)
     quality: str | None = option(None, "--select dpp's quality: consensus (default) or logprob.", cli=SELECT_CLI)
+    # recorded with the selection's settings (SelectConfig.settings), only for --select consensus
+    neighbours: int | None = option(None, "--select consensus: rank against the captions of this many nearest "
+                                    "training images (default 60).", record=False, cli=SELECT_CLI)
     keep_candidates: bool = option(False, "Also write every candidate of --select.", cli=SELECT_CLI)
     device: str = device_option()
     precision: str = precision_option()
@@ -44,7 +48,7 @@ class SampleOptions(DecodingOptions):
 
     def validate(self) -> None:
         if self.keep_candidates and self.select is None:
-            raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
+            raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob|consensus")
         self.selection()
         self.decode_config(self.decoded_per_image)  # the decoding settings make sense, before any work
 
@@ -60,6 +64,6 @@ class SampleOptions(DecodingOptions):
         from rdpp_cli.decoding.select import SelectConfig  # torch: only when a stage runs
 
         try:
-            return SelectConfig(self.select, self.candidates, self.quality).check(self.n)
+            return SelectConfig(self.select, self.candidates, self.quality, self.neighbours).check(self.n)
         except ValueError as e:
             raise RdppError(str(e)) from None

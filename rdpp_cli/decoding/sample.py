@@ -6,7 +6,7 @@ once, expanded to its n rows); writes a samples artifact with ``samples.json``:
 ``[{"image_id", "captions": [...n...], "logprobs": [...n...]}]`` (logprob = the caption's
 log-probability under the model, EOS included).
 
-With ``select`` (``dpp``, ``mbr`` or ``logprob``; ``rdpp_cli.decoding.select``) it decodes
+With ``select`` (``dpp``, ``mbr``, ``logprob`` or ``consensus``; ``rdpp_cli.decoding.select``) it decodes
 ``candidates`` captions per image and keeps the n chosen ones; ``keep_candidates`` also writes all
 of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices) in each record.
 """
@@ -89,12 +89,11 @@ def run_name(cfg: DecodeConfig, n: int, sel: SelectConfig | None = None) -> str:
     """The decoding part of an artifact's name (``random-n20``): the method, its settings and the
     ``n`` captions per image; the whole stem is ``<model name>.<run_name>`` (``dpp-m5-v1.random-n20``),
     so the name says which model made it. With a selection of n of the candidates:
-    ``random-c50.dpp-consensus-n5``."""
+    ``random-c50.dpp-consensus-n5`` (``SelectConfig.tag``)."""
     extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
              "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
     if sel is not None:
-        how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
-        return f"{cfg.method}{extra}-c{sel.candidates}.{how}-n{n}"
+        return f"{cfg.method}{extra}-c{sel.candidates}.{sel.tag()}-n{n}"
     return f"{cfg.method}{extra}-n{n}"
 
 
@@ -124,7 +123,7 @@ def sample(opts: SampleOptions) -> Artifact:
     # evaluation decoding never says UNK unless asked
     cfg = opts.decode_config(opts.decoded_per_image, max_len=ds.seq_length, unk_id=unk_id(dec.vocab))
     images = ds.split_indices(opts.split)[:opts.max_images]
-    chooser = Chooser(sel, opts.n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
+    chooser = Chooser(sel, opts.n, ds, cfg.max_len, images) if sel else None  # refuses a df without the EOS, before any folder
     out_dir, config = claim_output(opts, dec, group="samples", kind="rdpp.samples", name=run_name(cfg, opts.n, sel),
                                    settings=_settings(opts, cfg, sel, dec.device, prec))
     t0 = time.perf_counter()
@@ -146,8 +145,8 @@ def _settings(opts: SampleOptions, cfg: DecodeConfig, sel: SelectConfig | None, 
     the method's defaults, the selection's quality, the device and precision used)."""
     decoder = {k: v for k, v in cfg.to_dict().items() if k != "n"}  # the decoder's n: the candidates with --select
     return {**opts.recorded(), **decoder, "candidates": opts.candidates if sel else None,
-            "quality": sel.quality if sel else None, "keep_candidates": opts.keep_candidates if sel else None,
-            "device": str(dev), "precision": prec}
+            "quality": sel.quality if sel else None, **(sel.settings() if sel else {}),
+            "keep_candidates": opts.keep_candidates if sel else None, "device": str(dev), "precision": prec}
 
 
 def _decode_images(opts: SampleOptions, dec: Decoder, ds: DataArtifact, cfg: DecodeConfig, images, prec: str,
@@ -172,7 +171,7 @@ def _records(ds: DataArtifact, idx, out: Decoded, opts: SampleOptions, chooser: 
     selection, and every candidate with ``keep_candidates``) and their log-probabilities."""
     toks = out.tokens.cpu().numpy()
     lps = out.seq_logprob.cpu().numpy()
-    chosen = chooser(out) if chooser else np.broadcast_to(np.arange(opts.n), (len(idx), opts.n))
+    chosen = chooser(out, idx) if chooser else np.broadcast_to(np.arange(opts.n), (len(idx), opts.n))
     records = []
     for b, i in enumerate(idx):
         rec = {"image_id": int(ds.image_ids[i]),
@@ -192,7 +191,7 @@ def _print_summary(opts: SampleOptions, dec: Decoder, cfg: DecodeConfig, sel: Se
         "artifact": out_dir,
         "model": dec.model.path,
         "decoding": decoding_summary(cfg, f"candidates={opts.candidates}" if sel else f"n={opts.n}"),
-        **({"selection": f"{opts.n} of {opts.candidates} per image by {sel.method} ({sel.quality} quality), "
+        **({"selection": f"{opts.n} of {opts.candidates} per image by {sel.describe()}, "
                          f"{chooser.seconds:.1f} s"} if sel else {}),
         "images": f"{len(records)} ({opts.split} split)",
         "captions/s": f"{len(records) * cfg.n / max(elapsed, 1e-9):,.0f}",

@@ -16,7 +16,6 @@ What it guarantees: scores equal pycocoevalcap's to ~1e-15 (tests require 1e-9) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -125,24 +124,66 @@ class CiderD:
         In corpus mode, document frequencies come from ``refs`` (one document per set), so scoring
         n captions per image with a ``ref_index`` equals n single-caption pycocoevalcap runs.
         """
+        each, counts = self._to_each_ref(hyps, refs, ref_index)
+        return each.sum(-1) / np.maximum(counts, 1)
+
+    def score_each(self, hyps: Any, refs: Any, ref_index: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """CIDEr-D of each hypothesis against each member of its reference set taken as the single
+        reference: ``(scores (H, k_max), counts (H,))``, where ``scores[h, j]`` is hypothesis h
+        against reference j of ``refs[ref_index[h]]`` for ``j < counts[h]`` and 0 after (the
+        set's size). Same arguments as :meth:`score`, which is ``scores.sum(1) / counts``: with
+        fixed document frequencies a score against a set is the mean of the scores against its
+        members. (In corpus mode the df still comes from whole sets, one document per set.)
+        """
+        return self._to_each_ref(hyps, refs, ref_index)
+
+    def _to_each_ref(self, hyps: Any, refs: Any, ref_index: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The work of :meth:`score` and :meth:`score_each`: each hypothesis against each reference
+        of its set, (H, k_max) with 0 past the set's size, and the set sizes (H,)."""
         strings = has_strings(hyps) or has_strings(refs)
         table = self._table(strings)
         rcaps, counts = sets_from(refs, table, "refs")
         hcaps = caps_from(hyps, table, "hyps")
-        ref_index, used = _checked_ref_index(ref_index, len(hcaps), counts)
-        if len(hcaps) == 0:
-            return np.zeros(0, np.float64)
+        H, N = len(hcaps), len(counts)
+        ref_index = _checked_index(ref_index, H, N)
+        used = np.bincount(ref_index, minlength=N) > 0
+        if (counts[used] == 0).any():
+            raise ValueError("a reference set scored against is empty")
+        if H == 0:
+            return np.zeros((0, 0), np.float64), np.zeros(0, np.int64)
         base = self._base(rcaps, hcaps, table=table)
+
+        # groups: (set, chunk of at most m_cap hypotheses); slots: k_max references, then hyps.
+        # In corpus mode every set gets a group (its references are documents even if unscored).
+        m = np.bincount(ref_index, minlength=N)
+        m_cap = int(min(m.max(), 32))
         k_max = int(counts.max() if self.df is None else counts[used].max())
-        lay = _SetLayout.of(ref_index, counts, k_max, len(rcaps), every_set=self.df is None)
-        out_g = np.zeros((len(lay.first), lay.m_cap))
-        for rows, pair, _ in self._run(concat(rcaps, hcaps), lay.slot_index, k_max, base, doc_slots=k_max,
-                                       doc_groups=lay.first, num_docs=len(counts), clipped=True, vs_refs=True,
-                                       vs_self=False):
-            out_g[rows] = pair.sum(-1)
-        out = np.empty(len(hcaps))
-        out[lay.order] = out_g[lay.grp, lay.hslot] / counts[ref_index[lay.order]]
-        return out
+        nchunks = -(-m // m_cap)
+        if self.df is None:
+            nchunks = np.maximum(nchunks, 1)
+        goff = np.cumsum(nchunks) - nchunks
+        order = np.argsort(ref_index, kind="stable")
+        sset = ref_index[order]
+        rank = np.arange(H) - (np.cumsum(m) - m)[sset]
+        grp = goff[sset] + rank // m_cap
+        hslot = rank % m_cap
+        G = int(nchunks.sum())
+        set_of_g = np.repeat(np.arange(N), nchunks)
+        S = k_max + m_cap
+        slot_index = np.full((G, S), -1, np.int64)
+        rstart = np.cumsum(counts) - counts
+        kk = np.arange(k_max)[None, :]
+        slot_index[:, :k_max] = np.where(kk < counts[set_of_g, None], rstart[set_of_g, None] + kk, -1)
+        slot_index[grp, k_max + hslot] = len(rcaps) + order
+        first = np.zeros(G, bool)
+        first[goff] = True  # the first group of each set holds its document
+        out_g = np.zeros((G, m_cap, k_max))
+        for rows, pair, _ in self._run(concat(rcaps, hcaps), slot_index, k_max, base, doc_slots=k_max,
+                                       doc_groups=first, num_docs=N, clipped=True, vs_refs=True, vs_self=False):
+            out_g[rows] = pair
+        out = np.empty((H, k_max))
+        out[order] = out_g[grp, hslot]
+        return out, counts[ref_index]
 
     def pairwise(self, caps: Any, kind: str = "cider-d") -> np.ndarray:
         """Similarity matrices of the m captions of each image: (B, M, M) float64.
@@ -212,66 +253,22 @@ class CiderD:
         return q, _mirror(K)
 
 
-def _mirror(K: np.ndarray) -> np.ndarray:
-    """Copy the upper triangle of each (M, M) matrix to its lower triangle, in place."""
-    i, j = np.triu_indices(K.shape[-1], 1)
-    K[:, j, i] = K[:, i, j]
-    return K
-
-
-def _checked_ref_index(ref_index: Any, H: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``ref_index`` (H,) as int64 (None: the identity), and which of the N sets it uses; ValueError
-    when it does not fit the hypotheses and sets."""
-    N = len(counts)
+def _checked_index(ref_index: Any, H: int, N: int) -> np.ndarray:
+    """``ref_index`` (None: the identity) as int64 (H,), every entry a set of the N."""
     if ref_index is None:
         if H != N:
             raise ValueError(f"{H} hypotheses but {N} reference sets; pass ref_index")
-        ref_index = np.arange(H)
+        return np.arange(H)
     ref_index = np.asarray(to_numpy(ref_index), np.int64).reshape(-1)
     if len(ref_index) != H:
         raise ValueError(f"ref_index has {len(ref_index)} entries for {H} hypotheses")
     if H and (ref_index.min() < 0 or ref_index.max() >= N):
         raise ValueError(f"ref_index out of range for {N} reference sets")
-    used = np.bincount(ref_index, minlength=N) > 0
-    if (counts[used] == 0).any():
-        raise ValueError("a reference set scored against is empty")
-    return ref_index, used
+    return ref_index
 
 
-@dataclass
-class _SetLayout:
-    """Hypotheses against reference sets as rows of slots: a group is (set, chunk of at most ``m_cap``
-    of its hypotheses); its slots are the set's ``k_max`` references, then the hypotheses."""
-
-    slot_index: np.ndarray  # (G, k_max + m_cap): caption index of each slot (-1: empty)
-    first: np.ndarray  # (G,) the first group of each set: the one holding its document
-    order: np.ndarray  # (H,) the hypotheses sorted by set
-    grp: np.ndarray  # (H,) the group of each hypothesis, in ``order``
-    hslot: np.ndarray  # (H,) its slot among the group's hypotheses
-    m_cap: int
-
-    @classmethod
-    def of(cls, ref_index: np.ndarray, counts: np.ndarray, k_max: int, n_refs: int, every_set: bool) -> _SetLayout:
-        """``every_set`` (corpus mode): each set gets a group, its references are documents even if unscored.
-        Caption indices: references ``0..n_refs-1``, then the hypotheses."""
-        N, H = len(counts), len(ref_index)
-        m = np.bincount(ref_index, minlength=N)
-        m_cap = int(min(m.max(), 32))
-        nchunks = -(-m // m_cap)
-        if every_set:
-            nchunks = np.maximum(nchunks, 1)
-        goff = np.cumsum(nchunks) - nchunks
-        order = np.argsort(ref_index, kind="stable")
-        sset = ref_index[order]
-        rank = np.arange(H) - (np.cumsum(m) - m)[sset]
-        grp, hslot = goff[sset] + rank // m_cap, rank % m_cap
-        G = int(nchunks.sum())
-        set_of_g = np.repeat(np.arange(N), nchunks)
-        slot_index = np.full((G, k_max + m_cap), -1, np.int64)
-        rstart = np.cumsum(counts) - counts
-        kk = np.arange(k_max)[None, :]
-        slot_index[:, :k_max] = np.where(kk < counts[set_of_g, None], rstart[set_of_g, None] + kk, -1)
-        slot_index[grp, k_max + hslot] = n_refs + order
-        first = np.zeros(G, bool)
-        first[goff] = True
-        return cls(slot_index, first, order, grp, hslot, m_cap)
+def _mirror(K: np.ndarray) -> np.ndarray:
+    """Copy the upper triangle of each (M, M) matrix to its lower triangle, in place."""
+    i, j = np.triu_indices(K.shape[-1], 1)
+    K[:, j, i] = K[:, i, j]
+    return K
