@@ -27,15 +27,19 @@ class SheetEntry:
 
 
 def thumbnail(path: Path, size: int = THUMB):
-    """The photo upright, in RGB, fitted into size×size (aspect kept): a PIL image."""
+    """The photo upright, in RGB, fitted into size×size (aspect kept): a PIL image in memory, which
+    stays usable after the file is closed (an RGB photo that needs neither turning, converting nor
+    shrinking would otherwise be the lazily read file image itself, unreadable once closed)."""
     from PIL import Image, ImageOps
 
     from rdpp_cli.data.features import to_rgb
 
     with Image.open(path) as im:
-        im = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
-        im.thumbnail((size, size), Image.BILINEAR)
-        return im
+        out = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
+        if out is im:
+            out = im.copy()  # reads the pixels now, into an image of its own
+        out.thumbnail((size, size), Image.BILINEAR)
+        return out
 
 
 def _data_uri(path: Path) -> str:
