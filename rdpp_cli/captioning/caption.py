@@ -16,12 +16,12 @@ Writes a captions artifact (``<workspace>/captions/<model>-<method>-v<k>`` or ``
 - ``contact_sheet.html``: every photo as a thumbnail with its caption set, self-contained.
 
 Image ids: the digits that end each file name (COCO's ``000000000139.jpg`` -> 139) when every photo
-has distinct ones, else 1..N in the order of the photos.
+has distinct ones, else 1..N in the order of the photos (``data.caption_files.ids_from_names``, the
+rule ``rdpp prepro coco --captions`` numbers images by).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,12 +40,12 @@ from rdpp_cli.artifacts import (
 )
 from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
+from rdpp_cli.data.caption_files import IMAGE_SUFFIXES, ids_from_names
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
 from rdpp_cli.data.vocab import decode_ids, unk_id
 from rdpp_cli.decoding.decode import decode
 from rdpp_cli.errors import RdppError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 DECODE_BATCH = 50  # images per decoding batch, as `rdpp sample`'s default --batch-size
 
 
@@ -66,17 +66,6 @@ def find_images(paths: Sequence[str | Path]) -> list[Path]:
         raise RdppError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {', '.join(map(str, paths))}; "
                         "pass photos or folders of photos")
     return unique
-
-
-def image_ids(files: Sequence[Path]) -> list[int]:
-    """The digits ending each file name when they are present and distinct for all, else 1..N."""
-    ids = []
-    for f in files:
-        m = re.search(r"(\d+)$", f.stem)
-        ids.append(int(m.group(1)) if m else None)
-    if None in ids or len(set(ids)) != len(ids):
-        return list(range(1, len(files) + 1))
-    return ids
 
 
 def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, str]:
@@ -163,7 +152,7 @@ def caption(
     cfg.unk_id = None if allow_unk else unk_id(vocab)
     batch_size = batch_size or int(data_art.config.get("batch_size") or 32)
     workers = default_workers(dev.type) if workers is None else workers
-    ids = image_ids(files)
+    ids = ids_from_names(files)
 
     settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": seed, "weights": str(bb.weights),
                 "device": str(dev)}
