@@ -122,6 +122,20 @@ def parent_option(opts: dict, positional: str, what: str) -> str | None:
     return chosen or alias
 
 
+# The trainer extra (`pip install 'rdpp[train]'`): what prepro's CNN features, train-xe, finetune,
+# sample, caption and demo import. score, ls, verify and plot run without it.
+TRAINER_MODULES = ("torch", "torchvision")
+TRAIN_INSTALL = "pip install 'rdpp[train]'"
+
+
+def needs_trainer(fn, module: str | None) -> str:
+    """The one line a command that needs the trainer says when torch/torchvision is not installed."""
+    name = getattr(fn, "__module__", "").rsplit(".", 1)[-1].replace("_", "-")
+    command = f"rdpp {name}" if name and name != "common" else "this command"
+    return (f"{command} needs the trainer ({module or 'torch'} is not installed); install it with "
+            f"{TRAIN_INSTALL} (the evaluator alone, `pip install rdpp`, runs score, ls, verify and plot)")
+
+
 def stage(fn):
     """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
 
@@ -134,6 +148,11 @@ def stage(fn):
             return fn(*args, **kwargs)
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
+            raise typer.Exit(2) from None
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in TRAINER_MODULES:
+                raise
+            err_console.print(f"[red]error:[/red] {escape(needs_trainer(fn, e.name))}", soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)

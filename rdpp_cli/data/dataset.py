@@ -3,7 +3,8 @@
 Reads only the rows asked for (COCO's att features are ~100 GB): every accessor takes image
 indices (rows of captions.h5 / features.h5) and returns just those images. HDF5 handles are opened
 lazily per process, so a ``DataArtifact`` can be handed to DataLoader workers; reads are safe from
-several threads (the training loader's read-ahead).
+several threads (the training loader's read-ahead). torch is imported only by the two functions
+that make tensors, so that `rdpp score` reads references without the trainer installed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 
 from rdpp_cli.artifacts import Artifact, read_artifact
 from rdpp_cli.data.vocab import decode_ids
@@ -117,6 +117,8 @@ class DataArtifact:
 
     def features(self, idx, device: torch.device | str = "cpu"):
         """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``."""
+        import torch
+
         fc, att, lens = self.feature_rows(idx)
         return (torch.from_numpy(fc).to(device).float(), torch.from_numpy(att).to(device).float(),
                 att_mask(lens, att.shape[1], device))
@@ -186,6 +188,8 @@ def att_mask(lens: np.ndarray | None, regions: int, device: torch.device | str =
     """(B, R) float mask of the valid att regions from ``att_len`` (None: every region is valid)."""
     if lens is None:
         return None
+    import torch
+
     lens_t = torch.from_numpy(np.asarray(lens, dtype=np.int64))
     return (torch.arange(regions)[None, :] < lens_t[:, None]).float().to(device)
 
