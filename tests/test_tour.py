@@ -44,17 +44,21 @@ score:
 """
 
 
+def run_verbatim(lines: list[str], cwd: Path) -> None:
+    """Each command line as a user types it, with the installed `rdpp`, in ``cwd``."""
+    env = {**os.environ, "RDPP_NO_PROGRESS": "1", "COLUMNS": "160"}
+    env.pop("RDPP_WORKSPACE", None)
+    rdpp = os.path.join(os.path.dirname(sys.executable), "rdpp")
+    for line in lines:
+        r = subprocess.run([rdpp, *line.split()[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
+
+
 def test_the_five_commands_verbatim(tmp_path):
     generate_toy(tmp_path / "toy-source", images=150, seed=1)
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "rdpp.yaml").write_text(RDPP_YAML)
-    env = {**os.environ, "RDPP_NO_PROGRESS": "1", "COLUMNS": "160"}
-    env.pop("RDPP_WORKSPACE", None)
-    rdpp = os.path.join(os.path.dirname(sys.executable), "rdpp")
-    for line in TOUR:
-        args = [rdpp, *line.split()[1:]]
-        r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
+    run_verbatim(TOUR, tmp_path)
 
     arts = {a.path.parent.name + "/" + a.name: a for a in list_artifacts(tmp_path / "runs")}
     assert set(arts) == {"data/coco-v1", "xe/att2in-small-v1", "finetune/dpp-m5-v1",
@@ -132,13 +136,7 @@ def test_the_own_dataset_commands_verbatim(tmp_path):
     headless_mobilenet(tmp_path / "mobilenet_v2-b0353104.pth")
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "rdpp.yaml").write_text(OWN_YAML)
-    env = {**os.environ, "RDPP_NO_PROGRESS": "1", "COLUMNS": "160"}
-    env.pop("RDPP_WORKSPACE", None)
-    rdpp = os.path.join(os.path.dirname(sys.executable), "rdpp")
-    for line in OWN_TOUR:
-        r = subprocess.run([rdpp, *line.split()[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600)
-        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
+    run_verbatim(OWN_TOUR, tmp_path)
 
     arts = {a.path.parent.name + "/" + a.name: a for a in list_artifacts(tmp_path / "runs")}
     data = arts["data/captions-v1"]

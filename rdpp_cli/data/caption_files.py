@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rdpp_cli.artifacts import sha256_file
 from rdpp_cli.console import note
 from rdpp_cli.data.karpathy import KARPATHY_SPLITS, tokenize
 from rdpp_cli.errors import RdppError
@@ -71,7 +72,7 @@ class CaptionSource:
         """Each source file (caption files and split lists) with its format and sha256: the manifest's
         record of where the captions came from."""
         rows = [(p, fmt) for p, fmt in self.files] + [(p, "split list") for p in self.side_files]
-        return [{"path": str(p.resolve()), "format": fmt, "sha256": file_sha256(p)} for p, fmt in rows]
+        return [{"path": str(p.resolve()), "format": fmt, "sha256": sha256_file(p)} for p, fmt in rows]
 
     @property
     def name(self) -> str:
@@ -80,14 +81,6 @@ class CaptionSource:
         if fmts <= {"karpathy", "coco"}:
             return "coco"
         return "flickr" if fmts <= {"karpathy", "flickr"} else "captions"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def hash_split(name: str) -> str:
