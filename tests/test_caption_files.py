@@ -116,7 +116,7 @@ def test_csv_with_a_header_in_any_column_order_paths_relative_to_the_file(tmp_pa
     hand = karpathy([{"rel": f"photos/{n}", "id": i + 1, "split": SPLITS[i], "caps": caps(i)}
                      for i, n in enumerate(names)], tmp_path / "hand.json")
     got = check_route(tmp_path, hand, tmp_path / "set", [tmp_path / "set" / "mine.csv"])
-    assert got.config["images_root"] == str((tmp_path / "set").resolve())
+    assert Path(got.config["images_root"]).resolve() == (tmp_path / "set").resolve()
 
 
 def test_csv_without_header_and_jsonl_with_ids_under_images_root(tmp_path):
@@ -166,7 +166,7 @@ def test_coco_caption_files_split_by_their_names_images_found_beside_annotations
     assert [detect(f)[0] for f in files] == ["coco", "coco"]
     hand = karpathy(images, tmp_path / "hand.json")
     got = check_route(tmp_path, hand, tmp_path / "coco", files, name="coco")  # no --images-root
-    assert got.config["images_root"] == str((tmp_path / "coco").resolve())
+    assert Path(got.config["images_root"]).resolve() == (tmp_path / "coco").resolve()
 
 
 def test_coco_caption_files_with_a_karpathy_split_file(tmp_path):

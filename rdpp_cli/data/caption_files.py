@@ -462,9 +462,10 @@ def read_caption_files(paths: Sequence[Path | str], images_root: Path | str | No
         bases.append(locate_images(p, fmt, found, root, need_files))
         side += flickr_split_lists(p)[1] if fmt == "flickr" else []
         photos += [(f, bases[-1]) for f in found]
-    top = root or Path(os.path.commonpath([b.resolve() for b in bases]))
+    # absolute paths without resolving links: a linked photo keeps its name under the root
+    top = root or Path(os.path.commonpath([os.path.abspath(b) for b in bases]))
     for f, base in photos:
-        f.relpath = Path(os.path.relpath((base / f.name).resolve(), top.resolve())).as_posix()
+        f.relpath = Path(os.path.relpath(os.path.abspath(base / f.name), os.path.abspath(top))).as_posix()
     _no_image_twice([f for f, _ in photos])
     found = [f for f, _ in photos]
     assign_ids(found)
