@@ -92,7 +92,7 @@ def test_score_a_samples_artifact_ls_verify_and_plot_without_torch(no_trainer, t
 def test_a_trainer_command_says_how_to_install_the_trainer(no_trainer, tmp_path, command):
     r = run(no_trainer, *command, "--workspace", tmp_path / "ws")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    name = " ".join(command[:1])
+    name = " ".join(command[:2] if command[0] == "prepro" else command[:1])
     assert r.returncode == 2 and len(lines) == 1, r.stdout + r.stderr
     assert lines[0].startswith(f"error: rdpp {name} needs the trainer (torch is not installed)"), lines[0]
     assert "pip install 'rdpp[train]'" in lines[0]

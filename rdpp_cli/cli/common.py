@@ -133,10 +133,10 @@ TRAINER_MODULES = ("torch", "torchvision")
 TRAIN_INSTALL = "pip install 'rdpp[train]'"
 
 
-def needs_trainer(fn, module: str | None) -> str:
+def needs_trainer(ctx: typer.Context | None, module: str | None) -> str:
     """The one line a command that needs the trainer says when torch/torchvision is not installed."""
-    name = getattr(fn, "__module__", "").rsplit(".", 1)[-1].replace("_", "-")
-    command = f"rdpp {name}" if name and name != "common" else "this command"
+    words = ctx.command_path.split()[1:] if ctx is not None else []  # the program's own name aside
+    command = " ".join(["rdpp", *words]) if words else "this command"
     return (f"{command} needs the trainer ({module or 'torch'} is not installed); install it with "
             f"{TRAIN_INSTALL} (the evaluator alone, `pip install rdpp`, runs score, ls, verify and plot)")
 
@@ -157,7 +157,9 @@ def stage(fn):
         except ImportError as e:
             if (e.name or "").split(".")[0] not in TRAINER_MODULES:
                 raise
-            err_console.print(f"[red]error:[/red] {escape(needs_trainer(fn, e.name))}", soft_wrap=True, highlight=False)
+            ctx = kwargs.get("ctx", next((a for a in args if isinstance(a, typer.Context)), None))
+            err_console.print(f"[red]error:[/red] {escape(needs_trainer(ctx, e.name))}", soft_wrap=True,
+                              highlight=False)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
