@@ -222,8 +222,8 @@ def unk_lover(tmp_path_factory):
     data = prepro_toy(workspace=ws, images=60, seed=1)
     ds = DataArtifact(data)
     torch.manual_seed(0)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
                                     input_encoding_size=32, att_hid_size=32))
     with torch.no_grad():
         net.logit.bias[unk_id(ds.words)] += 8.0
@@ -260,8 +260,8 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     ws, ds, net, _ = unk_lover
     real_decode, seen = dec.decode, []
 
-    def spy(model, fc, att, cfg, **kw):
-        out = real_decode(model, fc, att, cfg, **kw)
+    def spy(model, att, cfg, **kw):
+        out = real_decode(model, att, cfg, **kw)
         seen.append(out.tokens)
         return out
 
@@ -269,7 +269,7 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     greedy_cider(net, ds, ds.split_indices("val"))
     toks = torch.cat([t.flatten() for t in seen])
     assert len(toks) and not (toks == unk_id(ds.words)).any()
-    unk_only = real_decode(net.eval(), None, ds.features(ds.split_indices("val"))[1],
+    unk_only = real_decode(net.eval(), ds.features(ds.split_indices("val"))[1],
                            dec.DecodeConfig(method="greedy", max_len=4)).tokens
     assert (unk_only == unk_id(ds.words)).all()  # without suppression this model says nothing else
 

@@ -15,40 +15,40 @@ import torch
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.data.toy import prepro_toy
 from rdpp_cli.decoding.decode import DecodeConfig, decode
-from rdpp_cli.models.att2in import Att2in, Att2inConfig, _AttScores
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.ops import AttScores
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.rewards import dpp_weights, pg_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-V, FC, ATT, R, L = 40, 24, 24, 6, 9
+V, ATT, R, L = 40, 24, 6, 9
 
 
 def _model(seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
     cfg = Att2inConfig(vocab_size=V, input_encoding_size=32, rnn_size=32, att_hid_size=32,
-                       fc_feat_size=FC, att_feat_size=ATT, drop_prob_lm=0.0, seq_length=L)
+                       att_feat_size=ATT, drop_prob_lm=0.0, seq_length=L)
     return Att2in(cfg).double().eval()
 
 
 def _inputs(B: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     att = torch.rand(B, R, ATT, generator=g, dtype=torch.float64)
-    fc = att.mean(1)
     seqs = torch.randint(1, V + 1, (B, 3, L), generator=g)
     seqs[:, :, 6:] = 0  # captions of 6 words
     seqs[0, 0, 2:] = 0  # and one of 2
-    return fc, att, seqs
+    return att, seqs
 
 
 def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
     cpu = _model()
     gpu = _model().cuda()
-    fc, att, seqs = _inputs(4)
+    att, seqs = _inputs(4)
     outs = {}
     for name, net, dev in (("cpu", cpu, "cpu"), ("cuda", gpu, "cuda")):
         net.train()
-        tok, mask = net.token_logprobs(fc.to(dev), att.to(dev), seqs.to(dev))
+        tok, mask = net.token_logprobs(att.to(dev), seqs.to(dev))
         w = torch.linspace(-1, 1, tok.shape[0], dtype=torch.float64, device=dev)
         pg_loss(tok, mask, w).backward()
         outs[name] = (tok.detach().cpu(), mask.cpu(), {k: p.grad.cpu() for k, p in net.named_parameters()})
@@ -67,7 +67,7 @@ def test_attention_scores_gradient_on_cuda():
     k2 = torch.randn(2, 5, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
     q = torch.randn(2, 3, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(_AttScores.apply, (k2, q, w))
+    assert torch.autograd.gradcheck(AttScores.apply, (k2, q, w))
 
 
 @pytest.mark.parametrize("cfg", [
@@ -76,9 +76,9 @@ def test_attention_scores_gradient_on_cuda():
     DecodeConfig(method="dbs", beam=2, groups=3, n=6, max_len=L, diversity_lambda=0.5),
 ], ids=["greedy", "beam", "dbs"])
 def test_deterministic_decoding_matches_the_cpu(cfg):
-    fc, att, _ = _inputs(8)
-    cpu = decode(_model(), fc, att, cfg)
-    gpu = decode(_model().cuda(), fc.cuda(), att.cuda(), cfg)
+    att, _ = _inputs(8)
+    cpu = decode(_model(), att, cfg)
+    gpu = decode(_model().cuda(), att.cuda(), cfg)
     assert torch.equal(gpu.tokens.cpu(), cpu.tokens)
     torch.testing.assert_close(gpu.logprobs.cpu(), cpu.logprobs, rtol=1e-6, atol=1e-6)  # float32 out
 
@@ -86,14 +86,13 @@ def test_deterministic_decoding_matches_the_cpu(cfg):
 def test_random_sampling_on_cuda_follows_the_model():
     """First words of 20,000 samples on the GPU against the model's own first-step distribution."""
     net = _model().cuda()
-    fc, att, _ = _inputs(1)
-    fc, att = fc.cuda(), att.cuda()
+    att = _inputs(1)[0].cuda()
     n = 20000
-    out = decode(net, fc, att, DecodeConfig(method="random", n=n, max_len=L),
+    out = decode(net, att, DecodeConfig(method="random", n=n, max_len=L),
                  generator=torch.Generator(device="cuda").manual_seed(0))
     first = out.tokens.reshape(n, -1)[:, 0].cpu()
     with torch.no_grad():
-        probs = net(fc, att, torch.zeros(1, 1, L, dtype=torch.long, device="cuda"))[0, 0].exp().cpu()
+        probs = net(att, torch.zeros(1, 1, L, dtype=torch.long, device="cuda"))[0, 0].exp().cpu()
     freq = torch.bincount(first, minlength=V + 1).double() / n
     assert 0.5 * (freq - probs).abs().sum() < 0.03  # total variation; ~0.01 expected from noise
 
@@ -144,7 +143,7 @@ def test_on_policy_replay_on_cuda(tmp_path):
     data = DataArtifact.open(write_tiny_data(tmp_path / "tiny", n_train=12, n_val=4))
     torch.manual_seed(0)
     model = Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=32, rnn_size=32, att_hid_size=32,
-                                fc_feat_size=16, att_feat_size=16, drop_prob_lm=0.5, seq_length=8)).cuda().train()
+                                att_feat_size=16, drop_prob_lm=0.5, seq_length=8)).cuda().train()
     batch = next(iter(CaptionBatches(data, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0))).to("cuda")
     step = RewardStep(data=data, cider=TrainCider.for_data(data), reward="dpp", m=4, max_len=8)
     d = step.sample(model, batch)

@@ -18,7 +18,7 @@ V = 15
 def model(seed=0, scale=1.0):
     """A small random Att2in; ``scale`` multiplies the output layer (peakier distributions)."""
     torch.manual_seed(seed)
-    m = Att2in(config_from_preset("small", V, 4, 6, 8, rnn_size=24, input_encoding_size=12,
+    m = Att2in(config_from_preset("small", V, 6, 8, rnn_size=24, input_encoding_size=12,
                                   att_hid_size=12, drop_prob_lm=0.0)).eval()
     with torch.no_grad():
         m.logit.weight.mul_(scale)
@@ -60,11 +60,11 @@ def _toy_data():
 def toy():
     att, seqs = _toy_data()
     torch.manual_seed(0)
-    m = Att2in(config_from_preset("small", len(WORDS), 4, 6, 7, rnn_size=32, input_encoding_size=16,
+    m = Att2in(config_from_preset("small", len(WORDS), 6, 7, rnn_size=32, input_encoding_size=16,
                                   att_hid_size=16, drop_prob_lm=0.0))
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
     for _ in range(150):
-        tok, mask = sequence_logprobs(m(None, att, seqs), seqs)
+        tok, mask = sequence_logprobs(m(att, seqs), seqs)
         loss = -tok.sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -78,7 +78,7 @@ def words(ids) -> str:
 
 
 def run(m, att, gen_seed=0, **kw):
-    return decode(m, None, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
+    return decode(m, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
 
 
 def test_outputs_are_valid_sequences_of_the_model(feats):
@@ -91,7 +91,7 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
         pos = torch.arange(T)
         assert torch.equal(d.tokens > 0, pos < d.lengths.unsqueeze(-1)), method
         # the recorded log-probs are the model's: teacher forcing the tokens gives the same numbers
-        tok, mask = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        tok, mask = sequence_logprobs(m(feats, d.tokens), d.tokens)
         assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
         assert torch.equal(mask.view(B, n, T + 1).sum(-1), (d.lengths + 1).float()), method
         assert torch.allclose(d.seq_logprob, d.logprobs.sum(-1)), method
@@ -100,7 +100,7 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
 class StepTable:
     """A model for hand-computed cases: ``step`` (a fixed table in subclasses) ignores the image."""
 
-    def encode(self, fc, att, mask=None):
+    def encode(self, att, mask=None):
         return att
 
     def expand(self, enc, n):
@@ -121,11 +121,11 @@ def test_greedy_by_hand_and_max_len():
             return lp, state
 
     att = torch.zeros(2, 1, 1)
-    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=10))
+    d = decode(Table(), att, DecodeConfig(method="greedy", max_len=10))
     assert d.tokens[0, 0].tolist() == [1, 2, 3]
     assert d.lengths.tolist() == [[3], [3]]
     assert d.seq_logprob[0, 0].item() == pytest.approx(4 * torch.tensor(0.7).log().item(), rel=1e-6)
-    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=2))
+    d = decode(Table(), att, DecodeConfig(method="greedy", max_len=2))
     assert d.tokens[0, 0].tolist() == [1, 2]
     # the EOS forced after 2 words costs its own log-prob, log 0.075
     assert d.logprobs[0, 0].tolist() == pytest.approx([torch.tensor(x).log().item() for x in (0.7, 0.7, 0.075)])
@@ -216,7 +216,7 @@ def test_diverse_beam_search_gives_more_distinct_captions(toy):
     assert _distinct(div)[0] > _distinct(same)[0]
     assert _distinct(div)[1] > _distinct(same)[1]  # and more distinct bigrams
     # the reported log-probs are the model's, not the penalised ranking scores
-    tok, _ = sequence_logprobs(m(None, feats, div.tokens), div.tokens)
+    tok, _ = sequence_logprobs(m(feats, div.tokens), div.tokens)
     assert torch.allclose(tok.view_as(div.logprobs), div.logprobs, atol=1e-5)
     # the first group of DBS is plain beam search of width K
     b = run(m, feats, method="beam", beam=K, n=K, max_len=8)
@@ -236,7 +236,7 @@ def test_same_seed_same_samples(toy):
 def test_top_k_and_nucleus_stay_in_their_sets(feats):
     m = model(scale=2.0)
     d = run(m, feats, method="topk", top_k=2, n=20, max_len=1)
-    lp0 = m.step(torch.zeros(12, dtype=torch.long), m.encode(None, feats), m.init_state(12))[0]
+    lp0 = m.step(torch.zeros(12, dtype=torch.long), m.encode(feats), m.init_state(12))[0]
     top2 = lp0.topk(2, -1).indices
     first = d.tokens[:, :, 0]
     assert ((first.unsqueeze(-1) == top2.unsqueeze(1)).any(-1)).all()
@@ -265,7 +265,7 @@ def test_every_method_works_with_its_defaults(feats):
             "dbs": dict(groups=6, beam=1), "random": dict(top_k=None, top_p=None, beam=None, groups=None)}
     for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
         cfg = DecodeConfig(method=method, n=6, max_len=5)
-        d = decode(m, None, feats, cfg, generator=torch.Generator().manual_seed(0))
+        d = decode(m, feats, cfg, generator=torch.Generator().manual_seed(0))
         assert d.tokens.shape[:2] == (12, 6)
         for k, v in want.get(method, {}).items():
             assert getattr(cfg, k) == v, (method, k)
@@ -273,7 +273,7 @@ def test_every_method_works_with_its_defaults(feats):
     assert DecodeConfig(method="dbs", n=20, groups=4).check().beam == 5
     assert DecodeConfig(method="dbs", n=20, beam=5).check().groups == 4
     assert DecodeConfig(method="topk", top_k=3).check().top_k == 3  # given settings are kept
-    d = decode(m, None, feats, DecodeConfig(method="dbs", n=6, max_len=5))
+    d = decode(m, feats, DecodeConfig(method="dbs", n=6, max_len=5))
     assert len({tuple(r) for r in d.tokens[0].tolist()}) > 1  # one caption per group, not one beam
 
 
@@ -288,7 +288,7 @@ def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
         "from rdpp_cli.decoding import DecodeConfig, decode\n"
         f"m, vocab, _ = load_model({str(tmp_path / 'best.pt')!r})\n"
         f"att = torch.load({str(tmp_path / 'att.pt')!r})\n"
-        "print(json.dumps(decode(m, None, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"
+        "print(json.dumps(decode(m, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == want
@@ -341,7 +341,7 @@ def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
         d = run(m, feats, unk_id=V, **kw)
         assert not (d.tokens == V).any() and (d.lengths > 0).any(), method
         B, n, T = d.tokens.shape
-        tok, _ = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        tok, _ = sequence_logprobs(m(feats, d.tokens), d.tokens)
         assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
 
 
@@ -356,8 +356,8 @@ def test_unk_suppression_by_hand():
             return p.log(), state
 
     att = torch.zeros(1, 1, 1)
-    assert decode(Table(), None, att, DecodeConfig(method="greedy", max_len=3)).tokens[0, 0].tolist() == [4, 4, 4]
+    assert decode(Table(), att, DecodeConfig(method="greedy", max_len=3)).tokens[0, 0].tolist() == [4, 4, 4]
     for method in ("greedy", "beam"):
-        d = decode(Table(), None, att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
+        d = decode(Table(), att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
         assert d.tokens[0, 0].tolist() == [1], method
         assert d.seq_logprob[0, 0].item() == pytest.approx(float(torch.tensor(0.3 * 0.3).log()), rel=1e-6)

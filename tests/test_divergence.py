@@ -1,4 +1,4 @@
-"""NaN, Inf and absurd options (issue 17, item 3): a diverging run stops with one line and never writes
+"""NaN, Inf and absurd options (docs/training.md): a diverging run stops with one line and never writes
 a non-finite checkpoint; absurd options are refused before anything is written; JSON never holds NaN."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def data(tmp_path_factory) -> DataArtifact:
 def _model(data: DataArtifact) -> Att2in:
     torch.manual_seed(0)
     return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                               fc_feat_size=data.fc_dim, att_feat_size=data.att_dim, seq_length=data.seq_length))
+                               att_feat_size=data.att_dim, seq_length=data.seq_length))
 
 
 def _train(data: DataArtifact, out: Path, step_fn, epochs: int = 3, model=None, after_step=None):

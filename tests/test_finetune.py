@@ -246,7 +246,7 @@ def _independent_reward(d: DataArtifact, samples: np.ndarray, index: np.ndarray)
         for i in range(M):
             for j in range(i, M):
                 S[i, j] = S[j, i] = cider_reference.cider_d([(c[j], [c[i]])], df, ref_len)[0]
-        Lk = S * np.outer(q[b], q[b])  # DESIGN §6: L = S ⊙ q qᵀ, w_i = (1/M) Σ_j sign((L + εI)⁻¹_ij) L_ij
+        Lk = S * np.outer(q[b], q[b])  # docs/rewards.md#r-dpp: L = S ⊙ q qᵀ, w_i = (1/M) Σ_j sign((L + εI)⁻¹_ij) L_ij
         w[b] = (np.sign(np.linalg.inv(Lk + 1e-10 * np.eye(M))) * Lk).sum(1) / M
     return caps, q, self_c, w
 
@@ -254,7 +254,7 @@ def _independent_reward(d: DataArtifact, samples: np.ndarray, index: np.ndarray)
 def test_the_logged_sample_cider_and_self_cider_are_those_of_the_steps_samples(ws, one_step):
     """metrics.csv's sample_cider, self_cider and reward (the mean R-DPP weight) of the epoch (its
     one step), recomputed from the step's captions with pycocoevalcap's scorer, the authors'
-    self-CIDEr formula and DESIGN's weights."""
+    self-CIDEr formula and the R-DPP weights of docs/rewards.md#r-dpp."""
     art, step, batch, draw, _ = one_step
     caps, q, self_c, w = _independent_reward(_data(ws), draw.samples.numpy(), batch.index)
     row = pd.read_csv(art.path / "metrics.csv").iloc[0]
@@ -267,8 +267,8 @@ def test_the_logged_sample_cider_and_self_cider_are_those_of_the_steps_samples(w
 
 
 def test_the_step_is_a_descent_step_of_the_rdpp_loss_of_its_samples(ws, one_step):
-    """The run's one update, against the R-DPP loss of the step's samples written out here (DESIGN
-    §6, with weights computed independently: -w_i · log p(c_i,t) summed over each sample slot's
+    """The run's one update, against the R-DPP loss of the step's samples written out here
+    (docs/rewards.md#the-objectives, with weights computed independently: -w_i · log p(c_i,t) summed over each sample slot's
     tokens across the batch, divided by their number, averaged over the M slots): Adam's first step
     moves each weight by -lr · g/(|g| + eps), against the sign of the gradient g, and to first
     order it raises Σ_i w_i log p(c_i). Training on another objective fails this: without R-DPP's

@@ -1,4 +1,4 @@
-"""Lineage by content (issue 17, items 1 and 6): a stage combines only artifacts that belong together
+"""Lineage by content (docs/workspace.md#lineage-inputs-by-content): a stage combines only artifacts that belong together
 (by manifest hash, not image ids or paths), opens recorded inputs only when their manifest hash still
 matches, and `rdpp verify` finds missing or changed files, changed inputs and broken lineage."""
 
@@ -29,7 +29,7 @@ os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# -- helpers the other issue-17 test modules share ------------------------------------------------
+# -- helpers the other workspace and lineage test modules share ---------------------------------
 
 def rdpp(*args):
     return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"})
@@ -48,8 +48,8 @@ def model_artifact(ws: Path, data, *, group: str = "xe", name: str = "att2in", s
     """A small untrained Att2in as a complete model artifact made from ``data`` (an Artifact)."""
     ds = DataArtifact(data)
     torch.manual_seed(seed)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
                                     input_encoding_size=32, att_hid_size=32))
     cfg = {"stage": "xe" if group == "xe" else "finetune", "seed": seed}
     out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)

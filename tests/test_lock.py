@@ -1,4 +1,4 @@
-"""The run lock (issue 17, item 2): a run holds its output folder for its whole length; a second
+"""The run lock (docs/workspace.md#locks): a run holds its output folder for its whole length; a second
 identical run is refused with one line naming the holder; a dead holder's lock is taken over."""
 
 from __future__ import annotations

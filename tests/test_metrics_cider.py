@@ -111,7 +111,7 @@ def test_ref_index_equals_repeated_single_caption_runs(coco):
 
 
 def _direct_cider_d(hyp, refs, df, num_docs, sigma=6.0):
-    """DESIGN §4 written out directly, one n-gram at a time."""
+    """The definition of docs/metrics.md#cider-d written out directly, one n-gram at a time."""
     def counts(c, n):
         w = c.split()
         out = defaultdict(int)

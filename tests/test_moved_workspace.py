@@ -1,4 +1,4 @@
-"""A moved workspace (issue 17, item 4): inputs are recorded relative to the workspace with their
+"""A moved workspace (docs/workspace.md): inputs are recorded relative to the workspace with their
 manifest hash, found by hash where a path moved, and a run's resume identity is its content (input
 hashes and options), so that after `mv runs elsewhere` sample, score, ls and resume all work."""
 

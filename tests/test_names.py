@@ -1,4 +1,4 @@
-"""Names that tell (issue 17, item 5): samples and scores are named after their parent, `rdpp ls`
+"""Names that tell (docs/workspace.md): samples and scores are named after their parent, `rdpp ls`
 shows the model behind them, and `--from` names the parent artifact in every command."""
 
 from __future__ import annotations

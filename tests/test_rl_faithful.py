@@ -1,4 +1,4 @@
-"""The RL objective is the published one (issue 16): the end token in the training CIDEr-D and its
+"""The RL objective is the published one (docs/rewards.md): the end token in the training CIDEr-D and its
 document frequencies, the published kernel direction, on-policy samples, no loss on a forced EOS,
 outdated data refused, and the paper preset.
 
@@ -231,14 +231,14 @@ def test_a_caption_at_the_length_limit_is_scored_without_an_end_token(data):
 
 def test_validation_scores_the_greedy_caption_with_the_end_token(data):
     model = Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                                fc_feat_size=8, att_feat_size=8, seq_length=MAX_LEN))
+                                att_feat_size=8, seq_length=MAX_LEN))
     val = data.split_indices("val")
     got = greedy_cider(model, data, val)["val_cider"]
     from rdpp_cli.decoding.decode import DecodeConfig, decode
 
-    fc, att, mask = data.features(val)
+    _, att, mask = data.features(val)
     model.eval()
-    hyps = decode(model, fc, att, DecodeConfig(method="greedy", max_len=MAX_LEN)).tokens[:, 0].numpy()
+    hyps = decode(model, att, DecodeConfig(method="greedy", max_len=MAX_LEN)).tokens[:, 0].numpy()
     q_pub, _, _ = published_reward(data, hyps[:, None, :], data.references_ids(val))
     assert got == pytest.approx(float(q_pub.sum()), abs=1e-12)
 
@@ -253,7 +253,7 @@ def tiny(tmp_path_factory):
 def _policy(tiny: DataArtifact, dropout: float = 0.5) -> Att2in:
     torch.manual_seed(0)
     return Att2in(Att2inConfig(vocab_size=tiny.vocab_size, input_encoding_size=24, rnn_size=24, att_hid_size=24,
-                               fc_feat_size=16, att_feat_size=16, drop_prob_lm=dropout, seq_length=8))
+                               att_feat_size=16, drop_prob_lm=dropout, seq_length=8))
 
 
 def _batch(tiny: DataArtifact):
@@ -272,7 +272,7 @@ def test_the_loss_uses_the_log_probs_the_captions_were_drawn_with(tiny):
     assert on.sum() > 40
     assert torch.allclose(token_logp[on], drawn[on], atol=1e-5, rtol=0)
     # the same captions scored with fresh dropout (what rdpp did before) are far from it
-    fresh, _ = model.token_logprobs(batch.fc, batch.att, d.samples)
+    fresh, _ = model.token_logprobs(batch.att, d.samples)
     assert (fresh[on] - drawn[on]).abs().max() > 0.5
     # the same step twice draws the same captions (the masks come from the step's seeded generator)
     again = step.sample(model, batch)

@@ -40,7 +40,7 @@ class Crash(Exception):
 
 def _tiny_model(data: DataArtifact, dropout: float = 0.0, size: int = 32) -> Att2in:
     return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=size, rnn_size=size,
-                               att_hid_size=size, fc_feat_size=data.fc_dim, att_feat_size=data.att_dim,
+                               att_hid_size=size, att_feat_size=data.att_dim,
                                drop_prob_lm=dropout, seq_length=data.seq_length))
 
 
@@ -70,8 +70,8 @@ def test_tiny_model_overfits_four_images(tmp_path):
 
     model.eval()
     idx = d.split_indices("train")
-    fc, att, mask = d.features(idx)
-    got = decode(model, fc, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]
+    _, att, mask = d.features(idx)
+    got = decode(model, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]
     assert [d.decode(t) for t in got] == [d.references_raw([i])[0][0] for i in idx]
 
 
@@ -180,8 +180,8 @@ def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_p
         "from rdpp_cli.models.checkpoint import load_model\n"
         "from rdpp_cli.decoding.decode import DecodeConfig, decode\n"
         "d = DataArtifact.open(sys.argv[1]); m, vocab, _ = load_model(sys.argv[2])\n"
-        "idx = d.split_indices('val'); fc, att, mask = d.features(idx)\n"
-        "t = decode(m, fc, att, DecodeConfig(method='greedy', max_len=d.seq_length)).tokens[:, 0]\n"
+        "idx = d.split_indices('val'); _, att, mask = d.features(idx)\n"
+        "t = decode(m, att, DecodeConfig(method='greedy', max_len=d.seq_length)).tokens[:, 0]\n"
         "print(json.dumps([d.decode(r) for r in t]))\n"
     )
     out = subprocess.run([sys.executable, "-c", script, str(data_dir), str(art.path / "checkpoints" / "best.pt")],
@@ -194,8 +194,8 @@ def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_p
     d = DataArtifact.open(data_dir)
     model, _, _ = load_model(art.path / "checkpoints" / "best.pt")
     idx = d.split_indices("val")
-    fc, att, _ = d.features(idx)
-    here = [d.decode(r) for r in decode(model, fc, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]]
+    _, att, _ = d.features(idx)
+    here = [d.decode(r) for r in decode(model, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]]
     assert fresh == here and len(here) == 6 and all(here)
 
 
@@ -236,7 +236,7 @@ def test_a_model_artifact_given_as_data(data_dir, tmp_path):
 def test_init_from_a_checkpoint_of_another_vocabulary(data_dir, tmp_path):
     d = DataArtifact.open(data_dir)
     other = Att2in(Att2inConfig(vocab_size=5, rnn_size=8, att_hid_size=8, input_encoding_size=8,
-                                fc_feat_size=d.fc_dim, att_feat_size=d.att_dim))
+                                att_feat_size=d.att_dim))
     save_checkpoint(tmp_path / "other.pt", other, ["w1", "w2", "w3", "w4", "UNK"])
     r = _cli("--data", data_dir, "--init-from", tmp_path / "other.pt", "--out", tmp_path / "o", "--device", "cpu")
     assert r.exit_code == 2
@@ -303,7 +303,7 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     labels[0, 0, 2:] = 0  # a 2-word caption: 3 tokens count (2 words + EOS)
     batch.labels = labels
     with torch.no_grad():
-        logp = model(batch.fc, batch.att, labels)  # (15, L+1, V+1)
+        logp = model(batch.att, labels)  # (15, L+1, V+1)
     total, count = 0.0, 0
     for n, seq in enumerate(labels.reshape(-1, labels.shape[-1]).tolist()):
         words = [w for w in seq if w] if 0 not in seq else seq[:seq.index(0)]

@@ -32,7 +32,7 @@ PrecisionOpt = typer.Option(  # default: rdpp_cli.precision.DEFAULT_PRECISION (n
     "fp32", "--precision", help="The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards and "
     "metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 where the hardware has it, else fp32).")
 
-# The options `rdpp train-xe` and `rdpp finetune` share (the training loop's, DESIGN §6). Typer reads
+# The options `rdpp train-xe` and `rdpp finetune` share (the training loop's, docs/training.md#decisions). Typer reads
 # options from each command's signature, so they are shared as default values, like ConfigOpt.
 GradClipOpt = typer.Option(0.1, "--grad-clip", help="Gradient clipping threshold (0 = off).")
 GradClipModeOpt = typer.Option(

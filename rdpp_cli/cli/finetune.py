@@ -34,7 +34,7 @@ def command(
         "Options given explicitly win."),
     sample_mode: str = typer.Option(
         "train", "--sample-mode", help="train: sample with dropout on and replay the same dropout in the loss "
-        "(on-policy, as the published code); eval: sample without dropout (off-policy, rdpp < 0.2)."),
+        "(on-policy, as the published code); eval: sample without dropout and score with fresh dropout (off-policy)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Passes over the training images (default: the preset's)."),
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", help="Images per optimizer step, all processes together (default: the preset's)."),

@@ -134,7 +134,7 @@ class RewardStep:
         sampling, with masks drawn in advance from the step's generator; ``loss`` replays the very
         same masks, so the log-probabilities that carry the gradient are those the captions were
         drawn with. ``"eval"``: sampled without dropout and scored with fresh dropout in ``loss``
-        (off-policy; rdpp's behaviour before 0.2, kept as an option).
+        (off-policy, an option for comparison; docs/rewards.md).
         """
         gen = self._generator(batch)
         cfg = DecodeConfig(method="random", n=self.m, max_len=self.max_len)
@@ -147,7 +147,7 @@ class RewardStep:
                 model.train()
             else:
                 model.eval()
-            dec = decode(model, batch.fc, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
+            dec = decode(model, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
         finally:
             model.train(was)
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
@@ -157,7 +157,7 @@ class RewardStep:
         was = model.training
         model.eval()
         try:
-            dec = decode(model, batch.fc, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
+            dec = decode(model, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
                          att_mask=batch.att_mask)
         finally:
             model.train(was)
@@ -212,7 +212,7 @@ class RewardStep:
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
         """Teacher-forced log-probs (B*M, T+1) of the sampled tokens and the mask of those the policy
         drew (the EOS forced after a caption of ``max_len`` words is not among them)."""
-        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, d.samples,
+        token_logp, mask = call(net, "token_logprobs", batch.att, d.samples,
                                 att_mask=batch.att_mask, drop=d.drop)
         return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
@@ -231,7 +231,7 @@ class RewardStep:
         T = max(labels.shape[-1], d.samples.shape[-1])
         seqs = torch.cat([_pad_to(labels, T), _pad_to(d.samples, T)], dim=1)  # (B, k + M, T)
         drop = self._with_reference_rows(net, batch, d, k)
-        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, seqs, att_mask=batch.att_mask,
+        token_logp, mask = call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask,
                                 drop=drop)
         token_logp, mask = token_logp.view(B, k + M, -1), mask.view(B, k + M, -1)
         xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
@@ -268,7 +268,7 @@ class RewardStep:
         (a fixed generator per batch, so epochs are compared on the same randomness)."""
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
-        dec = decode(model, batch.fc, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
+        dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
                      att_mask=batch.att_mask, generator=gen)
         q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}

@@ -5,7 +5,7 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
 
     def step_fn(model, batch: Batch) -> Tensor | tuple[Tensor, dict[str, float]]:
         # model: the network in train mode, DistributedDataParallel-wrapped under torchrun. Call it
-        #   (``model(fc, att, seqs)``, or ``call(model, "token_logprobs", fc, att, seqs)`` for another
+        #   (``model(att, seqs)``, or ``call(model, "token_logprobs", att, seqs)`` for another
         #   method) for everything that needs gradients; use ``unwrap(model)`` for no-grad work
         #   such as sampling captions with rdpp_cli.decoding.decode.
         # batch: rdpp_cli.data.loader.Batch on the training device (index, fc, att, att_mask,
@@ -152,7 +152,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def call(net: nn.Module, method: str, *args, **kwargs):
     """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
-    (e.g. ``call(net, "token_logprobs", fc, att, seqs)``); gradients are synchronised under DDP."""
+    (e.g. ``call(net, "token_logprobs", att, seqs)``); gradients are synchronised under DDP."""
     if isinstance(net, nn.parallel.DistributedDataParallel):
         return net(*args, method=method, **kwargs)
     return getattr(net, method)(*args, **kwargs)
@@ -199,7 +199,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             for batch in batches.epoch(0):
                 batch = batch.to(device)
                 with torch.no_grad():
-                    dec = decode(m, batch.fc, batch.att, greedy, att_mask=batch.att_mask)
+                    dec = decode(m, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
                     sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
                     if epoch_metrics_fn is not None:

@@ -31,10 +31,10 @@ from rdpp_cli.training.state import seed_everything
 
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
-    captions: ``sequence_logprobs(model(fc, att, labels), labels)`` through the model's faster
+    captions: ``sequence_logprobs(model(att, labels), labels)`` through the model's faster
     ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
     over the whole step's tokens, all processes together, as one process would take it."""
-    token_logp, mask = call(model, "token_logprobs", batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
+    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask)
     return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
@@ -145,8 +145,8 @@ def train_xe(
         if init_ckpt is not None:
             model = model_from_checkpoint(init_ckpt, where=init_where)
         else:
-            model = Att2in(config_from_preset(preset, vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                              att_feat_size=ds.att_dim, seq_length=ds.seq_length))
+            model = Att2in(config_from_preset(preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                              seq_length=ds.seq_length))
         # what decides the result (a rerun with these resumes the unfinished run: content, not paths) ...
         identity: dict[str, Any] = {
             "stage": "xe", "data_sha256": art.manifest_sha256, "preset": preset if init_ckpt is None else None,
