@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from rdpp_cli.artifacts import finish, prepare_output, read_artifact, write_manifest
 from rdpp_cli.cli.app import app
@@ -23,22 +22,18 @@ from rdpp_cli.models.att2in import Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import save_checkpoint
 from rdpp_cli.training.xe import train_xe
 
+from helpers import headless_mobilenet, rdpp
+
 REAL6 = Path(__file__).parent / "data" / "coco-real-6"
 PHOTOS = REAL6 / "images" / "val2017"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def rdpp(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "250", "RDPP_NO_PROGRESS": "1"})
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     """A data artifact of the six real photos (a random-init MobileNetV2 saved without its head, as a
     user's weights file) and a briefly XE-trained model on it, in one workspace."""
-    from test_real_photos import headless_mobilenet
-
     root = tmp_path_factory.mktemp("real")
     weights = headless_mobilenet(root / "mnv2.pth")
     ws = root / "runs"
@@ -61,6 +56,7 @@ class _Sheet(HTMLParser):
         self.text.append(data)
 
 
+@pytest.mark.integration
 def test_caption_folder_writes_results_and_a_self_contained_contact_sheet(real):
     ws, data, model, _ = real
     r = rdpp("caption", PHOTOS, "--workspace", ws, "--device", "cpu")
@@ -89,6 +85,7 @@ def test_caption_folder_writes_results_and_a_self_contained_contact_sheet(real):
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method,n", [("beam", 2), ("random", 3)])
 def test_captioning_the_val_photos_gives_rdpp_samples_captions(real, tmp_path, method, n):
     ws, data, model, _ = real
@@ -107,6 +104,7 @@ def test_captioning_the_val_photos_gives_rdpp_samples_captions(real, tmp_path, m
     np.testing.assert_allclose([e["logprobs"] for e in captioned], [e["logprobs"] for e in sampled], atol=1e-4)
 
 
+@pytest.mark.integration
 def test_caption_bad_input_is_one_line(real, tmp_path):
     ws, data, model, weights = real
     r = rdpp("caption", tmp_path / "nope.jpg", "--workspace", ws)
@@ -234,6 +232,7 @@ def unk_lover(tmp_path_factory):
     return ws, ds, net, model
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", ["greedy", "beam", "random", "topk", "nucleus", "dbs"])
 def test_rdpp_sample_never_says_unk_unless_allowed(unk_lover, tmp_path, method):
     ws, ds, _, model = unk_lover
@@ -249,6 +248,7 @@ def test_rdpp_sample_never_says_unk_unless_allowed(unk_lover, tmp_path, method):
     assert "UNK" not in words("default") and "UNK" in words("allowed")
 
 
+@pytest.mark.integration
 def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     """The greedy captions scored after every epoch: a spy on the decoder sees no UNK come out."""
     import importlib
@@ -274,6 +274,7 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     assert (unk_only == unk_id(ds.words)).all()  # without suppression this model says nothing else
 
 
+@pytest.mark.unit
 def test_caption_method_help_names_exactly_the_decoders_methods():
     """cli/caption.py spells the methods out (importing them would import torch at start-up)."""
     import typer

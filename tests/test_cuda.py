@@ -20,7 +20,7 @@ from rdpp_cli.models.ops import AttScores
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.rewards import dpp_weights, pg_loss
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.cuda
 
 V, ATT, R, L = 40, 24, 6, 9
 
@@ -41,6 +41,7 @@ def _inputs(B: int, seed: int = 1):
     return att, seqs
 
 
+@pytest.mark.unit
 def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
     cpu = _model()
     gpu = _model().cuda()
@@ -62,6 +63,7 @@ def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
     assert any(g.abs().sum() > 0 for g in grad_c.values())
 
 
+@pytest.mark.unit
 def test_attention_scores_gradient_on_cuda():
     g = torch.Generator(device="cuda").manual_seed(0)
     k2 = torch.randn(2, 5, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
@@ -70,6 +72,7 @@ def test_attention_scores_gradient_on_cuda():
     assert torch.autograd.gradcheck(AttScores.apply, (k2, q, w))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cfg", [
     DecodeConfig(method="greedy"),
     DecodeConfig(method="beam", beam=4, n=3, max_len=L),
@@ -83,6 +86,7 @@ def test_deterministic_decoding_matches_the_cpu(cfg):
     torch.testing.assert_close(gpu.logprobs.cpu(), cpu.logprobs, rtol=1e-6, atol=1e-6)  # float32 out
 
 
+@pytest.mark.unit
 def test_random_sampling_on_cuda_follows_the_model():
     """First words of 20,000 samples on the GPU against the model's own first-step distribution."""
     net = _model().cuda()
@@ -97,6 +101,7 @@ def test_random_sampling_on_cuda_follows_the_model():
     assert 0.5 * (freq - probs).abs().sum() < 0.03  # total variation; ~0.01 expected from noise
 
 
+@pytest.mark.unit
 def test_dpp_weights_on_cuda_equal_the_cpu():
     g = torch.Generator().manual_seed(0)
     q = torch.rand(16, 5, generator=g, dtype=torch.float64) * 3
@@ -105,6 +110,7 @@ def test_dpp_weights_on_cuda_equal_the_cpu():
     torch.testing.assert_close(dpp_weights(q.cuda(), S.cuda()).cpu(), dpp_weights(q, S), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.integration
 def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
     from rdpp_cli.decoding.sample import sample
     from rdpp_cli.training.finetune import finetune
@@ -126,19 +132,15 @@ def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
     assert next(net.parameters()).device.type == "cpu" and len(vocab) == net.config.vocab_size
 
 
+@pytest.mark.unit
 def test_on_policy_replay_on_cuda(tmp_path):
     """The RL step's on-policy property on a GPU: dropout masks drawn on the device, sampling with
     them, and the replayed teacher-forced pass give the same log-probs (float32, no TF32)."""
-    import sys
-    from pathlib import Path
-
     from rdpp_cli.data.dataset import DataArtifact
     from rdpp_cli.data.loader import CaptionBatches
     from rdpp_cli.metrics.train_cider import TrainCider
     from rdpp_cli.training.finetune import RewardStep
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_loader import write_tiny_data
+    from helpers import write_tiny_data
 
     data = DataArtifact.open(write_tiny_data(tmp_path / "tiny", n_train=12, n_val=4))
     torch.manual_seed(0)

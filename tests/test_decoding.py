@@ -12,6 +12,8 @@ import torch
 from rdpp_cli.decoding import DecodeConfig, decode
 from rdpp_cli.models import Att2in, config_from_preset, save_checkpoint, sequence_logprobs
 
+from helpers import fit_captions
+
 V = 15
 
 
@@ -62,13 +64,7 @@ def toy():
     torch.manual_seed(0)
     m = Att2in(config_from_preset("small", len(WORDS), 6, 7, rnn_size=32, input_encoding_size=16,
                                   att_hid_size=16, drop_prob_lm=0.0))
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(150):
-        tok, mask = sequence_logprobs(m(att, seqs), seqs)
-        loss = -tok.sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = fit_captions(m, att, seqs, steps=150)
     assert loss.item() < 0.5  # close to the entropy of 5 equally likely wordings (log 5 / ~5 tokens)
     return m.eval(), att
 
@@ -81,6 +77,7 @@ def run(m, att, gen_seed=0, **kw):
     return decode(m, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
 
 
+@pytest.mark.unit
 def test_outputs_are_valid_sequences_of_the_model(feats):
     m = model(scale=3.0)
     for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
@@ -110,6 +107,7 @@ class StepTable:
         return torch.zeros(N, 1), torch.zeros(N, 1)
 
 
+@pytest.mark.unit
 def test_greedy_by_hand_and_max_len():
     """A model whose step is a fixed table: greedy must follow it; max_len forces the EOS."""
 
@@ -131,6 +129,7 @@ def test_greedy_by_hand_and_max_len():
     assert d.logprobs[0, 0].tolist() == pytest.approx([torch.tensor(x).log().item() for x in (0.7, 0.7, 0.075)])
 
 
+@pytest.mark.unit
 def test_beam_width_1_top_k_1_nucleus_p0_and_cold_temperature_equal_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -151,6 +150,7 @@ def _pad(t, T=8):
     return torch.nn.functional.pad(t, (0, T - t.shape[-1]))
 
 
+@pytest.mark.unit
 def test_temperature_to_zero_approaches_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -164,6 +164,7 @@ def test_temperature_to_zero_approaches_greedy(toy):
     assert agree == sorted(agree)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("which", ["toy", "random"])
 def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     m, feats = toy if which == "toy" else (model(seed=3, scale=1.5), feats)
@@ -176,6 +177,7 @@ def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     assert (b.seq_logprob[:, 0] > g.seq_logprob[:, 0] + 1e-3).any()  # and it does find better ones
 
 
+@pytest.mark.unit
 def test_beam_length_normalisation_prefers_longer_captions(toy):
     """On the trained toy captioner (short and long wordings of every image), ranking by
     log-prob / len**alpha (len counting the EOS) picks longer captions than plain log-prob."""
@@ -205,6 +207,7 @@ def _distinct(d):
     return distinct, bigrams
 
 
+@pytest.mark.unit
 def test_diverse_beam_search_gives_more_distinct_captions(toy):
     m, feats = toy
     B = feats.shape[0]
@@ -223,6 +226,7 @@ def test_diverse_beam_search_gives_more_distinct_captions(toy):
     assert torch.equal(div.tokens[:, 0, :b.tokens.shape[-1]], b.tokens[:, 0])
 
 
+@pytest.mark.unit
 def test_same_seed_same_samples(toy):
     m, feats = toy
     for method in ("random", "topk", "nucleus"):
@@ -233,6 +237,7 @@ def test_same_seed_same_samples(toy):
         assert not torch.equal(a.tokens, c.tokens)
 
 
+@pytest.mark.unit
 def test_top_k_and_nucleus_stay_in_their_sets(feats):
     m = model(scale=2.0)
     d = run(m, feats, method="topk", top_k=2, n=20, max_len=1)
@@ -247,6 +252,7 @@ def test_top_k_and_nucleus_stay_in_their_sets(feats):
     assert (d.tokens[:, :, 0] == lp0.argmax(-1, keepdim=True)).all()
 
 
+@pytest.mark.unit
 def test_bad_settings_one_line():
     for kw, msg in ((dict(method="magic"), "unknown decoding method"), (dict(n=0), "at least 1"),
                     (dict(method="beam", beam=2, n=3), "more than the 2 beams"),
@@ -256,6 +262,7 @@ def test_bad_settings_one_line():
             DecodeConfig(**kw).check()
 
 
+@pytest.mark.unit
 def test_every_method_works_with_its_defaults(feats):
     """No method needs an extra flag: unset settings take the method's defaults (top-k 10, top-p
     0.9, beam search n beams (≥ 3), diverse beam search n groups of 1 beam), and check() records
@@ -277,6 +284,7 @@ def test_every_method_works_with_its_defaults(feats):
     assert len({tuple(r) for r in d.tokens[0].tolist()}) > 1  # one caption per group, not one beam
 
 
+@pytest.mark.integration
 def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     m = model(scale=2.0)
     save_checkpoint(tmp_path / "best.pt", m, [f"w{i}" for i in range(V)])
@@ -294,6 +302,7 @@ def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     assert json.loads(out.stdout) == want
 
 
+@pytest.mark.unit
 def test_inverse_cdf_draw_matches_the_distribution():
     from rdpp_cli.decoding.decode import _draw
 
@@ -305,6 +314,7 @@ def test_inverse_cdf_draw_matches_the_distribution():
     assert freq[1] == 0 and (draws[:, 1] == 3).all()
 
 
+@pytest.mark.unit
 def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     """Rows whose nucleus is wider than the top-128 shortcut fall back to a full sort: same set."""
     from rdpp_cli.decoding.decode import _nucleus
@@ -329,6 +339,7 @@ def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     assert freq.tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.03)
 
 
+@pytest.mark.unit
 def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
     """A model that prefers word V ("UNK") everywhere: without suppression every method emits it;
     with ``unk_id`` none does, and the log-probs reported are still the model's own."""
@@ -345,6 +356,7 @@ def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
         assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
 
 
+@pytest.mark.unit
 def test_unk_suppression_by_hand():
     """Word 4 (UNK) is the most probable after every word; suppressed, greedy and beam search take
     word 1, then the EOS: log-prob log(0.3 · 0.3), against log 0.05 for the empty caption."""

@@ -22,6 +22,8 @@ import pytest
 import rdpp_cli
 from rdpp_cli.artifacts import manifest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 # spelled in two parts so that this file does not hold the word it looks for
 NOTE = "DES" + "IGN"

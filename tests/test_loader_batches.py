@@ -23,6 +23,8 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.features import FeatureWriter
 from rdpp_cli.data.loader import CaptionBatches
 
+pytestmark = pytest.mark.unit
+
 N_TRAIN, N_VAL, N_TEST = 24, 4, 2
 N = N_TRAIN + N_VAL + N_TEST
 R, D, L = 4, 6, 6
@@ -285,7 +287,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_early():
     assert len(started) <= 6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (page-locked memory)")
+@pytest.mark.cuda(reason="needs a CUDA GPU (page-locked memory)")
 def test_pinned_batches_are_the_same_on_the_gpu(indexed):
     plain = list(CaptionBatches(indexed, "train", batch_size=7, seed=4).epoch(0))
     pinned = list(CaptionBatches(indexed, "train", batch_size=7, seed=4, num_workers=2, pin_memory=True).epoch(0))

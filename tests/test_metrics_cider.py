@@ -6,7 +6,6 @@ import json
 import math
 import random
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,8 +16,10 @@ from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cider_reference import FixedDfScorer  # noqa: E402
+from cider_reference import FixedDfScorer
+
+pytestmark = pytest.mark.unit
+
 
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
 

@@ -17,8 +17,10 @@ from rdpp_cli.models import (
     save_checkpoint,
     sequence_logprobs,
 )
+from helpers import fit_captions
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny(vocab=12, seed=0, dropout=0.0, **kw):
@@ -167,13 +169,7 @@ def test_tiny_model_overfits_four_images():
     m = tiny(vocab=10, rnn_size=32, att_hid_size=16, input_encoding_size=16)
     att = torch.randn(4, 3, 7)
     seqs = torch.tensor([[3, 4, 5, 0, 0], [6, 2, 0, 0, 0], [7, 7, 8, 9, 1], [2, 0, 0, 0, 0]]).view(4, 1, 5)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(300):
-        tok, mask = sequence_logprobs(m(att, seqs), seqs)
-        loss = -tok.sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = fit_captions(m, att, seqs, steps=300)
     assert loss.item() < 0.01
     # and greedy decoding by steps reproduces the captions
     m.eval()

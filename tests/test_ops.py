@@ -9,7 +9,7 @@ import torch
 from rdpp_cli.models import ops
 from rdpp_cli.models.ops import AttScores, TokenLogProb, attention_scores, token_logprob
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def plain_scores(k, q, w):

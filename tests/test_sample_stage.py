@@ -29,7 +29,7 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     return art
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from rdpp_cli.decoding.select import (
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import TrainCider
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def _t(rows):

@@ -27,19 +27,16 @@ class SheetEntry:
 
 
 def thumbnail(path: Path, size: int = THUMB):
-    """The photo upright, in RGB, fitted into size×size (aspect kept): a PIL image in memory, which
-    stays usable after the file is closed (an RGB photo that needs neither turning, converting nor
-    shrinking would otherwise be the lazily read file image itself, unreadable once closed)."""
+    """The photo upright, in RGB, fitted into size×size (aspect kept): a PIL image."""
     from PIL import Image, ImageOps
 
     from rdpp_cli.data.features import to_rgb
 
     with Image.open(path) as im:
-        out = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
-        if out is im:
-            out = im.copy()  # reads the pixels now, into an image of its own
-        out.thumbnail((size, size), Image.BILINEAR)
-        return out
+        im.load()  # a photo already within size×size is not resized below: read it before the file closes
+        im = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
+        im.thumbnail((size, size), Image.BILINEAR)
+        return im
 
 
 def _data_uri(path: Path) -> str:
