@@ -166,6 +166,7 @@ def photo_zoo(folder: Path) -> list[tuple[Path, str, tuple[int, int]]]:
     return out
 
 
+@pytest.mark.integration
 def test_contact_sheet_shows_photos_of_every_size_mode_and_format(tmp_path):
     """Each thumbnail is the photo upright in RGB within 256×256, aspect kept: photos no larger than
     the thumbnail keep their size (an RGB JPEG among them used to be returned unread from a closed file)."""
@@ -198,6 +199,7 @@ def test_contact_sheet_shows_photos_of_every_size_mode_and_format(tmp_path):
         assert np.abs(coarse(thumb) - ref).mean() < 4, (f.name, mode)
 
 
+@pytest.mark.integration
 def test_caption_photos_of_every_size_mode_and_format(real, tmp_path):
     ws, data, model, _ = real
     zoo = photo_zoo(tmp_path / "zoo")

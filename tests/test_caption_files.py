@@ -28,7 +28,7 @@ SHARED = Path(os.environ.get("RDPP_SHARED", Path(__file__).resolve().parents[2] 
 REAL390 = SHARED / "data" / "coco-real-390"
 MOBILENET = SHARED / "weights" / "mobilenet_v2-imagenet-features.pth"
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 # Captions as written and the tokens Karpathy's split files give them, typed out by hand.
 SENTENCES = [

@@ -120,7 +120,7 @@ def test_the_own_dataset_commands_verbatim(tmp_path):
 
     from PIL import Image
 
-    from test_real_photos import headless_mobilenet
+    from helpers import headless_mobilenet
 
     src = json.loads(generate_toy(tmp_path / "toy", images=80, seed=2).read_text())
     (tmp_path / "photos").mkdir()

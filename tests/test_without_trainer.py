@@ -13,15 +13,17 @@ import venv
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from rdpp_cli.cli.app import app
+from rdpp_cli.artifacts import read_artifact, write_manifest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_score import DATA, FAST, README, SAMPLES, make_data, make_samples  # noqa: E402
+from helpers import rdpp, write_tiny_data
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 RDPP = Path(sys.executable).parent / "rdpp"
+DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
+FAST = "Bleu_1,Bleu_4,ROUGE_L,CIDEr"  # no METEOR: its JVM takes seconds to start
 
 # sitecustomize runs at interpreter start, before rdpp: from then on torch and torchvision cannot be
 # imported, exactly as when they are not installed (ModuleNotFoundError naming the module).
@@ -55,28 +57,42 @@ def run(env: dict, *args) -> subprocess.CompletedProcess:
     return subprocess.run([str(RDPP), *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
 
 
+def scores(path: Path) -> dict:
+    s = json.loads((path / "scores.json").read_text())
+    return {k: s[k] for k in ("accuracy", "oracle", "diversity") if k in s}
+
+
 def test_score_a_results_file_against_coco_annotations_without_torch(no_trainer, tmp_path):
-    r = run(no_trainer, "score", DATA / "fakecap_results.json", "--refs", DATA / "captions_val2014_1k.json",
-            "--metrics", FAST, "--out", tmp_path / "s")
+    args = [DATA / "fakecap_results.json", "--refs", DATA / "captions_val2014_1k.json", "--metrics", FAST]
+    r = run(no_trainer, "score", *args, "--out", tmp_path / "s")
     assert r.returncode == 0, r.stdout + r.stderr
-    acc = json.loads((tmp_path / "s" / "scores.json").read_text())["accuracy"]
-    for metric in FAST.split(","):  # pycocoevalcap's numbers for coco-caption's example results
-        assert acc[metric] == pytest.approx(README[metric], abs=5e-7), metric
+    # the numbers of the same command with torch importable (this process)
+    assert rdpp("score", *args, "--out", tmp_path / "t").exit_code == 0
+    got = scores(tmp_path / "s")
+    assert got == scores(tmp_path / "t") and got["accuracy"]["CIDEr"] > 0.5  # coco-caption's example: 0.5998
+
+
+def make_samples(ws: Path) -> Path:
+    """A samples artifact of the tiny data artifact's test images, three captions each."""
+    data = read_artifact(write_tiny_data(ws / "data" / "tiny-v1"), "rdpp.data")
+    path = ws / "samples" / "random-n3-v1"
+    path.mkdir(parents=True)
+    caps = ["a red circle", "a circle that is red", "one blue square on a plain background"]
+    (path / "samples.json").write_text(json.dumps(
+        [{"image_id": 1000 + i, "captions": caps[k:] + caps[:k], "logprobs": [-1.0] * 3}
+         for k, i in enumerate(range(32, 36))]))
+    write_manifest(path, "rdpp.samples", {"method": "random", "n": 3, "split": "test"}, inputs=[data])
+    return path
 
 
 def test_score_a_samples_artifact_ls_verify_and_plot_without_torch(no_trainer, tmp_path):
-    data = make_data(tmp_path)
-    samples = make_samples(tmp_path, data, SAMPLES)
+    samples = make_samples(tmp_path)
     args = ["--oracle", "--self-cider", "--diversity", "--metrics", FAST, "--workspace", tmp_path]
     r = run(no_trainer, "score", samples, *args)
     assert r.returncode == 0, r.stdout + r.stderr
-    # the same numbers as with torch importable (this process)
-    with_torch = CliRunner().invoke(app, ["score", str(samples), *map(str, args), "--out", str(tmp_path / "t")])
-    assert with_torch.exit_code == 0, with_torch.output
-    got = json.loads((tmp_path / "scores" / "random-n3-v1" / "scores.json").read_text())
-    want = json.loads((tmp_path / "t" / "scores.json").read_text())
-    assert {k: got[k] for k in ("accuracy", "oracle", "diversity")} == \
-        {k: want[k] for k in ("accuracy", "oracle", "diversity")}
+    assert rdpp("score", samples, *args, "--out", tmp_path / "t").exit_code == 0  # with torch importable
+    got = scores(tmp_path / "scores" / "random-n3-v1")
+    assert got == scores(tmp_path / "t")
     assert got["accuracy"]["CIDEr"] > 0 and got["diversity"]["self_cider"] > 0
 
     r = run(no_trainer, "ls", "--workspace", tmp_path)
@@ -117,8 +133,9 @@ def test_core_install_in_a_fresh_venv_scores_without_torch(tmp_path):
                         str(DATA / "captions_val2014_1k.json"), "--metrics", FAST, "--out", str(tmp_path / "s")],
                        env={**env, "RDPP_NO_PROGRESS": "1"}, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    acc = json.loads((tmp_path / "s" / "scores.json").read_text())["accuracy"]
-    assert acc["CIDEr"] == pytest.approx(README["CIDEr"], abs=5e-7)
+    assert rdpp("score", DATA / "fakecap_results.json", "--refs", DATA / "captions_val2014_1k.json", "--metrics", FAST,
+                "--out", tmp_path / "t").exit_code == 0
+    assert scores(tmp_path / "s") == scores(tmp_path / "t")
     r = subprocess.run([str(env_dir / "bin" / "rdpp"), "train-xe", "--workspace", str(tmp_path / "ws")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "pip install 'rdpp[train]'" in r.stderr, r.stdout + r.stderr

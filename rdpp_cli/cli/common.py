@@ -111,6 +111,7 @@ def parent_option(opts: dict, positional: str, what: str) -> str | None:
 # The trainer extra (`pip install 'rdpp[train]'`): what prepro's CNN features, train-xe, finetune,
 # sample, caption and demo import. score, ls, verify and plot run without it.
 TRAINER_MODULES = ("torch", "torchvision")
+TRAINER_COMMANDS = ("prepro", "train-xe", "finetune", "sample", "caption", "demo")
 TRAIN_INSTALL = "pip install 'rdpp[train]'"
 
 
@@ -130,7 +131,11 @@ def stage(fn):
         from rdpp_cli.artifacts.lock import held, release_all
 
         before = held()
+        ctx = kwargs.get("ctx", next((a for a in args if isinstance(a, typer.Context)), None))
+        words = ctx.command_path.split() if ctx is not None else []
         try:
+            if words[1:2] and words[1] in TRAINER_COMMANDS:
+                import torch  # noqa: F401  (a missing trainer is said before anything is written)
             return fn(*args, **kwargs)
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
@@ -138,7 +143,6 @@ def stage(fn):
         except ImportError as e:
             if (e.name or "").split(".")[0] not in TRAINER_MODULES:
                 raise
-            ctx = kwargs.get("ctx", next((a for a in args if isinstance(a, typer.Context)), None))
             err_console.print(f"[red]error:[/red] {escape(needs_trainer(ctx, e.name))}", soft_wrap=True,
                               highlight=False)
             raise typer.Exit(2) from None
