@@ -305,7 +305,8 @@ class Logger:
         """The run begins; ``history``: the epoch rows of the interrupted run it continues (or [])."""
 
     def log_step(self, step: int, logs: dict[str, float]) -> None:
-        """After every optimizer step: the step function's numbers ("loss", ...)."""
+        """After every optimizer step: the step function's numbers ("loss", ...). With the fast path
+        they come when they are read back from the device, every few steps, in step order."""
 
     def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """After every epoch (its checkpoints saved): its row of metrics, and every row so far."""
