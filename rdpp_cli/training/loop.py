@@ -53,7 +53,8 @@ function* that turns one batch into a loss::
 Extension points:
 
 - ``loggers``: more ``Logger`` objects beside ``MetricsCsv`` (metrics.csv), called on rank 0 with
-  every step's numbers and every epoch's row (e.g. a TensorBoard writer);
+  every step's numbers and every epoch's row, and adding rows to the closing table (e.g.
+  ``rdpp_cli.training.tensorboard.TensorBoardLogger``, which both stages pass);
 - ``compute_loss(batch)``: the one model call of a step (the step function under the run's
   precision); the fast path (``rdpp_cli.training.fast``, ``fast=``) keeps it, with a compiled step
   function from the stage, fused Adam and the step's numbers left on the device until ``flush``;
@@ -313,6 +314,10 @@ class Logger:
 
     def close(self) -> None:
         """The run ended, finished or not."""
+
+    def summary_rows(self) -> list[tuple[str, Any]]:
+        """Rows for the stage's closing table (e.g. where the logger wrote)."""
+        return []
 
 
 class MetricsCsv(Logger):
@@ -676,4 +681,6 @@ class TrainingRecipe:
                  ("fast path", self.fast.describe() if self.fast is not None else "off"),
                  ("checkpoints", f"{self.ckpt_dir}/best.pt, last.pt"),
                  ("metrics", self.out_dir / METRICS)]
+        for lg in self.loggers:
+            rows += lg.summary_rows()
         return rows

@@ -30,6 +30,7 @@ from rdpp_cli.training.fast import FastPath, fast_path
 from rdpp_cli.training.loop import StepFn, TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
+from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
 
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
@@ -178,6 +179,6 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
                               step_fn=fast_xe_loss(fast) if fast is not None else xe_loss, inputs=[inp.artifact],
                               manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
-                              cider=inp.cider, fast=fast).run()
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)], fast=fast).run()
     finally:
         D.teardown()
