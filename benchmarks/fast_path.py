@@ -69,7 +69,8 @@ from rdpp_cli.training import fast as F  # noqa: E402
 from rdpp_cli.training.finetune import RewardStep  # noqa: E402
 from rdpp_cli.training.xe import fast_xe_loss, xe_loss  # noqa: E402
 
-VARIANTS = {"fast": {}, "fast-default": {"train_mode": None}, "fast-graphs-sampling": {"sample_mode": "reduce-overhead"},
+VARIANTS = {"fast": {}, "fast-default": {"train_mode": None},
+            "fast-graphs-sampling": {"sample_mode": "reduce-overhead"},
             "fast-eager-sampling": {"compile_sampling": False}, "fast-unfused": {"fused_adam": False}}
 LOSS_RTOL, GRAD_TOL = 1e-5, 1e-3
 
@@ -92,6 +93,15 @@ def grads_of(model, loss) -> dict[str, torch.Tensor]:
     g = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return g
+
+
+def guarded(fn, *args) -> dict:
+    """``fn(*args)``, or ``{"error": its first line}`` when it raises (a side that cannot compile or
+    capture is reported, and the others are still timed)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 -- reported in the table
+        return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"}
 
 
 def flops_of(model, loss_fn):
@@ -127,7 +137,9 @@ def xe_sides(args, device: torch.device, base: Att2in):
             sides[name] = lambda m=m, opt=opt: update(m, opt, xe_loss(m, batch))
         else:
             step = fast_xe_loss(fast)
-            checks[name] = check_xe(base, fast, batch)
+            checks[name] = guarded(check_xe, base, fast, batch)
+            if "error" in checks[name]:
+                continue
 
             def run(m=m, opt=opt, step=step, fast=fast):
                 fast.begin_step()
@@ -175,7 +187,9 @@ def rl_sides(args, device: torch.device, reward: str):
         opt = fast.optimizer(m.parameters(), 5e-5) if fast else torch.optim.Adam(m.parameters(), lr=5e-5)
         step = RewardStep(**kw, fast=fast)
         if fast is not None:
-            checks[name] = check_rl(model, RewardStep(**kw), step, batch, refs)
+            checks[name] = guarded(check_rl, model, RewardStep(**kw), step, batch, refs)
+            if "error" in checks[name]:
+                continue
 
         def run(m=m, opt=opt, step=step, fast=fast):
             if fast is not None:
@@ -221,10 +235,20 @@ def bench(args, device: torch.device, section: str) -> dict:
         sides, checks, flop_fn, images = xe_sides(args, device, Att2in(cfg).to(device))
     else:
         sides, checks, flop_fn, images = rl_sides(args, device, section)
+    for name in [n for n in sides if n != "eager"]:  # warm-up (CUDA graphs record here), a failure reported
+
+        def warm(fn=sides[name]):
+            for _ in range(args.warmup):
+                fn()
+            sync(device)
+            return {}
+
+        err = guarded(warm)
+        if err:
+            checks[name] = {**checks[name], **err}
+            del sides[name]
     for _ in range(args.warmup):
-        for fn in sides.values():
-            fn()
-    sync(device)
+        sides["eager"]()
     gflop = count_gflop(flop_fn)
     peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
     rate = [matmul_gflops("fp32", device, args.matmul_size)]
@@ -238,6 +262,7 @@ def bench(args, device: torch.device, section: str) -> dict:
     rows = {name: {"s_per_step": t[name].median, "best_s": t[name].best, "images_per_s": images / t[name].median,
                    "vs_eager": t["eager"].median / t[name].median, "matmul_fraction": gflop / t[name].median / mm,
                    "peak_mib": peak[name], "times": t[name].times, **checks.get(name, {})} for name in sides}
+    rows.update({name: c for name, c in checks.items() if "error" in c})
     return {"section": section, "device": str(device), "gflop": gflop, "matmul_gflops": mm, "sides": rows}
 
 
@@ -255,6 +280,9 @@ def print_tables(results: list[dict], args) -> None:
                     "loss / grad diff", "same numbers"):
             table.add_column(col, justify="right")
         for name, s in r["sides"].items():
+            if "error" in s:
+                table.add_row(name, "failed", *[""] * 7, s["error"])
+                continue
             chk = "-" if "equal" not in s else f"{s['loss_rel_diff']:.1e} / {s['grad_rel_diff']:.1e}"
             same = "-" if "equal" not in s else ("yes" if s["equal"] else "NOT EQUAL")
             if "same_captions" in s:

@@ -301,7 +301,8 @@ def test_the_training_reward_on_cuda_equals_the_numpy_one(gpu_tiny):
     cider = TrainCider.for_data(gpu_tiny)
     rng = np.random.default_rng(0)
     B, M, Lw = 6, 5, gpu_tiny.seq_length
-    samples = rng.integers(1, gpu_tiny.vocab_size + 1, (B, M, Lw)) * (np.arange(Lw) < rng.integers(0, Lw + 1, (B, M, 1)))
+    words = rng.integers(0, Lw + 1, (B, M, 1))
+    samples = rng.integers(1, gpu_tiny.vocab_size + 1, (B, M, Lw)) * (np.arange(Lw) < words)
     refs = gpu_tiny.references_ids(gpu_tiny.split_indices("train")[:B])
     q, S = cider.score_and_pairwise(samples, refs)
     q_t, S_t = TT.DeviceTrainCider(cider, "cuda").score_and_pairwise(torch.from_numpy(samples).cuda(),

@@ -56,7 +56,8 @@ def _model(d: DataArtifact, dropout: float = 0.5, seed: int = 0):
 
 
 def _batch(d: DataArtifact, seq_per_img: int = 5, batch_size: int = 8):
-    return next(iter(CaptionBatches(d, "train", batch_size=batch_size, seq_per_img=seq_per_img, seed=0).epoch(0))).to("cpu")
+    batches = CaptionBatches(d, "train", batch_size=batch_size, seq_per_img=seq_per_img, seed=0)
+    return next(iter(batches.epoch(0))).to("cpu")
 
 
 def _grads(model) -> dict[str, torch.Tensor]:

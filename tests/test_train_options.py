@@ -31,9 +31,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VALUES = {
     "epochs": 7, "batch_size": 9, "lr": 0.002, "grad_clip": 0.25, "grad_clip_mode": "norm", "lr_decay_every": 4,
     "lr_decay_rate": 0.5, "val_images": 3, "val_batch_size": 11, "save_every_steps": 2, "seed": 5, "device": "cpu",
-    "precision": "bf16", "fast": "on", "workers": 1, "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
+    "precision": "bf16", "workers": 1, "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
     "init_from": "xe/att2in-small-v1", "out": None, "force": True, "workspace": None, "model": "xe/a-v1",
     "reward": "scst", "m": 3, "baseline": "mean", "lam": 2.5, "sample_mode": "eval", "checkpoint": "last",
+    "fast": "on",
 }
 PRESET = {XEOptions: "small", FinetuneOptions: "paper"}
 STAGES = [("train-xe", XEOptions, "rdpp_cli.training.xe", "train_xe"),

@@ -160,7 +160,8 @@ class FastPath:
 
     def optimizer(self, params, lr: float) -> torch.optim.Adam:
         """Adam as the eager loop builds it, fused where the settings say."""
-        return torch.optim.Adam(params, lr=lr, fused=True) if self.settings.fused_adam else torch.optim.Adam(params, lr=lr)
+        fused = {"fused": True} if self.settings.fused_adam else {}
+        return torch.optim.Adam(params, lr=lr, **fused)
 
     def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
         """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass, laid

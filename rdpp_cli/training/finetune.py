@@ -205,7 +205,8 @@ class RewardStep:
                                      lambda: torch.tensor(self_cider_from_kernel(K).mean()))
         return w, {k: float(v) for k, v in logs.items()}
 
-    def _weights_from(self, q: Tensor, g: Tensor | None, K: Tensor | None, diversity) -> tuple[Tensor, dict[str, Tensor]]:
+    def _weights_from(self, q: Tensor, g: Tensor | None, K: Tensor | None,
+                      diversity) -> tuple[Tensor, dict[str, Tensor]]:
         """The reward's weights (B, m) float32 from the scores ``q`` (B, m), ``g`` (B,) and kernel
         ``K`` (B, m, m); ``diversity()``: the mean self-CIDEr to log."""
         logs: dict[str, Tensor] = {"sample_cider": q.mean()}
@@ -264,7 +265,7 @@ class RewardStep:
         token_logp, mask = self._teacher_forced(net, batch, d.samples, d.drop)
         return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
-    def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
         B, m = d.samples.shape[0], self.m
         w = w.reshape(-1).to(batch.att.device)
