@@ -14,12 +14,12 @@ from rdpp_cli.cli.common import ConfigOpt, ForceOpt, WorkspaceOpt, resolve_optio
 def command(
     ctx: typer.Context,
     samples: Optional[str] = typer.Argument(
-        None, help="Samples artifact (folder or workspace name; default: the newest), or a JSON file: "
+        None, help="Samples artifact (folder, workspace name or its samples.json; default: the newest), or a JSON file: "
                    '[{"image_id", "captions": [...]}] or coco-caption results [{"image_id", "caption"}].'),
     from_: Optional[str] = typer.Option(None, "--from", help="Same as SAMPLES: the samples artifact to score."),
     data: Optional[str] = typer.Option(
-        None, "--data", help="Data artifact whose split gives the references (default: the one the samples came from; "
-                              "another is refused: use --refs for other references)."),
+        None, "--data", help="Data artifact whose split gives the references (default: the one the samples were made "
+                              "from; another is used with a warning line; for a JSON file: the newest)."),
     split: Optional[str] = typer.Option(
         None, "--split", help="Split of the data artifact (default: the samples' split, else test)."),
     refs: Optional[Path] = typer.Option(
