@@ -99,8 +99,8 @@ def demo(out: Path | None = None, *, quick: bool = False, device: str = "cpu") -
                                             workspace=ws))
         s_beam = _step(f"score {label} beam", ws, "scores", {"oracle": False, "metrics": ["CIDEr"]}, [beam],
                        lambda a=beam: score(a.path, metrics="CIDEr", workspace=ws))
-        r = json.loads((s_rand.path / "scores.json").read_text())
-        b = json.loads((s_beam.path / "scores.json").read_text())
+        r = json.loads(s_rand.file("scores.json").read_text())  # reused ones are checked too
+        b = json.loads(s_beam.file("scores.json").read_text())
         rows[label] = {
             "beam_cider": b["accuracy"]["CIDEr"],
             "mean_cider": r["accuracy"]["CIDEr"],
