@@ -19,11 +19,23 @@ remembered. docs/workspace.md, "Content checks".
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 VERIFIED = ".rdpp-verified.json"
 _SEEN: dict[str, tuple[list[int], str, str]] = {}  # this process's verdicts: path -> (key, hash_of, sha256)
+_BARS = [True]  # off while a caller shows its own progress bar (rich < 14 allows one live display)
+
+
+@contextlib.contextmanager
+def own_progress_bar():
+    """While the caller shows a progress bar of its own (``rdpp verify``), hashing shows none."""
+    _BARS.append(False)
+    try:
+        yield
+    finally:
+        _BARS.pop()
 
 
 def stat_key(p: Path) -> list[int]:
@@ -77,11 +89,13 @@ def hash_now(p: Path, hash_of: str, label: str | None = None) -> str:
 
     big = p.stat().st_size > (256 << 20)
     if hash_of == "file":
-        if not big:
+        if not big or not _BARS[-1]:
             return sha256_file(p)
         with progress("MB") as bar:
             task = bar.add_task(f"check {label or p.name}", total=p.stat().st_size >> 20, info="")
             return sha256_file(p, advance=lambda n: bar.advance(task, n / (1 << 20)))
+    if not _BARS[-1]:
+        return content_hash.recompute(p, hash_of)
     import h5py
 
     with h5py.File(p, "r") as f:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
+from rdpp_cli.artifacts.verified import own_progress_bar
 from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, workspace_dir
 from rdpp_cli.errors import RdppError
 
@@ -167,7 +168,7 @@ def verify(artifacts: list[str] | None = None, *, workspace: Path | str | None =
 
     root = workspace_dir(workspace)
     folders = _folders(artifacts, root)
-    with progress("artifacts") as bar:
+    with progress("artifacts") as bar, own_progress_bar():
         task = bar.add_task("verify", total=len(folders), info="")
         results = check_all(folders, workspace=workspace, quick=quick, advance=lambda: bar.advance(task))
     if show:
