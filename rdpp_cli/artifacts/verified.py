@@ -14,7 +14,7 @@ writing), so an artifact made on this filesystem is never hashed again at read t
 workspace is hashed once per file on first use. The file is hidden, so no manifest lists it; in a
 folder rdpp cannot write to nothing is remembered and every read hashes. ``rdpp verify`` always
 hashes every file (and remembers what it finds); ``rdpp verify --quick`` only reads what is
-remembered. docs/workspace.md, "Content checks".
+remembered. docs/workspace.md, "Content checks on read".
 """
 
 from __future__ import annotations
