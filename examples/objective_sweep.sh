@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The runs behind docs/experiments.md's "faithful objective" table: XE, SCST and R-DPP m = 2, 5 on
+# The runs behind docs/experiments.md's two-seed checks: XE, SCST and R-DPP m = 2, 5 on
 # the bundled data, fine-tuned with two seeds (123 and 7) from one XE model, each sampled (greedy,
 # and 10 random captions per test image) and scored (CIDEr, oracle, self-CIDEr, diversity with the
 # share of captions that end badly). Then examples/objective_tables.py prints the table.
 #
 # The seed-123 runs have toy_sweep.sh's names (scst, dpp-m2, dpp-m5) and the XE model its settings,
 # so both scripts can share one workspace. Every step is skipped when its artifact is complete.
-# The "old objective" column was made by running this same script with the rdpp of commit 787cd4c
-# (before issue 16): RDPP="python -m rdpp_cli" from a checkout of that commit.
+# To compare two versions of rdpp (CHANGELOG.md quotes 0.1.0 against 0.2.0), run this script once
+# more into another workspace with RDPP="python -m rdpp_cli" from a checkout of the other version,
+# and give both workspaces to objective_tables.py.
 #
 #   bash examples/objective_sweep.sh                     # workspace ./runs-sweep (or WS=...)
-#   python examples/objective_tables.py runs-sweep [OLD_WS]
+#   python examples/objective_tables.py runs-sweep [OTHER_WS]
 #
 # CPU, 2 cores: XE ~11 min, each fine-tune 2-13 min, sampling and scoring about a minute a model.
 set -euo pipefail

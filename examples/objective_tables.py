@@ -1,4 +1,4 @@
-"""The "faithful objective" table of docs/experiments.md from workspaces made by objective_sweep.sh.
+"""The two-seed table of XE, SCST and R-DPP from workspaces made by objective_sweep.sh.
 
     python examples/objective_tables.py NEW_WS [OLD_WS]
 
@@ -6,8 +6,9 @@ For XE, SCST and R-DPP m = 2, 5 (seed-123 runs named scst, dpp-m2, dpp-m5; seed-
 suffix -s7): greedy CIDEr (one greedy caption per test image), and over 10 random samples per test
 image the mean CIDEr, the oracle (best of 10), self-CIDEr, and the share of samples that end in a
 word that cannot end a sentence (``rdpp_cli.metrics.diversity.BAD_ENDINGS``, computed from
-samples.json, so that artifacts of an older rdpp are read the same way). With OLD_WS each cell
-shows "old → new". Then the issue's checks on the seed means.
+samples.json, so that artifacts of any rdpp version are read the same way). With OLD_WS (the same
+runs made by another rdpp version or objective) each cell shows "old → new". Then the checks of
+docs/experiments.md on the seed means.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def main(new: Path, old: Path | None) -> None:
             means[model] = mean(rs)
     if {"xe", "scst", "dpp-m5"} <= set(means):
         xe, scst, dpp = means["xe"], means["scst"], means["dpp-m5"]
-        print("\nChecks on the seed means (new objective):")
+        print("\nChecks on the seed means (NEW_WS):")
         print(f"- R-DPP m=5 self-CIDEr / SCST's = {dpp['self_cider'] / scst['self_cider']:.2f} (≥ 1.5)")
         print(f"- R-DPP m=5 oracle {dpp['oracle']:.3f} vs SCST {scst['oracle']:.3f} (≥)")
         print(f"- R-DPP m=5 mean sample CIDEr / XE's = {dpp['mean'] / xe['mean']:.2f} (≥ 1.1)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp32 against bf16 on the bundled data (issue 15, docs/training.md "Precision"): for each precision
+# fp32 against bf16 on the bundled data (docs/training.md "Precision"): for each precision
 # and seed, an XE model (train-xe --preset small, the toy sweep's settings) and, from it, SCST and
 # R-DPP m = 5 (the toy sweep's fine-tuning), every stage run with that --precision; then each model
 # sampled (greedy, and 10 random captions per test image, in the same precision) and scored (CIDEr,

@@ -6,7 +6,7 @@ Reads ``WS/scores/sel-<model>-<tag>/scores.json`` (``rdpp score --oracle --self-
 
 1. for each K, every decoding of the XE, SCST and R-DPP m=5 models: mean CIDEr (``average``), oracle
    CIDEr (best of K), self-CIDEr, Div-2;
-2. the issue's goal: does a DPP-selected set beat random sampling of the same model at the same K on
+2. the goal: does a DPP-selected set beat random sampling of the same model at the same K on
    oracle CIDEr *and* self-CIDEr; how far are the XE model's DPP sets from R-DPP m=5's samples;
 3. the frontier: for the R-DPP points (10 random samples, m = 2, 3, 5, 7) and the 10-caption sets
    chosen from C samples, the height above (+) or below (-) the temperature curves of XE and SCST

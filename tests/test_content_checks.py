@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
@@ -29,11 +28,9 @@ from rdpp_cli.scoring.score import score
 from rdpp_cli.training.finetune import finetune
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import error_line, model_artifact, rdpp  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import error_line, headless_mobilenet, listing, model_artifact, rdpp
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 XE, FT = "xe/att2in-small-v1", "finetune/scst-v1"
 SAMPLES = "samples/att2in-small-v1.random-n2-v1"
@@ -59,11 +56,6 @@ def ws(built, tmp_path) -> Path:
 
 
 VERIFIED = ".rdpp-verified.json"  # artifacts.verified.VERIFIED (imported in the tests of it: checked on main)
-
-
-def listing(root: Path) -> list[str]:
-    """Every path under ``root`` but the remembered hashes a read may add (artifacts.verified)."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != VERIFIED)
 
 
 def same_size(path: Path, edit) -> None:
@@ -328,8 +320,6 @@ def test_quick_is_defined_in_the_help():
 def cnn(tmp_path_factory):
     """A toy data artifact extracted with a user's weights file (a random MobileNetV2) given as a path
     relative to the folder prepro ran in, and an (untrained) model on it."""
-    from test_real_photos import headless_mobilenet
-
     root = tmp_path_factory.mktemp("cnn")
     weights = headless_mobilenet(root / "mnv2.pth")
     here = Path.cwd()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rdpp_cli.artifacts import write_manifest
 from rdpp_cli.decoding.decode import METHODS
 
@@ -38,6 +40,7 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+@pytest.mark.unit
 def test_every_package_imports_only_its_layer_or_lower():
     seen, wrong = set(), []
     for path in sorted(ROOT.rglob("*.py")):
@@ -55,6 +58,7 @@ def test_every_package_imports_only_its_layer_or_lower():
     assert {"cli", "decoding", "training", "metrics", "data"} <= seen  # the walk found the packages
 
 
+@pytest.mark.unit
 def test_the_layer_rule_catches_decoding_importing_training(tmp_path):
     bad = tmp_path / "sample.py"
     bad.write_text("def f():\n    from rdpp_cli.training.finetune import resolve_data_for\n")
@@ -78,6 +82,7 @@ def _workspace_with_one_artifact(tmp_path: Path) -> Path:
 HEAVY = ("torch", "pandas", "matplotlib")  # each takes 0.3-2 s to import
 
 
+@pytest.mark.integration
 def test_help_and_ls_load_no_torch(tmp_path):
     """`rdpp --help`, every command's --help and `rdpp ls` import none of torch, pandas, matplotlib
     (lazy imports in the CLI modules), so they answer at once."""
@@ -99,6 +104,7 @@ def test_help_and_ls_load_no_torch(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
 
 
+@pytest.mark.integration
 def test_console_script_help_and_ls_import_no_torch(tmp_path):
     """The installed `rdpp` itself: Python's import log (-X importtime) of `rdpp --help` and
     `rdpp ls` names no torch module."""
@@ -114,6 +120,7 @@ def test_console_script_help_and_ls_import_no_torch(tmp_path):
     assert "toy-v1" in r.stdout
 
 
+@pytest.mark.unit
 def test_sample_method_help_names_exactly_the_decoders_methods():
     """cli/sample.py spells the methods out (importing them would import torch): the list must
     stay the decoder's."""
@@ -126,6 +133,7 @@ def test_sample_method_help_names_exactly_the_decoders_methods():
     assert help_.removeprefix("One of: ").removesuffix(".").split(", ") == list(METHODS)
 
 
+@pytest.mark.unit
 def test_architecture_doc_lists_every_module_where_it_is():
     """docs/architecture.md's module map names every module of rdpp_cli under its own package (and
     the layer list every package)."""
