@@ -40,26 +40,38 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
     Image i shows ``COLOURS[i % 4]`` and ``SHAPES[(i // 4) % 3]``; its att grid has the colour's and
     the shape's one-hot codes in a random cell plus noise; its references come from ``templates``
     (default: the five ``TEMPLATES``; ``extra_captions[i] = k`` gives image i k more, repeats of the
-    first template). Written with h5py and ``write_manifest`` as docs/architecture.md describes.
+    first template). Written by :func:`write_data`.
     """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     n = n_train + n_val + n_test
     words = sorted({w for t in TEMPLATES for w in t.replace("{c}", "").replace("{s}", "").split()}
                    | set(COLOURS) | set(SHAPES)) + ["UNK"]
-    wid = {w: i + 1 for i, w in enumerate(words)}
-    L = 8
-    labels, raw, starts, ends, lengths = [], [], [], [], []
     R = grid * grid
     att = rng.normal(0, 0.1, size=(n, R, dim)).astype(np.float32)
+    captions = []
     for i in range(n):
         c, s = COLOURS[i % 4], SHAPES[(i // 4) % 3]
         cell = rng.integers(R)
         att[i, cell, COLOURS.index(c)] += 1.0
         att[i, cell, 4 + SHAPES.index(s)] += 1.0
         sents = [t.format(c=c, s=s) for t in (templates or TEMPLATES)]
-        sents += [sents[0]] * (extra_captions or {}).get(i, 0)
+        captions.append(sents + [sents[0]] * (extra_captions or {}).get(i, 0))
+    split = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
+    return write_data(path, words, captions, split, att.mean(1), att, grid=grid)
+
+
+def write_data(path: Path, words: list[str], captions: list[list[str]], split: list[str], fc: np.ndarray,
+               att: np.ndarray, grid: int = 1, L: int = 8) -> Path:
+    """A data artifact of the given images, as docs/architecture.md describes: image i has the
+    reference ``captions[i]`` (words of ``words``, clipped to L in ``labels``), split ``split[i]``,
+    id 1000 + i and features ``fc[i]``, ``att[i]`` (stored as float16); ``cider_df.h5`` is counted
+    as self-critical.pytorch's prepro_ngrams.py does. Written with h5py and ``write_manifest``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    n = len(captions)
+    wid = {w: i + 1 for i, w in enumerate(words)}
+    labels, raw, starts, ends, lengths = [], [], [], [], []
+    for sents in captions:
         starts.append(len(labels))
         for sent in sents:
             toks = sent.split()
@@ -69,7 +81,6 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
             raw.append(sent)
             lengths.append(min(L, len(toks)))
         ends.append(len(labels))
-    split = np.array([b"train"] * n_train + [b"val"] * n_val + [b"test"] * n_test, dtype="S5")
     image_ids = np.arange(1000, 1000 + n, dtype=np.int64)
     (path / "vocab.json").write_text(json.dumps({"words": words}))
     with h5py.File(path / "captions.h5", "w") as f:
@@ -78,11 +89,11 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
         f["label_start"] = np.array(starts, dtype=np.int64)
         f["label_end"] = np.array(ends, dtype=np.int64)
         f["image_ids"] = image_ids
-        f["split"] = split
+        f["split"] = np.array([s.encode() for s in split], dtype="S5")
         f.create_dataset("raw", data=np.array(raw, dtype=object), dtype=h5py.string_dtype())
     with h5py.File(path / "features.h5", "w") as f:
-        f["fc"] = att.mean(1).astype(np.float16)
-        f["att"] = att.astype(np.float16)
+        f["fc"] = np.asarray(fc).astype(np.float16)
+        f["att"] = np.asarray(att).astype(np.float16)
         f["image_ids"] = image_ids
         f.attrs["backbone"] = "synthetic"
         f.attrs["att_size"] = grid
@@ -91,7 +102,8 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
     # reference's word ids, not clipped, plus the end token (id V + 1), each n-gram once per image
     df: Counter = Counter()
     eos = len(words) + 1
-    for i in range(n_train):
+    train = [i for i in range(n) if split[i] == "train"]
+    for i in train:
         grams = set()
         for sent in raw[starts[i]:ends[i]]:
             toks = [wid[w] for w in sent.split()] + [eos]
@@ -102,7 +114,7 @@ def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int =
     with h5py.File(path / "cider_df.h5", "w") as f:
         f["ngrams"] = np.array([list(g) + [0] * (4 - len(g)) for g in keys], dtype=np.int32).reshape(-1, 4)
         f["df"] = np.array([df[g] for g in keys], dtype=np.float64)
-        f.attrs["num_docs"] = n_train
+        f.attrs["num_docs"] = len(train)
     write_manifest(path, "rdpp.data", {"source": "tiny-test", "images": n}, summary={"images": n})
     return path
 

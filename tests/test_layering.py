@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
 LAYERS = [
     {"errors", "console", "device", "precision", "checks", "options", "artifacts", "metrics"},
     {"data", "models"},
-    {"decoding", "scoring", "captioning"},
+    {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
     {"demo"},
     {"cli", "__main__"},
@@ -93,7 +93,7 @@ def test_help_and_ls_load_no_torch(tmp_path):
         "from rdpp_cli.cli.app import app\n"
         "run = CliRunner().invoke\n"
         "r = run(app, ['--help']); assert r.exit_code == 0, r.output\n"
-        "for cmd in ('prepro', 'train-xe', 'finetune', 'sample', 'score', 'caption', 'plot', 'demo', 'ls'):\n"
+        "for cmd in ('prepro', 'train-xe', 'finetune', 'sample', 'score', 'caption', 'plot', 'table', 'demo', 'ls'):\n"
         "    r = run(app, [cmd, '--help']); assert r.exit_code == 0, (cmd, r.output)\n"
         "r = run(app, ['ls', '--workspace', sys.argv[1]]); assert r.exit_code == 0, r.output\n"
         "assert 'data/toy-v1' in r.output, r.output\n"

@@ -12,8 +12,6 @@ pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).parent
 TIERS = {"unit", "integration"}
-# examples/selection_tables.py's test; it moves with those tables into the package
-NOT_YET = {"test_selection_tables.py"}
 
 
 def _marks(node: ast.expr | None) -> set[str]:
@@ -62,8 +60,6 @@ def helper(): pass
 def test_every_test_is_unit_or_integration_and_no_unit_test_is_slow():
     wrong = []
     for path in sorted(TESTS.glob("test_*.py")):
-        if path.name in NOT_YET:
-            continue
         for name, marks in tiers(path.read_text()).items():
             if len(marks & TIERS) != 1:
                 wrong.append(f"{path.name}::{name} carries {sorted(marks & TIERS) or 'no tier'}")

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import json
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd

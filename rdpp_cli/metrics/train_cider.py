@@ -98,6 +98,12 @@ class TrainCider:
         """CIDEr-D (H,) of each hypothesis row (H, T) against ``refs[ref_index[h]]``."""
         return self.cider.score(self.captions(hyps), self.references(refs), ref_index)
 
+    def score_each(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """CIDEr-D (H, k_max) of each hypothesis row against each reference of
+        ``refs[ref_index[h]]`` alone (0 past the set's size), and the set sizes (H,)
+        (``CiderD.score_each``)."""
+        return self.cider.score_each(self.captions(hyps), self.references(refs), ref_index)
+
     def pairwise(self, samples: Any) -> np.ndarray:
         """The R-DPP kernel S (B, M, M) of the M samples of each image, published direction."""
         s = np.ascontiguousarray(self.captions(samples)[:, ::-1])

@@ -57,6 +57,7 @@ from rdpp_cli.training.rewards import (
     subtract_mean,
 )
 from rdpp_cli.training.state import seed_everything
+from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
 # What the training reward is, recorded in the manifest: CIDEr-D with the training df counted over
 # tokens + EOS, the EOS of every caption that ended counted, the published kernel direction.
@@ -368,6 +369,6 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
                               epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,
-                              cider=inp.cider).run()
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
     finally:
         D.teardown()

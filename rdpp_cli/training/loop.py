@@ -52,7 +52,8 @@ function* that turns one batch into a loss::
 Extension points:
 
 - ``loggers``: more ``Logger`` objects beside ``MetricsCsv`` (metrics.csv), called on rank 0 with
-  every step's numbers and every epoch's row (e.g. a TensorBoard writer);
+  every step's numbers and every epoch's row, and adding rows to the closing table (e.g.
+  ``rdpp_cli.training.tensorboard.TensorBoardLogger``, which both stages pass);
 - ``compute_loss(batch)``: the one model call of a step (the step function under the run's
   precision): the place a compiled or CUDA-graph step would replace;
 - ``position``: where the run is (``Position``: epoch, batch, step), current after every step;
@@ -276,6 +277,10 @@ class Logger:
 
     def close(self) -> None:
         """The run ended, finished or not."""
+
+    def summary_rows(self) -> list[tuple[str, Any]]:
+        """Rows for the stage's closing table (e.g. where the logger wrote)."""
+        return []
 
 
 class MetricsCsv(Logger):
@@ -604,4 +609,6 @@ class TrainingRecipe:
                  ("precision", self.precision),
                  ("checkpoints", f"{self.ckpt_dir}/best.pt, last.pt"),
                  ("metrics", self.out_dir / METRICS)]
+        for lg in self.loggers:
+            rows += lg.summary_rows()
         return rows

@@ -29,6 +29,7 @@ from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
+from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
 
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
@@ -160,6 +161,7 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
                                config=identity, force=opts.force)
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts, step_fn=xe_loss,
                               inputs=[inp.artifact], manifest_config=config, summary=baseline_summary(inp),
-                              after_step=after_step, cider=inp.cider).run()
+                              after_step=after_step, cider=inp.cider,
+                              loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
     finally:
         D.teardown()
