@@ -76,7 +76,12 @@ def _fmt(value: Any) -> str:
 
 def note(message: str) -> None:
     """A visible one-line note on stderr (e.g. 'SPICE skipped: ...')."""
-    err_console.print(f"[yellow]note:[/yellow] {message}")
+    err_console.print(f"[yellow]note:[/yellow] {message}", soft_wrap=True)
+
+
+def warning(message: str) -> None:
+    """A one-line warning on stderr: the command goes on, but not as it would by default."""
+    err_console.print(f"[bold yellow]warning:[/bold yellow] {message}", soft_wrap=True)
 
 
 def info(message: str) -> None:

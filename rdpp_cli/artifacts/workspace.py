@@ -221,12 +221,14 @@ def resolve_input(
     what: str,
     make_with: str,
     quiet: bool = False,
+    option: str = "--from",
 ) -> Artifact:
     """The artifact a stage reads: ``from_`` as a path, a name in the workspace (``dpp-m5-v1``) or a
     group/name as ``rdpp ls`` shows it (``finetune/dpp-m5-v1``); else the newest.
 
     ``groups`` are searched in order of preference (e.g. ``("finetune", "xe")``: the newest
-    fine-tuned model, else the newest XE model).
+    fine-tuned model, else the newest XE model). ``option``: the command's option that names this
+    input (the hint printed with the newest says so).
     """
     root = workspace_dir(workspace)
     if from_ is not None:
@@ -246,7 +248,7 @@ def resolve_input(
         if arts:
             chosen = arts[-1]
             if not quiet:
-                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; --from to pick another)")
+                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another)")
             return chosen
     raise RdppError(f"no {what} in workspace {root}; make one with `{make_with}`")
 

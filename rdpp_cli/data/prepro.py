@@ -19,6 +19,8 @@ import h5py
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
+from rdpp_cli.artifacts.manifest import file_ref, workspace_root
+from rdpp_cli.artifacts.workspace import workspace_dir
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
@@ -194,6 +196,15 @@ def _raw(rec: ImageRecord, j: int) -> str:
     return rec.raws[j] if j < len(rec.raws) else " ".join(rec.captions[j])
 
 
+def weights_ref(weights: Path | None, out: Path | None, workspace: Path | None) -> str | None:
+    """``--weights`` as the manifest records it (``artifacts.file_ref``): relative to the workspace
+    the artifact is written to when the file lies inside it, else absolute."""
+    if weights is None:
+        return None
+    root = workspace_root(out) if out is not None else workspace_dir(workspace)
+    return file_ref(weights, root)
+
+
 def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
     """``prepare_output`` for a data artifact. An unfinished run with the same options (``workers`` and
     ``device`` aside) is resumed. Replacing a complete artifact (``--force``) starts from an empty
@@ -322,9 +333,8 @@ def prepro_coco(
         "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
         "restval_to_train": restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
-        # absolute, so that `rdpp caption` finds the file from any folder
-        "image_size": bb.image_size if bb else None, "weights": str(Path(weights).resolve()) if weights else None,
-        # what `rdpp caption` checks to extract with the very same weights
+        # where `rdpp caption` finds the file from any folder, and what it checks to extract with the same weights
+        "image_size": bb.image_size if bb else None, "weights": weights_ref(weights, out, workspace),
         "weights_sha256": bb.weights_sha256 if bb else None,
         "weights_missing_head": bb.missing_head if bb else [],
         "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,

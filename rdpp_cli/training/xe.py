@@ -95,7 +95,7 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
     else:
         art = resolve_input(init_from, workspace=workspace, groups=("xe", "finetune"), kind="rdpp.model",
                             what="model artifact", make_with="rdpp train-xe", quiet=not D.runtime().is_main)
-        where = art.path / "checkpoints" / "best.pt"
+        where = art.file("checkpoints/best.pt")  # checked against the model's manifest
     ckpt = load_checkpoint(where)
     check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
     return ckpt, str(where)
