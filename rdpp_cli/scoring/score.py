@@ -28,6 +28,7 @@ from rdpp_cli.artifacts import (
     sha256_file,
     write_manifest,
 )
+from rdpp_cli.artifacts.workspace import refuse_overlap
 from rdpp_cli.console import console, info, note, summary_table
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
@@ -269,6 +270,8 @@ def score(
     if split is None:
         split = (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
     ref = load_references(smp, data=data, split=split, refs=refs, workspace=workspace)
+    reads = [*(a.path for a in (smp.artifact, ref.artifact) if a), smp.source, refs]
+    refuse_overlap(out, reads)  # now, not after the evaluation
     self_cider = self_cider or plot  # the plot's x axis
     n_per = np.array([len(c) for c in smp.captions])
     coco_eval.java()  # one clear line before any work when Java is missing
@@ -346,7 +349,7 @@ def score(
                 "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
                 "refs": config["refs"], **options}
     path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
-                          config=identity, force=force)
+                          config=identity, force=force, reads=reads)
     atomic_write_json(path / "scores.json", result)
     _per_image_frame(smp, ev, per_mean, per_best if oracle else {}, per_div).to_csv(path / "per_image.csv", index=False)
     if plot:

@@ -413,7 +413,8 @@ def finetune(
                   "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
                   "processes": rt.world_size, "val_samples": VAL_SAMPLES}
         out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
-                               kind="rdpp.model", config=identity, force=force)
+                               kind="rdpp.model", config=identity, force=force,
+                               reads=[model_art.path, data_art.path])
         step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,
                           max_len=ds.seq_length, seed=seed, rank=rt.rank, sample_mode=sample_mode)
         summary = {"reward": reward, "m": m, "preset": preset}

@@ -162,7 +162,7 @@ def train_xe(
                   "processes": rt.world_size}
         name = f"att2in-{preset}" if init_ckpt is None else "att2in-init"
         out_dir = claim_output(out, workspace=workspace, group="xe", name=name, kind="rdpp.model",
-                               config=identity, force=force)
+                               config=identity, force=force, reads=[art.path, init_where])
         summary: dict[str, Any] = {}
         if len(val_idx):
             base, cap = D.on_main(lambda: baseline_cider(ds, val_idx, cider))
