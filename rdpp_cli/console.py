@@ -37,12 +37,43 @@ class RateColumn(TextColumn):
         return Text("" if speed is None else f"{speed:,.1f} {self.unit}/s", style="progress.data.speed")
 
 
+# Where the running stage is, for the line an interrupted run prints (cli.common.stage): what a
+# loop last reported with ``at`` ("epoch 2, step 37"), else its newest progress bar.
+_position: str | None = None
+_bars: list[tuple[Progress, str]] = []
+
+
+def at(position: str | None) -> None:
+    """Report where the running stage is (``"epoch 2, step 37"``; None to forget it)."""
+    global _position
+    _position = position
+
+
+def position() -> str | None:
+    """``at <what at() reported>``, else ``after <done> of <total> <unit> (<task>)`` from the newest
+    progress bar with a task under way, else None."""
+    if _position is not None:
+        return f"at {_position}"
+    for bar, unit in reversed(_bars):
+        for task in reversed(bar.tasks):
+            if task.total and not task.finished:
+                return f"after {task.completed:,.0f} of {task.total:,.0f} {unit} ({task.description})"
+    return None
+
+
+def forget_position() -> None:
+    """Start a stage with no position (the CLI wrapper calls it)."""
+    at(None)
+    _bars.clear()
+
+
 def progress(unit: str = "it", transient: bool = False) -> Progress:
     """A progress bar for long loops: ``with progress("images") as p: t = p.add_task("extract", total=n)``.
 
-    Disabled (no output) when RDPP_NO_PROGRESS=1, e.g. in tests that capture stderr.
+    Disabled (no output) when RDPP_NO_PROGRESS=1, e.g. in tests that capture stderr. Its tasks also
+    say how far a stage got when it is interrupted (``position``).
     """
-    return Progress(
+    bar = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -55,6 +86,9 @@ def progress(unit: str = "it", transient: bool = False) -> Progress:
         transient=transient,
         disable=os.environ.get("RDPP_NO_PROGRESS") == "1",
     )
+    _bars.append((bar, unit))
+    del _bars[:-8]  # the newest few: a library caller may make many
+    return bar
 
 
 def summary_table(title: str, rows: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Table:
@@ -75,8 +109,8 @@ def _fmt(value: Any) -> str:
 
 
 def note(message: str) -> None:
-    """A visible one-line note on stderr (e.g. 'SPICE skipped: ...')."""
-    err_console.print(f"[yellow]note:[/yellow] {message}")
+    """A visible one-line note on stderr (e.g. 'SPICE skipped: ...'), never wrapped."""
+    err_console.print(f"[yellow]note:[/yellow] {message}", soft_wrap=True)
 
 
 def info(message: str) -> None:

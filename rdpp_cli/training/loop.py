@@ -70,11 +70,11 @@ from torch import Tensor, nn
 
 from rdpp_cli.artifacts import (Artifact, atomic_write_bytes, finish, prepare_output, read_artifact,
                                 released_on_error, write_manifest)
-from rdpp_cli.console import console, info, note, progress, summary_table
+from rdpp_cli.console import at, console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.precision import DEFAULT_PRECISION, autocast, check_precision, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
@@ -198,6 +198,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             batches = CaptionBatches(data, images=images, batch_size=batch_size, shuffle=False, seq_per_img=0)
             for batch in batches.epoch(0):
                 batch = batch.to(device)
+                data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
                     dec = decode(m, batch.fc, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
@@ -253,12 +254,7 @@ def _diverged(what: str, epoch: int, step: int, last_loss: float | None, cfg: Tr
 
 def _non_finite_parameter(model: nn.Module) -> str | None:
     """The name of the first parameter or buffer holding NaN or infinity (one sync per call)."""
-    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_floating_point()]
-    if not tensors:
-        return None
-    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
-    bad = (~flags).nonzero()
-    return tensors[int(bad[0])][0] if len(bad) else None
+    return non_finite_tensor(dict(list(model.named_parameters()) + list(model.named_buffers())))
 
 
 def _releases_lock(fn):
@@ -411,6 +407,7 @@ def run_training(
                 if rt.distributed:
                     bad = D.any_true(bad)
                 if bad:
+                    data.check_finite(batch.index, batch.fc, batch.att)  # a corrupt input is not divergence
                     raise _diverged(f"the loss is {logs['loss']}", epoch + 1, step + 1, last_loss, cfg)
                 last_loss = logs["loss"]
                 loss = loss * batch.weight if batch.weight != 1.0 else loss
@@ -426,6 +423,7 @@ def run_training(
                     scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
+                at(f"epoch {epoch + 1}, step {step}")  # what an interrupted run reports (cli.common.stage)
                 for k, v in logs.items():
                     sums[k] = sums.get(k, 0.0) + v * batch.size
                 sums["_images"] = sums.get("_images", 0.0) + batch.size
