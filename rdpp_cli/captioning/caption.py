@@ -148,7 +148,7 @@ def caption(
     for f in files:  # every photo readable before anything is written
         problem = image_problem(f, what="leave it out or replace it")
         if problem:
-            raise RdppError(problem)
+            raise problem
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
