@@ -115,24 +115,24 @@ TOGETHER = """
 import os, sys, time
 from pathlib import Path
 import rdpp_cli.artifacts.workspace as W
-import rdpp_cli.training.loop as L
 
 barrier, args = Path(sys.argv[1]), sys.argv[2:]
-versions, prepare = W._versions, L.prepare_output
+versions, identity = W._versions, W._identity  # prepare_output's first call is _identity
 
 def slow_versions(*a):
     found = versions(*a)
     time.sleep(0.5)
     return found
 
-def together(*a, **k):
-    (barrier / str(os.getpid())).touch()
-    t = time.time()
-    while len(list(barrier.iterdir())) < 2 and time.time() - t < 240:
-        time.sleep(0.01)
-    return prepare(*a, **k)
+def together(config):
+    if not barrier.joinpath(str(os.getpid())).exists():
+        (barrier / str(os.getpid())).touch()
+        t = time.time()
+        while len(list(barrier.iterdir())) < 2 and time.time() - t < 240:
+            time.sleep(0.01)
+    return identity(config)
 
-W._versions, L.prepare_output = slow_versions, together
+W._versions, W._identity = slow_versions, together
 sys.argv = ["rdpp", *args]
 from rdpp_cli.cli.app import main
 main()
