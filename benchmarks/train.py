@@ -133,8 +133,7 @@ def check_same_math(base: Att2in, batch: Batch, images: int = 8) -> dict[str, fl
 
 def bench_device(device: torch.device, args) -> dict:
     torch.manual_seed(0)
-    cfg = config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
-                             seq_length=SEQ_LEN)
+    cfg = config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN)
     base = Att2in(cfg).to(device)
     batch = make_batch(args.batch, args.words, device)
     ref_in = (batch.fc, batch.att, *upstream.xe_labels(batch.labels))

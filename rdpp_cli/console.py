@@ -37,23 +37,13 @@ class RateColumn(TextColumn):
         return Text("" if speed is None else f"{speed:,.1f} {self.unit}/s", style="progress.data.speed")
 
 
-# Where the running stage is, for the line an interrupted run prints (cli.common.stage): what a
-# loop last reported with ``at`` ("epoch 2, step 37"), else its newest progress bar.
-_position: str | None = None
+# The newest progress bars, which say how far a stage without epochs got when it is interrupted.
 _bars: list[tuple[Progress, str]] = []
 
 
-def at(position: str | None) -> None:
-    """Report where the running stage is (``"epoch 2, step 37"``; None to forget it)."""
-    global _position
-    _position = position
-
-
-def position() -> str | None:
-    """``at <what at() reported>``, else ``after <done> of <total> <unit> (<task>)`` from the newest
-    progress bar with a task under way, else None."""
-    if _position is not None:
-        return f"at {_position}"
+def progress_position() -> str | None:
+    """``after <done> of <total> <unit> (<task>)`` from the newest progress bar with a task under
+    way (``after 120 of 500 images (extract)``), else None."""
     for bar, unit in reversed(_bars):
         for task in reversed(bar.tasks):
             if task.total and not task.finished:
@@ -61,9 +51,8 @@ def position() -> str | None:
     return None
 
 
-def forget_position() -> None:
-    """Start a stage with no position (the CLI wrapper calls it)."""
-    at(None)
+def forget_progress() -> None:
+    """Start a stage with no progress bars (the CLI wrapper calls it)."""
     _bars.clear()
 
 
@@ -71,7 +60,7 @@ def progress(unit: str = "it", transient: bool = False) -> Progress:
     """A progress bar for long loops: ``with progress("images") as p: t = p.add_task("extract", total=n)``.
 
     Disabled (no output) when RDPP_NO_PROGRESS=1, e.g. in tests that capture stderr. Its tasks also
-    say how far a stage got when it is interrupted (``position``).
+    say how far a stage got when it is interrupted (``progress_position``).
     """
     bar = Progress(
         TextColumn("[bold]{task.description}"),

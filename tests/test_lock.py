@@ -1,4 +1,4 @@
-"""The run lock (issue 17, item 2): a run holds its output folder for its whole length; a second
+"""The run lock (docs/workspace.md#locks): a run holds its output folder for its whole length; a second
 identical run is refused with one line naming the holder; a dead holder's lock is taken over."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from rdpp_cli.artifacts import finish, prepare_output, read_artifact
 from rdpp_cli.errors import RdppError
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,6 +29,7 @@ RDPP = os.path.join(os.path.dirname(sys.executable), "rdpp")
 LOCK = ".rdpp-lock"  # rdpp_cli.artifacts.lock.LOCK
 
 
+@pytest.mark.integration
 def test_a_second_identical_run_is_refused_while_the_first_runs(tmp_path):
     ws = tmp_path / "runs"
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
@@ -61,6 +62,7 @@ def _claim(ws: Path, out: Path | None = None) -> Path:
     return prepare_output(out, workspace=ws, group="xe", name="att2in", kind="rdpp.model", config={"lr": 1})
 
 
+@pytest.mark.integration
 def test_the_lock_of_a_dead_run_on_this_host_is_taken_over(tmp_path, capsys):
     ws = tmp_path / "runs"
     # a run that claims its folder and is killed (SIGKILL: no clean-up of any kind)
@@ -80,6 +82,7 @@ def test_the_lock_of_a_dead_run_on_this_host_is_taken_over(tmp_path, capsys):
     assert not (folder / LOCK).exists()
 
 
+@pytest.mark.unit
 def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
@@ -92,6 +95,7 @@ def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
     assert json.loads((folder / LOCK).read_text()) == rec  # left as it was
 
 
+@pytest.mark.unit
 def test_a_finished_or_failed_stage_leaves_no_lock(tmp_path):
     path = _claim(tmp_path)
     assert (path / LOCK).is_file()
@@ -105,7 +109,7 @@ def test_a_finished_or_failed_stage_leaves_no_lock(tmp_path):
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["thesis.tex"]
 
 
-# -- one run per identity, even in the same instant; SIGTERM (issue 21, item 6) ----------------------
+# -- one run per identity, even in the same instant; SIGTERM (docs/workspace.md) ---------------------
 
 # A real `rdpp` command line in a process whose claim of the output folder waits at a barrier until
 # the other process gets there too, and whose look at the existing versions takes 0.5 s: the window
@@ -143,6 +147,7 @@ def _env() -> dict:
     return {**os.environ, "RDPP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "300"}
 
 
+@pytest.mark.integration
 def test_two_identical_commands_started_together_one_runs_the_other_is_refused(tmp_path):
     ws = tmp_path / "runs"
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
@@ -169,6 +174,7 @@ def _weights(path: Path) -> dict:
     return torch.load(path, weights_only=True)["state_dict"]
 
 
+@pytest.mark.integration
 def test_sigterm_stops_with_one_line_releases_the_lock_and_the_rerun_resumes_to_the_same_weights(tmp_path):
     data = write_tiny_data(tmp_path / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
     args = ["--preset", "small", "--epochs", "6", "--batch-size", "4", "--val-images", "0", "--seed", "3",

@@ -1,4 +1,4 @@
-"""Messages that point the right way (issue 21, item 7): the command line's own parse errors are one
+"""Messages that point the right way (docs/reliability.md): the command line's own parse errors are one
 ``error:`` line like every other refusal, and PIL's decompression-bomb warning becomes rdpp's own
 one-line note (its DecompressionBombError stays a one-line refusal). The NaN messages are in
 test_divergence.py."""
@@ -15,14 +15,14 @@ from PIL import Image
 
 from rdpp_cli.data.toy import prepro_toy
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import model_artifact  # noqa: E402
+from helpers import model_artifact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RDPP = os.path.join(os.path.dirname(sys.executable), "rdpp")
 ENV = {**os.environ, "RDPP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "80"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["sample", "--n", "abc"], "error: Invalid value for '--n': Input should be a valid integer, unable to parse "
                                "string as an integer; see `rdpp sample --help`"),
@@ -49,6 +49,7 @@ main()
 """
 
 
+@pytest.mark.integration
 def test_a_huge_photo_gets_rdpps_note_not_pils_warning_and_a_bomb_is_refused(tmp_path):
     ws = tmp_path / "runs"
     model_artifact(ws, prepro_toy(workspace=ws, images=20, batch_size=10))
@@ -74,6 +75,7 @@ def test_a_huge_photo_gets_rdpps_note_not_pils_warning_and_a_bomb_is_refused(tmp
     assert errors[0].endswith("; leave it out or replace it")
 
 
+@pytest.mark.unit
 def test_an_interrupted_stage_without_epochs_says_how_far_it_got(capsys):
     """Ctrl-C (and SIGTERM, see test_lock.py) in a stage that reports no epoch: its progress bar says."""
     import typer

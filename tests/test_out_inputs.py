@@ -1,4 +1,4 @@
-"""Nothing a stage reads can be destroyed by what it writes (issue 21, item 3): an ``--out`` equal to,
+"""Nothing a stage reads can be destroyed by what it writes (docs/workspace.md, ``--out``): an ``--out`` equal to,
 inside or above anything the stage reads (artifact folders, a samples JSON, ``--refs``, photos) is
 refused even with ``--force``, before anything is touched; ``--force`` replaces only an artifact of
 the same stage. Every refusal is one ``error:`` line and leaves every file as it was."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,10 @@ from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.toy import prepro_toy
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import error_line, model_artifact, rdpp  # noqa: E402
+from helpers import error_line, model_artifact, rdpp
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -153,9 +153,9 @@ def sample(
         task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
-            fc, att, mask = ds.features(idx, dev)
+            _, att, mask = ds.features(idx, dev)
             with autocast(prec, dev):
-                out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+                out_ = decode(net, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
             chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))

@@ -121,14 +121,6 @@ def rank_distinct(score: Tensor, k: int, valid: Tensor | None = None) -> Tensor:
     return order[:, :k]
 
 
-def log_det(L: Tensor, idx: Tensor) -> Tensor:
-    """``log det L_Y`` (B,) of the subsets ``idx`` (B, k) (-inf where it is not positive)."""
-    sub = L.to(torch.float64).gather(1, idx.unsqueeze(-1).expand(-1, -1, L.shape[-1]))
-    sub = sub.gather(2, idx.unsqueeze(1).expand(-1, idx.shape[1], -1))
-    sign, ld = torch.linalg.slogdet(sub)
-    return torch.where(sign > 0, ld, torch.full_like(ld, float("-inf")))
-
-
 # -- candidates' qualities and kernel ---------------------------------------------------------------
 
 def first_occurrence(tokens: Tensor) -> Tensor:

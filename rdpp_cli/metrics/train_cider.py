@@ -56,7 +56,7 @@ def with_eos(tokens: Any, max_len: int, eos: int) -> np.ndarray:
 
 
 class TrainCider:
-    """The training reward's CIDEr-D (DESIGN §4, train mode) over token-id captions.
+    """The training reward's CIDEr-D (fixed df, end token counted; docs/metrics.md#cider-d) over token ids.
 
     ``df``: the training document frequencies (counted over ``tokens + [EOS]``); ``eos``: the EOS
     id they use; ``max_len``: the sampling length limit (captions of that many words have no EOS);

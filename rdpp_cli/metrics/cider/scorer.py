@@ -182,7 +182,7 @@ class CiderD:
 
         ``caps``: (B, M, T) int array or a list of B lists of M captions (strings or id lists).
         ``kind="cider-d"``: ``K[b,i,j]`` = CIDEr-D of caption i against the single reference j for
-        i <= j, mirrored to the lower triangle (DESIGN §4). ``kind="cider"``: plain CIDEr (cosine
+        i <= j, mirrored to the lower triangle (docs/metrics.md#self-cider). ``kind="cider"``: plain CIDEr (cosine
         of the tf-idf vectors, no clipping, no length penalty), which is symmetric.
         With ``df=None`` each image's M captions form one document.
         """
