@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from rdpp_cli import __version__
+from rdpp_cli.artifacts.interrupt import uninterrupted
 from rdpp_cli.errors import RdppError
 
 # The manifest schema each kind is written with, and the oldest schema this rdpp still reads. An
@@ -63,18 +64,20 @@ def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
-    readers see the old file or the whole new one, never a half-written one."""
+    readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
+    for it to end (``artifacts.interrupt``)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with uninterrupted():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -148,7 +148,7 @@ def caption(
     for f in files:  # every photo readable before anything is written
         problem = image_problem(f, what="leave it out or replace it")
         if problem:
-            raise RdppError(problem)
+            raise problem
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
@@ -170,7 +170,7 @@ def caption(
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
     identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
     out_dir = prepare_output(out, workspace=workspace, group="captions", name=derived_name(model_art.name, run_name(cfg)),
-                             kind="rdpp.captions", config=identity, force=force)
+                             kind="rdpp.captions", config=identity, force=force, reads=[model_art.path, data_art.path, *paths, weights])
     info(f"captioning {len(files)} photo(s) with {model_art.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
          f"images, {bb.att_size}×{bb.att_size} grid, as {data_art.path}")
     gen = torch.Generator(device=dev).manual_seed(seed)

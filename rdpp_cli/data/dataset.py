@@ -121,10 +121,23 @@ class DataArtifact:
         return self._read("fc", np.asarray(idx, dtype=np.int64))
 
     def features(self, idx, device: torch.device | str = "cpu"):
-        """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``."""
+        """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``;
+        RdppError for features holding NaN or infinity (``check_finite``)."""
         fc, att, lens = self.feature_rows(idx)
-        return (torch.from_numpy(fc).to(device).float(), torch.from_numpy(att).to(device).float(),
-                att_mask(lens, att.shape[1], device))
+        fc, att = torch.from_numpy(fc).to(device).float(), torch.from_numpy(att).to(device).float()
+        self.check_finite(idx, fc, att)
+        return fc, att, att_mask(lens, att.shape[1], device)
+
+    def check_finite(self, idx, fc: torch.Tensor, att: torch.Tensor) -> None:
+        """RdppError naming ``features.h5`` and the first of images ``idx`` whose features ``fc``
+        (B, D) / ``att`` (B, R, D) hold NaN or infinity (a damaged file, or features imported so)."""
+        ok = torch.isfinite(fc).flatten(1).all(1) & torch.isfinite(att).flatten(1).all(1)
+        if bool(ok.all()):
+            return
+        row = int(np.asarray(idx, dtype=np.int64)[int((~ok).nonzero()[0])])
+        raise RdppError(f"{self.path / 'features.h5'} holds NaN or infinity in the features of image "
+                        f"{self.image_ids[row]} (row {row}): the file is damaged or was made from broken features; "
+                        f"run `rdpp verify {self.path}`, then restore the file or remake the data artifact")
 
     def references_ids(self, idx) -> list[np.ndarray]:
         """Encoded references (k_i, L) int32 of each image (what the training reward compares)."""

@@ -205,7 +205,8 @@ def weights_ref(weights: Path | None, out: Path | None, workspace: Path | None) 
     return file_ref(weights, root)
 
 
-def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
+def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool,
+                 reads: list[Path | str | None] = ()) -> Path:
     """``prepare_output`` for a data artifact. An unfinished run with the same options (``workers`` and
     ``device`` aside) is resumed. Replacing a complete artifact (``--force``) starts from an empty
     folder: its old features are never taken for a resumable run of this one."""
@@ -213,7 +214,7 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
     # options that do not change a single byte of the output do not stop a rerun from resuming
     same_output = {k: v for k, v in config.items() if k not in RUNTIME_ONLY}
     out_dir = prepare_output(out, workspace=workspace, group="data", name=name, kind=KIND, config=same_output,
-                             force=force)
+                             force=force, reads=reads)
     if replacing:
         _drop_strangers(out_dir, set())
     return out_dir
@@ -340,6 +341,7 @@ def prepro_coco(
         "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,
         "dtype": dtype, "features_from": str(features_from) if features_from else None,
     }
-    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force)
+    reads = [plan.karpathy_json, plan.images_root, features_from, weights]
+    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force, reads=reads)
     info(f"writing the data artifact to [bold]{out_dir}[/bold]")
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")

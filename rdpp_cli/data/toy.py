@@ -245,7 +245,7 @@ def prepro_toy(
               "att_size": att_size, "image_size": image_size, "weights": weights_ref(weights, out, workspace),
               "weights_sha256": bb.weights_sha256,
               "word_count_threshold": 5, "max_length": 16, "dtype": "float16", "batch_size": batch_size}
-    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force)
+    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force, reads=[weights])
     info(f"writing the toy data artifact to [bold]{out_dir}[/bold]")
     src = out_dir / SOURCE_DIR
     json_path = src / JSON_NAME

@@ -31,6 +31,7 @@ from rdpp_cli.artifacts import (
     sha256_file,
     write_manifest,
 )
+from rdpp_cli.artifacts.workspace import refuse_overlap
 from rdpp_cli.console import console, info, note, summary_table, warning
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
@@ -264,6 +265,7 @@ def score(opts: ScoreOptions) -> Path:
     smp = load_samples(opts.samples, opts.workspace)
     split = opts.split or (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
     ref = load_references(smp, data=opts.data, split=split, refs=opts.refs, workspace=opts.workspace)
+    refuse_overlap(opts.out, _reads(smp, ref, opts))  # now, not after the evaluation
     coco_eval.java()  # one clear line before any work when Java is missing
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
@@ -277,6 +279,11 @@ def score(opts: ScoreOptions) -> Path:
     path = _write(opts, smp, ref, result, names, frame)
     _print(result, names, path, smp)
     return path
+
+
+def _reads(smp: Samples, ref: References, opts: ScoreOptions) -> list:
+    """What score reads, which --out may not overwrite: the samples and data artifacts, a samples file, --refs."""
+    return [*(a.path for a in (smp.artifact, ref.artifact) if a), smp.source, opts.refs]
 
 
 def _accuracy(ev, names: list[str], oracle: bool) -> tuple[dict, tuple[dict, dict]]:
@@ -376,7 +383,7 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
                 "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
                 "refs": refs, **options}
     path = prepare_output(opts.out, workspace=opts.workspace, group="scores", name=smp.name, kind="rdpp.scores",
-                          config=identity, force=opts.force)
+                          config=identity, force=opts.force, reads=_reads(smp, ref, opts))
     atomic_write_json(path / "scores.json", result)
     frame.to_csv(path / "per_image.csv", index=False)
     div, accuracy = result["diversity"], result["accuracy"]

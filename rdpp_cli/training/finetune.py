@@ -423,7 +423,7 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES})
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
                                name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
-                               force=opts.force)
+                               force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=inp.data.seq_length, seed=opts.seed, rank=rt.rank,
                           sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device))

@@ -90,7 +90,7 @@ from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.options import TrainLoopOptions
@@ -172,6 +172,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             batches = CaptionBatches(data, images=images, batch_size=batch_size, shuffle=False, seq_per_img=0)
             for batch in batches.epoch(0):
                 batch = batch.to(device)
+                data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
                     dec = decode(m, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
@@ -254,12 +255,7 @@ def _diverged(what: str, epoch: int, step: int, last_loss: float | None, opts: T
 
 def _non_finite_parameter(model: nn.Module) -> str | None:
     """The name of the first parameter or buffer holding NaN or infinity (one sync per call)."""
-    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_floating_point()]
-    if not tensors:
-        return None
-    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
-    bad = (~flags).nonzero()
-    return tensors[int(bad[0])][0] if len(bad) else None
+    return non_finite_tensor(dict(list(model.named_parameters()) + list(model.named_buffers())))
 
 
 def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity: dict[str, Any],
@@ -507,7 +503,7 @@ class TrainingRecipe:
         batch = batch.to(self.rt.device)
         loss, logs = self.compute_loss(batch)
         if self.pending is None:
-            self.check_loss(logs["loss"], self.position.step + 1)
+            self.check_loss(logs["loss"], self.position.step + 1, batch)
         self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
         self.position.step += 1
         self.position.batch = batch.batch + 1
@@ -546,14 +542,17 @@ class TrainingRecipe:
         with autocast(self.precision, self.rt.device):
             return _split_step(self.step_fn(self.net, batch), on_device=self.pending is not None)
 
-    def check_loss(self, loss: float, step: int) -> None:
+    def check_loss(self, loss: float, step: int, batch: Batch | None = None) -> None:
         """Stop at a non-finite loss of step ``step`` (under DDP every process stops): before it
         reaches the weights, or with the fast path when it is read back (the weights are checked
-        again before anything is saved)."""
+        again before anything is saved). When ``batch``'s features are not finite, that is a corrupt
+        input (``check_finite``), not divergence."""
         bad = not math.isfinite(loss)  # read for the progress bar anyway: no extra sync
         if self.rt.distributed:
             bad = D.any_true(bad)
         if bad:
+            if batch is not None:
+                self.data.check_finite(batch.index, batch.fc, batch.att)
             raise _diverged(f"the loss is {loss}", self.position.epoch + 1, step, self.last_loss, self.opts)
 
     def apply_gradients(self, loss: Tensor) -> None:

@@ -174,7 +174,7 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None})
         name = f"att2in-{opts.preset}" if inp.init is None else "att2in-init"
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
-                               config=identity, force=opts.force)
+                               config=identity, force=opts.force, reads=[inp.artifact.path, inp.init_where])
         fast = fast_path(opts.fast, rt.device)
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
                               step_fn=fast_xe_loss(fast) if fast is not None else xe_loss, inputs=[inp.artifact],
