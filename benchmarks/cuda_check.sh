@@ -8,7 +8,10 @@
 #      included (benchmarks/data.py --xe-epoch)
 #   4. decoding and DPP selection on the GPU (benchmarks/sample.py)
 #   5. the demo's training stages on the GPU (without Java it stops at its first scoring step)
-#   bash benchmarks/cuda_check.sh              # all of them; STEPS="1 2" bash ... runs some
+#   6. the training fast path (--fast on), not run by default (about 8 minutes, most of it compiling):
+#      its GPU tests in tests/test_cuda.py, then benchmarks/fast_path.py: eager against fast (CUDA
+#      graphs) and fast without CUDA graphs, XE / R-DPP / SCST steps at the paper's shapes
+#   bash benchmarks/cuda_check.sh              # steps 1-5; STEPS="1 2" bash ... runs some, STEPS=6 the fast path
 
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +53,15 @@ stamp "5. the demo's stages on cuda"
 command -v java >/dev/null || echo "no java here: the demo stops at scoring (the PTB tokenizer needs Java)"
 timeout 120 $PY -c "from rdpp_cli.demo import demo; demo('/tmp/cuda_demo_ws', device='cuda')" > "$OUT/cuda_demo.log" 2>&1
 grep -E "✓|error" "$OUT/cuda_demo.log" | tail -12
+fi
+
+if want 6; then
+stamp "6. the training fast path: GPU tests, then eager against --fast on"
+timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "fast or reward_on_cuda" 2>&1 \
+  | tee "$OUT/cuda_fast_tests.log" | tail -15
+timeout 420 $PY benchmarks/fast_path.py --device cuda --sections xe,dpp,scst --variants fast,fast-default \
+  --steps 10 --warmup 3 --json > "$OUT/cuda_fast_path.log" 2>&1; echo "exit $?"
+grep -v '^{' "$OUT/cuda_fast_path.log" | tail -30
 fi
 
 stamp "done"

@@ -134,6 +134,85 @@ def test_caption_bad_input_is_one_line(real, tmp_path):
         shutil.move(moved, weights)
 
 
+# ---- photos of every size, colour mode and format --------------------------------------------------
+
+SAVE = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp"}
+
+
+def photo_zoo(folder: Path) -> list[tuple[Path, str, tuple[int, int]]]:
+    """A real photo saved smaller (160×120) and larger (640×480) than the contact sheet's 256-pixel
+    thumbnail, in RGB, L, P, CMYK and RGBA, as JPEG, PNG, GIF and WebP (every pair Pillow writes):
+    (file, mode it reads back as, size)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    with Image.open(PHOTOS / "000000002149.jpg") as src:
+        src = src.convert("RGB")
+        for size in ((160, 120), (640, 480)):
+            base = src.resize(size)
+            for mode in ("RGB", "L", "P", "CMYK", "RGBA"):
+                im = base.convert(mode)
+                if mode == "RGBA":  # a transparent corner
+                    im.putalpha(Image.linear_gradient("L").resize(size))
+                for fmt, ext in SAVE.items():
+                    f = folder / f"{mode.lower()}_{size[0]}.{ext}"
+                    try:
+                        im.save(f, format=fmt)
+                    except (OSError, ValueError):  # e.g. P as JPEG, CMYK as PNG: not writable
+                        continue
+                    with Image.open(f) as back:
+                        out.append((f, back.mode, size))
+    return out
+
+
+@pytest.mark.integration
+def test_contact_sheet_shows_photos_of_every_size_mode_and_format(tmp_path):
+    """Each thumbnail is the photo upright in RGB within 256×256, aspect kept: photos no larger than
+    the thumbnail keep their size (an RGB JPEG among them used to be returned unread from a closed file)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
+    from rdpp_cli.data.features import to_rgb
+
+    zoo = photo_zoo(tmp_path / "zoo")
+    assert {m for _, m, _ in zoo} >= {"RGB", "L", "P", "CMYK", "RGBA"}
+    assert {f.suffix for f, _, _ in zoo} == {".jpg", ".png", ".gif", ".webp"}
+    page = render_html([SheetEntry(f, k, [f"caption {k}"]) for k, (f, _, _) in enumerate(zoo)], title="zoo")
+    sheet = _Sheet()
+    sheet.feed(page)
+    assert len(sheet.imgs) == len(zoo)
+    for (f, mode, size), img in zip(zoo, sheet.imgs):
+        data = base64.b64decode(img["src"].removeprefix("data:image/jpeg;base64,"))
+        thumb = Image.open(io.BytesIO(data))
+        assert thumb.format == "JPEG" and thumb.mode == "RGB"
+        want = size if max(size) <= 256 else (256, 192)
+        assert thumb.size == want, (f.name, thumb.size)
+
+        def coarse(x):  # 16×12 block means: the picture, without JPEG's and dithering's pixel noise
+            return np.asarray(x.resize((16, 12), Image.BOX), dtype=np.float64)
+        with Image.open(f) as im:
+            ref = coarse(to_rgb(im))
+        assert np.abs(coarse(thumb) - ref).mean() < 4, (f.name, mode)
+
+
+@pytest.mark.integration
+def test_caption_photos_of_every_size_mode_and_format(real, tmp_path):
+    ws, data, model, _ = real
+    zoo = photo_zoo(tmp_path / "zoo")
+    r = rdpp("caption", tmp_path / "zoo", "--workspace", ws, "--device", "cpu", "--out", tmp_path / "c")
+    assert r.exit_code == 0, r.output
+    results = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert sorted(Path(e["file"]).name for e in results) == sorted(f.name for f, _, _ in zoo)
+    assert all(isinstance(e["caption"], str) and len(e["captions"]) == 1 for e in results)
+    sheet = _Sheet()
+    sheet.feed((tmp_path / "c" / "contact_sheet.html").read_text())
+    assert len(sheet.imgs) == len(zoo)
+
+
 # ---- UNK suppression ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from rich.table import Table
 from rdpp_cli.artifacts.lineage import entry_name
 from rdpp_cli.artifacts.options import LsOptions
 from rdpp_cli.artifacts.workspace import list_artifacts, workspace_dir
-from rdpp_cli.console import console
+from rdpp_cli.artifacts.verify import stray_folders
+from rdpp_cli.console import console, note
 from rdpp_cli.options import takes
 
 # The settings worth a glance, per kind (everything is in each manifest's config).
@@ -58,4 +59,8 @@ def show(opts: LsOptions) -> Table:
         console.print(f"no artifacts in {workspace_dir(opts.workspace)} yet; start with `rdpp prepro toy`")
     else:
         console.print(table)
+    stray = stray_folders(opts.workspace)
+    if stray:  # one line: folders that are no complete artifact are said, never dropped silently
+        note(f"{len(stray)} folder(s) not listed, not complete artifacts: "
+             + "; ".join(f"{p.parent.name}/{p.name} ({why})" for p, why in stray) + "; `rdpp verify` checks them")
     return table

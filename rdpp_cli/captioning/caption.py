@@ -16,12 +16,12 @@ Writes a captions artifact (``<workspace>/captions/<model>-<method>-v<k>`` or ``
 - ``contact_sheet.html``: every photo as a thumbnail with its caption set, self-contained.
 
 Image ids: the digits that end each file name (COCO's ``000000000139.jpg`` -> 139) when every photo
-has distinct ones, else 1..N in the order of the photos.
+has distinct ones, else 1..N in the order of the photos (``data.caption_files.ids_from_names``, the
+rule ``rdpp prepro coco --captions`` numbers images by).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,6 +34,7 @@ from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
 from rdpp_cli.captioning.options import CaptionOptions
 from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
+from rdpp_cli.data.caption_files import IMAGE_SUFFIXES, ids_from_names
 from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
 from rdpp_cli.data.vocab import decode_ids, unk_id
 from rdpp_cli.decoding.config import DecodeConfig
@@ -42,7 +43,6 @@ from rdpp_cli.decoding.sample import Decoder, claim_output, decoding_summary, lo
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 DECODE_BATCH = 50  # images per decoding batch, as `rdpp sample`'s default --batch-size
 
 
@@ -65,35 +65,24 @@ def find_images(paths: Sequence[str | Path]) -> list[Path]:
     return unique
 
 
-def image_ids(files: Sequence[Path]) -> list[int]:
-    """The digits ending each file name when they are present and distinct for all, else 1..N."""
-    ids = []
-    for f in files:
-        m = re.search(r"(\d+)$", f.stem)
-        ids.append(int(m.group(1)) if m else None)
-    if None in ids or len(set(ids)) != len(ids):
-        return list(range(1, len(files) + 1))
-    return ids
-
-
 def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, str]:
     """The backbone the data artifact extracted its features with (and the feature dtype), rebuilt
-    from its manifest; ``weights`` stands in for a weights file that moved (same sha256 only)."""
+    from its manifest: the weights file at the recorded path (relative to the workspace, or
+    absolute), or ``weights`` where it moved; either must have the recorded sha256."""
     cfg = data.config
     name = cfg.get("backbone")
     if not name or name == "imported" or not cfg.get("att_size"):
         raise RdppError(f"data artifact {data.path} holds imported features ({cfg.get('features_from')}), not a CNN's; "
                         "rdpp caption needs a model trained on features rdpp extracted (prepro with --backbone)")
-    recorded = cfg.get("weights")
-    path = Path(weights) if weights is not None else (Path(recorded) if recorded else None)
+    recorded, want = cfg.get("weights"), cfg.get("weights_sha256")
+    path = Path(weights) if weights is not None else (data.resolve_path(recorded) if recorded else None)
+    needs = f"the file with sha256 {want}" if want else "the same file"
     if path is not None and not path.is_file():
-        raise RdppError(f"weights file {path} (recorded in {data.path / 'manifest.json'}) does not exist; "
-                        "pass --weights PATH to the same file"
-                        + (f" (sha256 {cfg['weights_sha256'][:12]}…)" if cfg.get("weights_sha256") else ""))
-    want = cfg.get("weights_sha256")
-    if path is not None and want and file_sha256(path) != want:
-        raise RdppError(f"weights file {path} is not the one data artifact {data.path} was made with (sha256 "
-                        f"{want[:12]}… expected); pass --weights PATH to that file")
+        where = "--weights" if weights is not None else f"(recorded in {data.path / 'manifest.json'})"
+        raise RdppError(f"weights file {path} {where} does not exist; pass --weights PATH to {needs}")
+    if path is not None and want and (got := file_sha256(path)) != want:
+        raise RdppError(f"weights file {path} is not the one data artifact {data.path} was made with (its sha256 is "
+                        f"{got[:12]}…, the manifest records {want[:12]}…); pass --weights PATH to {needs}")
     bb = build_backbone(name, att_size=int(cfg["att_size"]), image_size=cfg.get("image_size"), weights=path,
                         pretrained=bool(cfg.get("pretrained", False)))
     if want and bb.weights_sha256 and bb.weights_sha256 != want:  # ImageNet weights from the hub cache
@@ -117,7 +106,7 @@ def caption(opts: CaptionOptions) -> Artifact:
     settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": opts.seed, "weights": str(bb.weights),
                 "device": str(dec.device)}
     out_dir, config = claim_output(opts, dec, group="captions", kind="rdpp.captions", name=run_name(cfg, opts.n),
-                                   settings=settings)
+                                   settings=settings, reads=[*opts.paths, opts.weights])
     info(f"captioning {len(files)} photo(s) with {dec.model.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
          f"images, {bb.att_size}×{bb.att_size} grid, as {dec.data.path}")
     t0 = time.perf_counter()
@@ -142,7 +131,7 @@ def readable_images(paths: Sequence[str | Path]) -> list[Path]:
     for f in files:
         problem = image_problem(f, what="leave it out or replace it")
         if problem:
-            raise RdppError(problem)
+            raise problem
     return files
 
 
@@ -166,7 +155,7 @@ def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg
     """One ``results.json`` record per photo: features extracted as the data artifact extracted them
     (stored in its precision, as the model saw them in training), decoded in batches of
     ``DECODE_BATCH`` photos with one seeded generator, as `rdpp sample` decodes a split."""
-    ids = image_ids(files)
+    ids = ids_from_names(files)
     gen = torch.Generator(device=dec.device).manual_seed(opts.seed)
     batch_size = opts.batch_size or int(dec.data.config.get("batch_size") or 32)
     workers = default_workers(dec.device.type) if opts.workers is None else opts.workers

@@ -8,6 +8,7 @@ import functools
 import importlib
 import inspect
 import json
+import sys
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Optional
@@ -108,22 +109,70 @@ def parent_option(opts: dict, positional: str, what: str) -> str | None:
     return chosen or alias
 
 
+# The trainer extra (`pip install 'rdpp[train]'`): what prepro's CNN features, train-xe, finetune,
+# sample, caption and demo import. score, ls, verify and plot run without it.
+TRAINER_MODULES = ("torch", "torchvision")
+TRAINER_COMMANDS = ("prepro", "train-xe", "finetune", "sample", "caption", "demo")
+TRAIN_INSTALL = "pip install 'rdpp[train]'"
+
+
+def needs_trainer(ctx: typer.Context | None, module: str | None) -> str:
+    """The one line a command that needs the trainer says when torch/torchvision is not installed."""
+    words = ctx.command_path.split()[1:] if ctx is not None else []  # the program's own name aside
+    command = " ".join(["rdpp", *words]) if words else "this command"
+    return (f"{command} needs the trainer ({module or 'torch'} is not installed); install it with "
+            f"{TRAIN_INSTALL} (the evaluator alone, `pip install rdpp`, runs score, ls, verify and plot)")
+
+
+def _position() -> str | None:
+    """Where the stage is: ``at epoch 2, step 37`` in a training run (``training.loop.current_position``,
+    looked up only when the loop is loaded: no torch import here), else how far its progress bar got."""
+    from rdpp_cli.console import progress_position
+
+    loop = sys.modules.get("rdpp_cli.training.loop")
+    pos = loop.current_position() if loop is not None else None
+    return f"at {pos}" if pos is not None else progress_position()
+
+
+def interrupted_line(position: str | None) -> str:
+    """``interrupted at epoch 2, step 37; rerun the same command to resume``."""
+    return f"interrupted {position or 'before it finished'}; rerun the same command to resume"
+
+
 def stage(fn):
-    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
+    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; Ctrl-C
+    (SIGINT) and SIGTERM one line saying how far the stage got (``console.position``), exit 130 and
+    143. Either way the locks the stage took are released and its unfinished folder resumes on a rerun."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from rdpp_cli.artifacts.interrupt import Interrupted, stopping_on_signals
         from rdpp_cli.artifacts.lock import held, release_all
+        from rdpp_cli.console import forget_progress
 
         before = held()
+        forget_progress()
+        ctx = kwargs.get("ctx", next((a for a in args if isinstance(a, typer.Context)), None))
+        words = ctx.command_path.split() if ctx is not None else []
         try:
-            return fn(*args, **kwargs)
+            with stopping_on_signals(where=_position):  # SIGINT/SIGTERM raise Interrupted, never inside a write
+                if words[1:2] and words[1] in TRAINER_COMMANDS:
+                    import torch  # noqa: F401  (a missing trainer is said before anything is written)
+                return fn(*args, **kwargs)
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
-            raise typer.Exit(130) from None
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in TRAINER_MODULES:
+                raise
+            err_console.print(f"[red]error:[/red] {escape(needs_trainer(ctx, e.name))}", soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt as e:
+            line = interrupted_line(e.position if isinstance(e, Interrupted) else _position())
+            err_console.print("[red]interrupted[/red]" + escape(line.removeprefix("interrupted")), soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(e.exit_code if isinstance(e, Interrupted) else 130) from None
         finally:
             release_all(keep=before)  # a failed stage leaves its folder unfinished but unlocked
 

@@ -32,12 +32,18 @@ def coco(
     karpathy_json: Path = typer.Option(
         None, "--karpathy-json", dir_okay=False,
         help="Karpathy split file dataset_coco.json (default: $RDPP_COCO_ROOT/dataset_coco.json, then "
-             "./data/coco/dataset_coco.json)."),
+             "./data/coco/dataset_coco.json). Beside --captions files: their splits."),
+    captions: list[Path] = typer.Option(
+        None, "--captions", dir_okay=False, metavar="FILE",
+        help="Caption file, repeatable, recognised by its content: a Karpathy JSON, COCO captions_*.json, a "
+             "Flickr token file (Flickr8k.token.txt, results_20130124.token), or CSV/JSON Lines of "
+             "image,caption[,split] (docs/data.md, Caption files)."),
     images_root: Path = typer.Option(
         None, "--images-root", file_okay=False,
-        help="Folder the JSON's filepath/filename start from (holds train2014/, val2014/) "
-             "(default: the first of $RDPP_COCO_ROOT/images, $RDPP_COCO_ROOT, ./data/coco/images, ./data/coco "
-             "that holds the first image)."),
+        help="Folder the caption file's image paths start from (for COCO the one holding train2014/, val2014/) "
+             "(default: for a Karpathy JSON the first of $RDPP_COCO_ROOT/images, $RDPP_COCO_ROOT, ./data/coco/images, "
+             "./data/coco that holds the first image; for --captions the caption file's folder and the folders "
+             "the COCO and Flickr archives unpack to)."),
     out: Path = OutOpt,
     force: bool = ForceOpt,
     word_count_threshold: str = typer.Option(
@@ -61,9 +67,17 @@ def coco(
     workspace: Path = WorkspaceOpt,
     config: Path = ConfigOpt,
 ) -> None:
-    """COCO (Karpathy splits) -> data artifact. Resumes an interrupted extraction when rerun.
+    """Caption files + images -> data artifact. Resumes an interrupted extraction when rerun.
 
-    Example: rdpp prepro coco --karpathy-json data/coco/dataset_coco.json --images-root data/coco/images --weights resnet101.pth
+    Example (Karpathy split): rdpp prepro coco --karpathy-json data/coco/dataset_coco.json --images-root data/coco/images --weights resnet101.pth
+
+    Example (COCO's files): rdpp prepro coco --captions annotations/captions_train2017.json --captions annotations/captions_val2017.json --images-root coco/
+
+    Example (Flickr8k): rdpp prepro coco --captions Flickr8k_text/Flickr8k.token.txt --images-root Flicker8k_Dataset
+
+    Example (Flickr30k): rdpp prepro coco --captions results_20130124.token --images-root flickr30k-images
+
+    Example (your own photos): rdpp prepro coco --captions mine.csv (image,caption[,split] rows; or mine.jsonl)
     """
     from rdpp_cli.data.prepro import prepro_coco
 

@@ -58,6 +58,15 @@ def load_karpathy(path: Path | str, restval_to_train: bool = True, need_files: b
                         "pass the Karpathy split file dataset_coco.json") from None
     except UnicodeDecodeError:
         raise RdppError(f"{path} is not UTF-8 text; pass the Karpathy split file dataset_coco.json") from None
+    return records_from_dataset(data, path, restval_to_train, need_files)
+
+
+def records_from_dataset(data, path: Path | str, restval_to_train: bool = True,
+                         need_files: bool = True) -> list[ImageRecord]:
+    """Every image of a Karpathy-form dataset already in memory (``{"images": [...]}``), in order,
+    checked as ``load_karpathy`` checks a file; ``path`` names it in errors. The one reader of
+    ``--karpathy-json`` and of the datasets ``caption_files`` derives from other caption files."""
+    path = Path(path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise RdppError(f"{path} has no 'images' list; expected the Karpathy format "
                         "{{\"images\": [{{\"filename\", \"cocoid\", \"split\", \"sentences\"}}]}}")

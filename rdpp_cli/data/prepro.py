@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,13 +20,16 @@ import h5py
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
+from rdpp_cli.artifacts.manifest import file_ref, workspace_root
+from rdpp_cli.artifacts.workspace import workspace_dir
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
+from rdpp_cli.data.caption_files import CaptionSource, read_caption_files
 from rdpp_cli.data.dataset_paths import find_images_root, find_karpathy_json
 from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, default_workers, extract_features
 from rdpp_cli.data.importers import FeatureSource
-from rdpp_cli.data.karpathy import ImageRecord, load_karpathy
+from rdpp_cli.data.karpathy import ImageRecord, load_karpathy, records_from_dataset
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import DocFreq
@@ -51,6 +55,7 @@ class PreproPlan:
     image_paths: list[Path] = field(default_factory=list)
     backbone: Backbone | None = None
     features_from: FeatureSource | None = None
+    source: CaptionSource | None = None  # --captions: the files read and the Karpathy-form dataset made of them
 
 
 def plan_prepro(
@@ -71,6 +76,7 @@ def plan_prepro(
     features_from: Path | None = None,
     image_size: int | None = None,
     workspace: Path | None = None,
+    captions: Sequence[Path] | None = None,
 ) -> PreproPlan:
     """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing.
     ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images; ``workers=None``:
@@ -84,15 +90,16 @@ def plan_prepro(
         raise RdppError(f"--workers {workers} must be 0 or more")
     if dtype not in DTYPES:
         raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
-    json_path = find_karpathy_json(karpathy_json, workspace)
-    records = load_karpathy(json_path, restval_to_train=restval_to_train, need_files=features_from is None)
+    json_path, records, source = read_captions(karpathy_json, captions, images_root, restval_to_train=restval_to_train,
+                                               need_files=features_from is None, workspace=workspace)
     splits = Counter(r.split for r in records)
     if not splits.get("train"):
         raise RdppError(f"{json_path} has no training images (split train or restval); the vocabulary is built from them")
     if threshold is None:
         threshold = V.auto_threshold(splits["train"])
     # imported features decode no image: no workers, and --device is not used
-    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers or 0, device)
+    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers or 0, device,
+                      source=source)
     if features_from is not None:
         plan.features_from = FeatureSource(features_from, [r.image_id for r in records])
         return plan
@@ -101,10 +108,27 @@ def plan_prepro(
         plan.workers = default_workers(dev.type)
     plan.backbone = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights,
                                    pretrained=pretrained)
-    plan.images_root = find_images_root(images_root, json_path, records[0].relpath)
+    plan.images_root = (source.images_root if source is not None and source.images_root is not None
+                        else find_images_root(images_root, json_path, records[0].relpath))
     plan.image_paths = [plan.images_root / r.relpath for r in records]
     check_images(plan.image_paths, plan.images_root, workers=max(1, plan.workers))
     return plan
+
+
+def read_captions(karpathy_json: Path | None, captions: Sequence[Path] | None, images_root: Path | None, *,
+                  restval_to_train: bool, need_files: bool,
+                  workspace: Path | None) -> tuple[Path, list[ImageRecord], CaptionSource | None]:
+    """The caption file named first, its checked records, and with ``--captions`` the files read
+    (``caption_files``: any format, turned into a Karpathy-form dataset read by the same code as a
+    ``--karpathy-json``; a ``--karpathy-json`` given beside them gives their splits)."""
+    if not captions:
+        json_path = find_karpathy_json(karpathy_json, workspace)
+        return json_path, load_karpathy(json_path, restval_to_train=restval_to_train, need_files=need_files), None
+    files = [*captions, *([karpathy_json] if karpathy_json is not None else [])]
+    source = read_caption_files(files, images_root, need_files=need_files)
+    first = source.files[0][0]
+    where = f"the dataset made of {first}" if source.derived else first
+    return first, records_from_dataset(source.dataset, where, restval_to_train, need_files), source
 
 
 def parse_threshold(value: int | str) -> int | None:
@@ -122,6 +146,7 @@ def parse_threshold(value: int | str) -> int | None:
 
 
 FILES = ("vocab.json", "captions.h5", "features.h5", "cider_df.h5")
+DATASET_JSON = "dataset.json"  # with --captions in another format than Karpathy's: the dataset made of them
 
 
 def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title: str = "rdpp prepro",
@@ -132,7 +157,51 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
     except the names in ``keep`` (the toy's ``source/``).
     """
     out_dir = Path(out_dir)
-    _drop_strangers(out_dir, set(FILES) | set(keep))
+    derived = plan.source is not None and plan.source.derived
+    _drop_strangers(out_dir, set(FILES) | set(keep) | ({DATASET_JSON} if derived else set()))
+    if derived:  # where the captions came from: the Karpathy-form dataset the caption files made
+        atomic_write_json(out_dir / DATASET_JSON, plan.source.dataset, indent=None)
+    text = _write_text_side(out_dir, plan)
+    features_hash, feat_desc, speed = _write_features(out_dir / "features.h5", plan, text.image_ids)
+
+    splits = Counter(r.split for r in plan.records)
+    summary = {"images": len(plan.records), "captions": text.captions, "vocab": len(text.words),
+               **{s: splits.get(s, 0) for s in ("train", "val", "test")},
+               "word_count_threshold": plan.word_count_threshold, "unk_rate": round(text.unk_all, 6),
+               "unk_rate_train": round(text.unk_train, 6), "clipped": round(text.clipped, 6)}
+    artifact = write_manifest(out_dir, KIND, config, precomputed={"features.h5": features_hash}, summary=summary)
+    finish(out_dir)
+    console.print(summary_table(title, [
+        ("artifact", out_dir),
+        *([("captions from", f"{DATASET_JSON}, made of "
+                             + ", ".join(f"{p.name} ({fmt})" for p, fmt in plan.source.files))] if derived else []),
+        ("images", f"{len(plan.records):,} (train {splits.get('train', 0):,} · val {splits.get('val', 0):,} · "
+                   f"test {splits.get('test', 0):,})"),
+        ("captions", f"{text.captions:,} (max length {plan.max_length}, {text.clipped:.1%} clipped)"),
+        ("vocabulary", f"{len(text.words):,} words (count > {plan.word_count_threshold}; UNK {text.unk_train:.2%} "
+                       f"of training tokens, {text.unk_all:.2%} of all)"),
+        ("features", feat_desc),
+        *([("extraction", f"{speed:,.1f} images/s ({plan.workers} image-reading worker process(es))")] if speed else []),
+        ("cider df", f"{len(text.df.df):,} n-grams over {text.df.num_docs:,} training images"),
+    ]))
+    return artifact
+
+
+@dataclass
+class TextSide:
+    """What ``_write_text_side`` wrote, for the summary."""
+
+    words: list[str]
+    image_ids: np.ndarray
+    df: DocFreq
+    captions: int
+    unk_all: float
+    unk_train: float
+    clipped: float
+
+
+def _write_text_side(out_dir: Path, plan: PreproPlan) -> TextSide:
+    """vocab.json, captions.h5 and cider_df.h5 of the plan's records (each written atomically)."""
     recs = plan.records
     captions = [c for r in recs for c in r.captions]
     words = V.build_vocab((c for r in recs if r.split == "train" for c in r.captions), plan.word_count_threshold)
@@ -165,28 +234,7 @@ def write_data_artifact(out_dir: Path, plan: PreproPlan, config: dict, *, title:
         note(f"{unk_train:.1%} of the training tokens are UNK at --word-count-threshold {plan.word_count_threshold} "
              f"({len(words) - 1:,} words kept); a model learns to say UNK that often. A lower threshold keeps "
              "more words (see docs/data.md, Vocabulary)")
-
-    features_hash, feat_desc, speed = _write_features(out_dir / "features.h5", plan, image_ids)
-
-    splits = Counter(r.split for r in recs)
-    summary = {"images": len(recs), "captions": len(captions), "vocab": len(words),
-               **{s: splits.get(s, 0) for s in ("train", "val", "test")},
-               "word_count_threshold": plan.word_count_threshold, "unk_rate": round(unk_all, 6),
-               "unk_rate_train": round(unk_train, 6), "clipped": round(clipped, 6)}
-    artifact = write_manifest(out_dir, KIND, config, precomputed={"features.h5": features_hash}, summary=summary)
-    finish(out_dir)
-    console.print(summary_table(title, [
-        ("artifact", out_dir),
-        ("images", f"{len(recs):,} (train {splits.get('train', 0):,} · val {splits.get('val', 0):,} · "
-                   f"test {splits.get('test', 0):,})"),
-        ("captions", f"{len(captions):,} (max length {plan.max_length}, {clipped:.1%} clipped)"),
-        ("vocabulary", f"{len(words):,} words (count > {plan.word_count_threshold}; UNK {unk_train:.2%} of training "
-                       f"tokens, {unk_all:.2%} of all)"),
-        ("features", feat_desc),
-        *([("extraction", f"{speed:,.1f} images/s ({plan.workers} image-reading worker process(es))")] if speed else []),
-        ("cider df", f"{len(df.df):,} n-grams over {df.num_docs:,} training images"),
-    ]))
-    return artifact
+    return TextSide(words, image_ids, df, len(captions), unk_all, unk_train, clipped)
 
 
 def _raw(rec: ImageRecord, j: int) -> str:
@@ -194,7 +242,17 @@ def _raw(rec: ImageRecord, j: int) -> str:
     return rec.raws[j] if j < len(rec.raws) else " ".join(rec.captions[j])
 
 
-def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
+def weights_ref(weights: Path | None, out: Path | None, workspace: Path | None) -> str | None:
+    """``--weights`` as the manifest records it (``artifacts.file_ref``): relative to the workspace
+    the artifact is written to when the file lies inside it, else absolute."""
+    if weights is None:
+        return None
+    root = workspace_root(out) if out is not None else workspace_dir(workspace)
+    return file_ref(weights, root)
+
+
+def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool,
+                 reads: list[Path | str | None] = ()) -> Path:
     """``prepare_output`` for a data artifact. An unfinished run with the same options (``workers`` and
     ``device`` aside) is resumed. Replacing a complete artifact (``--force``) starts from an empty
     folder: its old features are never taken for a resumable run of this one."""
@@ -202,7 +260,7 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
     # options that do not change a single byte of the output do not stop a rerun from resuming
     same_output = {k: v for k, v in config.items() if k not in RUNTIME_ONLY}
     out_dir = prepare_output(out, workspace=workspace, group="data", name=name, kind=KIND, config=same_output,
-                             force=force)
+                             force=force, reads=reads)
     if replacing:
         _drop_strangers(out_dir, set())
     return out_dir
@@ -304,32 +362,42 @@ def prepro_coco(
     dtype: str = "float16",
     features_from: Path | None = None,
     image_size: int | None = None,
+    captions: Sequence[Path] | None = None,
 ) -> Artifact:
-    """COCO (Karpathy splits) -> a data artifact: ``<workspace>/data/coco-v<k>`` or ``out``.
+    """A caption file + images -> a data artifact: ``<workspace>/data/<name>-v<k>`` or ``out``.
 
+    The captions come from ``karpathy_json`` (a Karpathy split file), or from ``captions``: caption
+    files in any format ``caption_files`` recognises (Karpathy JSON, COCO caption files, Flickr token
+    files, CSV/JSON Lines), turned into the same Karpathy-form dataset and kept in the artifact as
+    ``dataset.json``. The name is coco (Karpathy, COCO), flickr or captions (CSV, JSON Lines).
     Rerunning the same command after an interruption resumes the feature extraction.
     """
     plan = plan_prepro(karpathy_json, images_root, word_count_threshold=word_count_threshold,
                        max_length=max_length, restval_to_train=restval_to_train, backbone=backbone,
                        att_size=att_size, weights=weights, pretrained=pretrained, device=device,
                        batch_size=batch_size, workers=workers, dtype=dtype, features_from=features_from,
-                       image_size=image_size, workspace=workspace)
+                       image_size=image_size, workspace=workspace, captions=captions)
     bb = plan.backbone
     given = parse_threshold(word_count_threshold)
+    src = plan.source
     config = {
-        "source": "coco", "karpathy_json": str(plan.karpathy_json),
+        "source": "coco", "karpathy_json": None if src is not None and src.derived else str(plan.karpathy_json),
+        # --captions: every source file (caption files, split lists) with its format and sha256
+        **({"captions": src.describe()} if src is not None else {}),
         "images_root": str(plan.images_root) if plan.images_root else None,
         "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
         "restval_to_train": restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
-        # absolute, so that `rdpp caption` finds the file from any folder
-        "image_size": bb.image_size if bb else None, "weights": str(Path(weights).resolve()) if weights else None,
-        # what `rdpp caption` checks to extract with the very same weights
+        # where `rdpp caption` finds the file from any folder, and what it checks to extract with the same weights
+        "image_size": bb.image_size if bb else None, "weights": weights_ref(weights, out, workspace),
         "weights_sha256": bb.weights_sha256 if bb else None,
         "weights_missing_head": bb.missing_head if bb else [],
         "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,
         "dtype": dtype, "features_from": str(features_from) if features_from else None,
     }
-    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force)
+    given_json = None if src is not None and src.derived else plan.karpathy_json
+    reads = [given_json, plan.images_root, features_from, weights, *(captions or [])]
+    out_dir = claim_output(out, workspace=workspace, name=src.name if src is not None else "coco", config=config,
+                           force=force, reads=reads)
     info(f"writing the data artifact to [bold]{out_dir}[/bold]")
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")

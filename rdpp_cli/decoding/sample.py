@@ -14,6 +14,7 @@ of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,14 +75,17 @@ def load_decoder(model: str | Path | None, data: str | Path | None, workspace, d
     return Decoder(model_art, data_art, net, vocab, ckpt, dev)
 
 
-def claim_output(opts, dec: Decoder, *, group: str, kind: str, name: str, settings: dict) -> tuple[Path, dict]:
+def claim_output(opts, dec: Decoder, *, group: str, kind: str, name: str, settings: dict,
+                 reads: Sequence[Path | str | None] = ()) -> tuple[Path, dict]:
     """Claim the folder of a run of ``settings`` with this model (``prepare_output``: a new version of
-    ``<model name>.<name>`` under ``<workspace>/<group>``, or ``opts.out``); returns it and the
-    manifest's config (the model and data by name; the run's identity names them by manifest hash)."""
+    ``<model name>.<name>`` under ``<workspace>/<group>``, or ``opts.out``, never over the model, its
+    data or any of ``reads``); returns it and the manifest's config (the model and data by name; the
+    run's identity names them by manifest hash)."""
     config = {"model": ref_name(dec.model), "data": ref_name(dec.data), **settings}
     identity = {"model_sha256": dec.model.manifest_sha256, "data_sha256": dec.data.manifest_sha256, **settings}
     path = prepare_output(opts.out, workspace=opts.workspace, group=group, name=derived_name(dec.model.name, name),
-                          kind=kind, config=identity, force=opts.force)
+                          kind=kind, config=identity, force=opts.force,
+                          reads=[dec.model.path, dec.data.path, *reads])
     return path, config
 
 
