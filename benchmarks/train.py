@@ -54,7 +54,7 @@ from timing import machine_info, steps_on_roofline  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
-from rdpp_cli.precision import autocast  # noqa: E402
+from rdpp_cli.precision import BF16_MIN_SPEEDUP, ProbeShape, autocast, choose_precision, probe_cpu_bf16  # noqa: E402
 from rdpp_cli.training.xe import xe_loss  # noqa: E402
 
 VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG = 9487, 196, 2048, 16, 5
@@ -180,6 +180,9 @@ def bench_device(device: torch.device, args, mods: peer.Modules | None) -> dict:
         }
     if "rdpp fp32" in t and "rdpp bf16" in t:
         res["bf16_over_fp32"] = t["rdpp fp32"]["median"] / t["rdpp bf16"]["median"]
+        if device.type == "cpu":  # what --precision auto's probe says here, beside the step's own ratio
+            probe = probe_cpu_bf16(ProbeShape())
+            res["auto_probe"] = {**probe, "choice": choose_precision(probe["fp32_s"], probe["bf16_s"])}
     if args.profile:
         res["profile"] = profile_sides(sides, device, args.profile_rows)
     return res
@@ -252,6 +255,12 @@ def print_table(results: list[dict], args) -> None:
                   + ", ".join(f"{p} {v['median']:.0f} GFLOP/s" for p, v in mm.items()))
         if "bf16_over_fp32" in r:
             con.print(f"rdpp bf16 step / fp32 step: {r['bf16_over_fp32']:.2f}× faster (ratio of medians)")
+        if "auto_probe" in r:
+            p = r["auto_probe"]
+            ratio = f"{p['fp32_s'] / p['bf16_s']:.2f}×" if p["bf16_s"] else "abandoned"
+            con.print(f"--precision auto's probe here (rdpp_cli/precision.py, paper widths): fp32 {p['fp32_s']:.3f} s, "
+                      f"bf16 {p['bf16_s'] or float('nan'):.3f} s ({ratio}; bf16 needs {BF16_MIN_SPEEDUP:.2f}×) "
+                      f"-> {p['choice']}")
         peer_check = (f"the peer's code: loss {r['peer_loss_abs_diff']:.1e}, gradients {r['peer_grad_rel_diff']:.1e}; "
                       if r.get("peer_loss_abs_diff") is not None else "")
         con.print(f"checked first (float64, dropout off): rdpp against {peer_check}against the replica "
