@@ -193,9 +193,7 @@ def bench_device(device: torch.device, args, mods: peer.Modules | None) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def _self_us(evt, device: torch.device) -> float:
-    if device.type == "cuda":
-        return float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0))
-    return float(evt.self_cpu_time_total)
+    return float(evt.self_device_time_total if device.type == "cuda" else evt.self_cpu_time_total)
 
 
 def profile_sides(sides: dict, device: torch.device, rows: int) -> dict[str, dict[str, float]]:
@@ -205,7 +203,7 @@ def profile_sides(sides: dict, device: torch.device, rows: int) -> dict[str, dic
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     per_op: dict[str, dict[str, float]] = {}
     for name, fn in sides.items():
         with profile(activities=acts, record_shapes=True) as prof:
