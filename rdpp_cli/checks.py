@@ -35,3 +35,9 @@ def learning_rate(value: float, name: str = "--lr") -> None:
     if not 0 < value <= 1:
         raise RdppError(f"{name} must be in (0, 1] (got {value:g}); captioning models train with 1e-5 to 1e-2 "
                         "(the paper: 4e-4 for XE)")
+
+
+def one_of(name: str, value, choices) -> None:
+    """``value`` is one of ``choices`` (None passes)."""
+    if value is not None and value not in choices:
+        raise RdppError(f"{name} {value!r} is not one of: {', '.join(map(str, choices))}")

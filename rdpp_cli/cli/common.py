@@ -1,11 +1,16 @@
-"""What every command shares: ``--config`` files, the workspace options, one-line errors."""
+"""What every command shares: ``--config`` files, the workspace options, one-line errors, and
+``command_for``, which makes a Typer command from a stage's options class (rdpp_cli.options)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import inspect
 import json
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -154,3 +159,57 @@ GroupsOpt = typer.Option(None, "--groups", help="Groups for diverse beam search 
 DiversityLambdaOpt = typer.Option(0.5, "--diversity-lambda", help="Hamming penalty between dbs groups.")
 LengthNormOpt = typer.Option(0.0, "--length-norm", help="Beam ranking by score / length**alpha.")
 AllowUnkOpt = typer.Option(False, "--allow-unk", help="Let captions contain UNK (suppressed by default).")
+
+
+# ---- commands made from a stage's options class (rdpp_cli.options) ----------------------------------
+
+def _parameter(f: dataclasses.Field, annotation: Any) -> inspect.Parameter:
+    meta = f.metadata
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if meta.get("argument"):
+        info = typer.Argument(... if meta.get("required") else default, help=meta["help"], show_default=False,
+                              **meta["cli"])
+    else:
+        flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
+        info = typer.Option(default, *flags, help=meta["help"], **meta["cli"])
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
+
+
+def command_for(cls: type, target: str, doc: str, *, config: bool = True,
+                after: Callable[[Any], None] | None = None) -> Callable[..., Any]:
+    """The Typer command of a stage: one CLI option (or argument) per field of the options class
+    ``cls`` (with ``--from`` for an argument declared ``from_alias``) and ``--config``; it merges
+    ``<workspace>/rdpp.yaml`` section ``cls.section`` and the config file under the flags typed,
+    builds ``cls`` (which checks every value) and calls the stage function ``target``
+    (``"module:function"``, imported only when the command runs). ``after(result)`` may end the
+    command with an exit code (``rdpp verify``)."""
+    from rdpp_cli.options import hints
+
+    types = hints(cls)
+    fields = dataclasses.fields(cls)
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    params += [_parameter(f, types[f.name]) for f in fields]
+    alias = next((f for f in fields if f.metadata.get("from_alias")), None)
+    if alias is not None:  # right after the arguments, as --help shows it
+        at = 1 + sum(bool(f.metadata.get("argument")) for f in fields)
+        params.insert(at, inspect.Parameter("from_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                            default=typer.Option(None, "--from", help=f"Same as {alias.name.upper()}.")))
+    if config:
+        params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                                        default=ConfigOpt))
+
+    def command(ctx: typer.Context, **_: Any) -> None:
+        values = resolve_options(ctx, cls.section)
+        if alias is not None:
+            values[alias.name] = parent_option({"from_": values.pop("from_"), alias.name: values[alias.name]},
+                                               alias.name, alias.name)
+        module, name = target.split(":")
+        result = getattr(importlib.import_module(module), name)(cls(**values))
+        if after is not None:
+            after(result)
+
+    command.__signature__ = inspect.Signature(params)  # what Typer reads
+    command.__doc__ = doc
+    command.__name__ = cls.section or "command"
+    command.options = cls
+    return stage(command)

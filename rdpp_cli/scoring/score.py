@@ -33,7 +33,9 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
 from rdpp_cli.metrics import diversity as divstats
 from rdpp_cli.metrics.cider import CiderD, DocFreq
-from rdpp_cli.metrics.self_cider import VARIANTS, self_cider_ragged
+from rdpp_cli.metrics.self_cider import self_cider_ragged
+from rdpp_cli.options import takes
+from rdpp_cli.scoring.options import ScoreOptions, metric_list
 
 MAKE_SAMPLES = "rdpp sample --n 20 --method random"
 
@@ -229,97 +231,91 @@ def _self_cider_df(refs: References, tok_refs: list[list[str]]) -> tuple[DocFreq
     return DocFreq.from_references(tok_refs), "references of the scored images (corpus)"
 
 
-def score(
-    samples: str | Path | None = None,
-    *,
-    data: str | Path | None = None,
-    split: str | None = None,
-    refs: Path | None = None,
-    oracle: bool = False,
-    self_cider: bool = False,
-    self_cider_variant: str = "cider-d",
-    diversity: bool = False,
-    plot: bool = False,
-    metrics: str | list[str] | None = None,
-    out: Path | None = None,
-    force: bool = False,
-    workspace: Path | None = None,
-) -> Path:
+@takes(ScoreOptions)
+def score(opts: ScoreOptions) -> Path:
     """Score generated captions and write a scores artifact; returns its folder.
 
-    ``samples``: a samples artifact (folder or workspace name; None = the newest) or a JSON file.
-    References: ``refs`` (a COCO caption-annotation file) or the ``split`` of the data artifact
-    ``data`` (default: the one recorded in the samples manifest). ``oracle``, ``self_cider``
+    ``opts.samples``: a samples artifact (folder or workspace name; None = the newest) or a JSON file.
+    References: ``opts.refs`` (a COCO caption-annotation file) or the split of the data artifact
+    ``opts.data`` (default: the one recorded in the samples manifest). ``oracle``, ``self_cider``
     (``self_cider_variant``), ``diversity`` and ``plot`` add those sections; ``metrics`` picks a
     subset of the coco-caption metrics ("CIDEr,Bleu_4" or a list). See docs/scoring.md.
     """
-    if self_cider_variant not in VARIANTS:
-        raise RdppError(f"unknown --self-cider-variant '{self_cider_variant}'; use one of {', '.join(VARIANTS)}")
-    wanted = tuple(coco_eval.METRICS)
-    if metrics:
-        items = metrics if isinstance(metrics, (list, tuple)) else str(metrics).split(",")
-        wanted = tuple(str(m).strip() for m in items if str(m).strip())
-        bad = [m for m in wanted if m not in coco_eval.METRICS]
-        if bad or not wanted:
-            raise RdppError(f"unknown metric(s) {', '.join(bad) or '(none)'} in --metrics; "
-                            f"choose from {','.join(coco_eval.METRICS)}")
-    if refs is not None and data is not None:
-        raise RdppError("give references either with --refs (a COCO annotation file) or --data, not both")
-    smp = load_samples(samples, workspace)
-    if split is None:
-        split = (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
-    ref = load_references(smp, data=data, split=split, refs=refs, workspace=workspace)
-    self_cider = self_cider or plot  # the plot's x axis
-    n_per = np.array([len(c) for c in smp.captions])
+    wanted = metric_list(opts.metrics)
+    smp = load_samples(opts.samples, opts.workspace)
+    split = opts.split or (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
+    ref = load_references(smp, data=opts.data, split=split, refs=opts.refs, workspace=opts.workspace)
     coco_eval.java()  # one clear line before any work when Java is missing
-
-    # ---- accuracy (per caption) and oracle ---------------------------------------------
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
-    accuracy = {m: ev.corpus.get(m) for m in names}
+    sections, per_image = _accuracy(ev, names, opts.oracle)
+    div, per_div, human, df_source = _diversity(smp, ref, ev, opts)
+    settings = _settings(opts, smp, ref, split, names, ev, df_source)
+    result = {**sections, "diversity": div, "human": human, "settings": settings}
+    path = _write(opts, smp, ref, result, names, _per_image_frame(smp, ev, *per_image, per_div))
+    _print(result, names, path, smp)
+    return path
+
+
+def _accuracy(ev, names: list[str], oracle: bool) -> tuple[dict, tuple[dict, dict]]:
+    """The accuracy, average and oracle sections, and the per-image mean and best of each metric."""
     per_mean = {m: divstats.oracle(ev.per_caption[m])[1] for m in ev.per_caption}
     per_best = {m: divstats.oracle(ev.per_caption[m])[0] for m in ev.per_caption}
-    average = {m: _nanmean(per_mean[m]) if m in per_mean else None for m in names}
-    oracle_sec = {m: _nanmean(per_best[m]) if m in per_best else None for m in names} if oracle else {}
+    sections = {
+        "accuracy": {m: ev.corpus.get(m) for m in names},
+        "oracle": {m: _nanmean(per_best[m]) if m in per_best else None for m in names} if oracle else {},
+        "average": {m: _nanmean(per_mean[m]) if m in per_mean else None for m in names},
+    }
+    return sections, (per_mean, per_best if oracle else {})
 
-    # ---- diversity -----------------------------------------------------------------------
-    div: dict[str, Any] = {"self_cider": None, "div1": None, "div2": None, "mbleu4": None, "distinct": None,
-                           "vocab": None, "novel": None, "bad_ending": None, "unk_ending": None}
+
+def _diversity(smp: Samples, ref: References, ev, opts: ScoreOptions) -> tuple[dict, dict, dict | None, str | None]:
+    """The diversity section, its per-image columns, the human point and the df self-CIDEr used."""
+    div: dict[str, Any] = dict.fromkeys(("self_cider", "div1", "div2", "mbleu4", "distinct", "vocab", "novel",
+                                         "bad_ending", "unk_ending"))
     per_div: dict[str, np.ndarray] = {}
-    human = None
-    df_source = None
-    if self_cider:
+    human = df_source = None
+    if opts.self_cider or opts.plot:  # the plot's x axis is self-CIDEr
         df, df_source = _self_cider_df(ref, ev.refs)
+        n_per = np.array([len(c) for c in smp.captions])
         if n_per.max() < 2:
             note("self-CIDEr needs at least 2 captions per image; these samples have 1, so it is left out")
         else:
-            per_div["self_cider"] = self_cider_ragged(ev.captions, df, self_cider_variant)
+            per_div["self_cider"] = self_cider_ragged(ev.captions, df, opts.self_cider_variant)
             div["self_cider"] = float(per_div["self_cider"][n_per >= 2].mean())
-        human = _human_point(ev.refs, df, self_cider_variant)
-    if diversity:
-        per_div["div1"] = divstats.div_n(ev.captions, 1)
-        per_div["div2"] = divstats.div_n(ev.captions, 2)
-        per_div["mbleu4"] = divstats.mbleu4(ev.captions)
-        per_div["distinct"] = divstats.distinct_captions(ev.captions)
-        div.update(div1=_nanmean(per_div["div1"]), div2=_nanmean(per_div["div2"]),
-                   mbleu4=_nanmean(per_div["mbleu4"]), distinct=_nanmean(per_div["distinct"]),
-                   vocab=divstats.vocabulary_size(ev.captions))
-        per_div["bad_ending"] = divstats.ending_share(ev.captions)  # PTB-tokenized: lower case
-        div["bad_ending"] = _nanmean(per_div["bad_ending"])
-        if ref.data is not None:
-            per_div["unk_ending"] = divstats.ending_share(ev.captions, {"unk"})
-            div["unk_ending"] = _nanmean(per_div["unk_ending"])
-            # training references are sentences as written: both sides in Karpathy's tokens (lower
-            # case, letters and digits), without sending every training caption through Java
-            from rdpp_cli.data.karpathy import tokenize
+        human = _human_point(ev.refs, df, opts.self_cider_variant)
+    if opts.diversity:
+        _lexical_diversity(ev, ref, div, per_div)
+    return div, per_div, human, df_source
 
-            train = [" ".join(tokenize(c)) for c in training_captions(ref.data)]
-            mine = [[" ".join(tokenize(c)) for c in caps] for caps in ev.captions]
-            div["novel"] = divstats.novel_fraction(mine, train)
-        else:
-            note("novel-caption fraction needs the training captions of a data artifact; left out with --refs")
 
-    settings = {
+def _lexical_diversity(ev, ref: References, div: dict, per_div: dict) -> None:
+    """Div-1/2, mBLEU-4, distinct captions, vocabulary, endings and novel captions, into ``div``/``per_div``."""
+    for key, fn in (("div1", lambda c: divstats.div_n(c, 1)), ("div2", lambda c: divstats.div_n(c, 2)),
+                    ("mbleu4", divstats.mbleu4), ("distinct", divstats.distinct_captions),
+                    ("bad_ending", divstats.ending_share)):  # PTB-tokenized: lower case
+        per_div[key] = fn(ev.captions)
+        div[key] = _nanmean(per_div[key])
+    div["vocab"] = divstats.vocabulary_size(ev.captions)
+    if ref.data is None:
+        note("novel-caption fraction needs the training captions of a data artifact; left out with --refs")
+        return
+    per_div["unk_ending"] = divstats.ending_share(ev.captions, {"unk"})
+    div["unk_ending"] = _nanmean(per_div["unk_ending"])
+    # training references are sentences as written: both sides in Karpathy's tokens (lower case,
+    # letters and digits), without sending every training caption through Java
+    from rdpp_cli.data.karpathy import tokenize
+
+    train = [" ".join(tokenize(c)) for c in training_captions(ref.data)]
+    mine = [[" ".join(tokenize(c)) for c in caps] for caps in ev.captions]
+    div["novel"] = divstats.novel_fraction(mine, train)
+
+
+def _settings(opts: ScoreOptions, smp: Samples, ref: References, split: str, names: list[str], ev,
+              df_source: str | None) -> dict:
+    n_per = np.array([len(c) for c in smp.captions])
+    self_cider = opts.self_cider or opts.plot
+    return {
         "references": ref.source,
         "split": split if ref.data is not None else None,
         "images": len(smp.image_ids),
@@ -329,40 +325,37 @@ def score(
         "skipped": ev.skipped,
         "cider": "CIDEr-D, document frequencies of the references (one document per image), as coco-caption",
         "df_source": df_source,
-        "self_cider_variant": self_cider_variant if self_cider else None,
-        "oracle": "best of n per image, mean over images" if oracle else None,
+        "self_cider_variant": opts.self_cider_variant if self_cider else None,
+        "oracle": "best of n per image, mean over images" if opts.oracle else None,
     }
-    result = {"accuracy": accuracy, "oracle": oracle_sec, "average": average, "diversity": div,
-              "human": human, "settings": settings}
 
-    # ---- write -----------------------------------------------------------------------------
-    options = {"split": settings["split"], "oracle": oracle, "self_cider": self_cider,
-               "self_cider_variant": self_cider_variant if self_cider else None, "diversity": diversity,
-               "plot": plot, "metrics": list(names)}
+
+def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, names: list[str], frame) -> Path:
+    """The scores artifact: scores.json, per_image.csv, plot.png (``--plot``) and the manifest."""
+    self_cider = opts.self_cider or opts.plot
+    options = {"split": result["settings"]["split"], "oracle": opts.oracle, "self_cider": self_cider,
+               "self_cider_variant": opts.self_cider_variant if self_cider else None, "diversity": opts.diversity,
+               "plot": opts.plot, "metrics": list(names)}
+    refs = str(opts.refs) if opts.refs is not None else None
     config = {"samples": ref_name(smp.artifact) if smp.artifact is not None else str(smp.source),
-              "data": ref_name(ref.artifact) if ref.artifact is not None else None,
-              "refs": str(refs) if refs is not None else None, **options}
+              "data": ref_name(ref.artifact) if ref.artifact is not None else None, "refs": refs, **options}
     identity = {"samples_sha256": smp.artifact.manifest_sha256 if smp.artifact is not None else sha256_file(smp.source),
                 "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
-                "refs": config["refs"], **options}
-    path = prepare_output(out, workspace=workspace, group="scores", name=smp.name, kind="rdpp.scores",
-                          config=identity, force=force)
+                "refs": refs, **options}
+    path = prepare_output(opts.out, workspace=opts.workspace, group="scores", name=smp.name, kind="rdpp.scores",
+                          config=identity, force=opts.force)
     atomic_write_json(path / "scores.json", result)
-    _per_image_frame(smp, ev, per_mean, per_best if oracle else {}, per_div).to_csv(path / "per_image.csv", index=False)
-    if plot:
+    frame.to_csv(path / "per_image.csv", index=False)
+    div, accuracy = result["diversity"], result["accuracy"]
+    if opts.plot:
         from rdpp_cli.scoring.plot import plot_points
 
-        plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], human, path / "plot.png")
-    inputs = [a for a in (smp.artifact, ref.artifact) if a is not None]
-    summary = {"CIDEr": accuracy.get("CIDEr")}
-    if oracle:
-        summary["oracle_CIDEr"] = oracle_sec.get("CIDEr")
-    if div["self_cider"] is not None:
-        summary["self_cider"] = div["self_cider"]
-    write_manifest(path, "rdpp.scores", config, inputs=inputs,
+        plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], result["human"], path / "plot.png")
+    summary = {"CIDEr": accuracy.get("CIDEr"), "oracle_CIDEr": result["oracle"].get("CIDEr"),
+               "self_cider": div["self_cider"]}
+    write_manifest(path, "rdpp.scores", config, inputs=[a for a in (smp.artifact, ref.artifact) if a is not None],
                    summary={k: v for k, v in summary.items() if v is not None})
     finish(path)
-    _print(result, names, path, smp)
     return path
 
 

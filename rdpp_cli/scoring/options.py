@@ -1,0 +1,57 @@
+"""The options of `rdpp score` and `rdpp plot`, declared once (rdpp_cli.options)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics.coco_eval import METRICS
+from rdpp_cli.metrics.self_cider import VARIANTS
+from rdpp_cli.options import Options, argument, force_option, one_of, option, out_option, workspace_option
+
+
+def metric_list(metrics: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``--metrics`` as a tuple in coco-caption's order of names given ("CIDEr,Bleu_4" or a list);
+    every metric when None."""
+    if not metrics:
+        return tuple(METRICS)
+    items = metrics if isinstance(metrics, (list, tuple)) else str(metrics).split(",")
+    wanted = tuple(str(m).strip() for m in items if str(m).strip())
+    bad = [m for m in wanted if m not in METRICS]
+    if bad or not wanted:
+        raise RdppError(f"unknown metric(s) {', '.join(bad) or '(none)'} in --metrics; choose from {','.join(METRICS)}")
+    return wanted
+
+
+@dataclass
+class ScoreOptions(Options):
+    section = "score"
+
+    samples: str | None = argument(
+        "Samples artifact (folder or workspace name; default: the newest), or a JSON file: "
+        '[{"image_id", "captions": [...]}] or coco-caption results [{"image_id", "caption"}].', from_alias=True)
+    data: str | None = option(
+        None, "Data artifact whose split gives the references (default: the one the samples came from; "
+        "another is refused: use --refs for other references).", identity=False)
+    split: str | None = option(None, "Split of the data artifact (default: the samples' split, else test).")
+    refs: Path | None = option(
+        None, "COCO caption-annotation file (e.g. captions_val2014.json) instead of a data artifact.",
+        identity=False, cli={"dir_okay": False})
+    oracle: bool = option(False, "Also report best-of-n (oracle) scores for every metric.")
+    self_cider: bool = option(False, "Self-CIDEr diversity of each image's captions.")
+    self_cider_variant: str = option(
+        "cider-d", "cider-d (CIDEr-D kernel, singular values; docs/metrics.md#self-cider) or cider (plain CIDEr, "
+        "eigenvalues).", check=one_of(*VARIANTS))
+    diversity: bool = option(False, "Div-1, Div-2, mBLEU-4, distinct captions, vocabulary, novel captions.")
+    plot: bool = option(False, "Write plot.png: the diversity-accuracy plane (implies --self-cider).")
+    metrics: str | None = option(
+        None, "Comma-separated subset of Bleu_1..Bleu_4,METEOR,ROUGE_L,CIDEr,SPICE (default: all).",
+        check=lambda flag, value: metric_list(value))
+    out: Path | None = out_option("<workspace>/scores/<samples name>, then <samples name>-v2, ...")
+    force: bool = force_option()
+    workspace: Path | None = workspace_option()
+
+    def validate(self) -> None:
+        if self.refs is not None and self.data is not None:
+            raise RdppError("give references either with --refs (a COCO annotation file) or --data, not both")
