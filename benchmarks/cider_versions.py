@@ -1,7 +1,7 @@
 """The CIDEr-D package against an earlier version of itself: did a change cost speed?
 
-Loads ``rdpp_cli/metrics/cider.py`` as it was at a git revision (default 787cd4c, the last
-single-module version before the split into ``rdpp_cli/metrics/cider/``) next to the current
+Loads ``rdpp_cli/metrics/cider.py`` as it was at a git revision (default 787cd4c, rdpp 0.1.0: the
+last revision where CIDEr-D was one module, not the package ``rdpp_cli/metrics/cider/``) next to the
 package, checks that both give the same numbers on every shape, then times them interleaved, the
 same number of runs each, on the inputs of benchmarks/metrics.py, and prints medians (best beside).
 
@@ -94,9 +94,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"CIDEr-D at {args.rev} (one module) vs now (package): {args.repeat} interleaved runs "
+    table = Table(title=f"CIDEr-D at {args.rev} (one module) vs the package: {args.repeat} interleaved runs "
                   "each, medians (best in brackets); results identical", title_justify="left")
-    for col in ("shape", f"{args.rev} ms", "now ms", "now / before (medians)"):
+    for col in ("shape", f"{args.rev} ms", "package ms", f"package / {args.rev} (medians)"):
         table.add_column(col, justify="left" if col == "shape" else "right")
     for name, o, n in rows:
         table.add_row(name, f"{o.median * 1e3:,.2f} ({o.best * 1e3:,.2f})", f"{n.median * 1e3:,.2f} ({n.best * 1e3:,.2f})",

@@ -8,7 +8,10 @@
 #   4. whole epochs over 10,000 COCO-shaped rows, loading included: XE at batch 50 fp32, 200 fp32 and
 #      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data.py --xe-epoch),
 #      then the paper recipe's projected GPU-hours (benchmarks/recipe_hours.py)
-#   5. (not by default) tests/test_cuda.py: the CUDA path against the CPU in float64
+#   not by default (STEPS="5 6 7 8"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
+#   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding and DPP
+#   selection on the GPU (benchmarks/sample.py); 8. the demo's training stages (without Java it
+#   stops at its first scoring step)
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
@@ -99,6 +102,23 @@ fi
 if want 5; then
   stamp "5. tests/test_cuda.py"
   run test_cuda.log 120 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
+fi
+
+if want 6; then
+  stamp "6. bf16 against fp32: numerics and steps (precision_cuda.sh)"
+  run precision.log 240 env OUT="$OUT" PY="$PY" bash benchmarks/precision_cuda.sh
+fi
+
+if want 7; then
+  stamp "7. decoding and selection"
+  run sample.log 100 $PY benchmarks/sample.py --device "$DEVICE" --sections decode --json
+  run select.log 60 $PY benchmarks/sample.py --device "$DEVICE" --sections select --select-images 1000 --json
+fi
+
+if want 8; then
+  stamp "8. the demo's stages on $DEVICE"
+  command -v java >/dev/null || echo "no java here: the demo stops at scoring (the PTB tokenizer needs Java)"
+  TAIL=14 run demo.log 200 $PY -c "from rdpp_cli.demo import demo; demo(out='/tmp/rdpp-cuda-demo', device='$DEVICE')"
 fi
 
 stamp "done"

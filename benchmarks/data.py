@@ -14,9 +14,9 @@ apart and left out of ``text_prepro_s``.
 (b) **Loader.** A data artifact with ``--rows`` images of COCO's feature shape (196 × 2,048 fp16 att
 + 2,048 fp16 fc, 0.81 MB an image) written by rdpp's ``FeatureWriter``, five 16-token captions each.
 Batches of 50 images in the shuffled order training reads them (``CaptionBatches``), with 0, 1, 2
-DataLoader workers; against the physical reference: numpy reading the same rows (sorted) from
-memory-mapped ``.npy`` files of the same features; and against the loader as it was at 787cd4c
-(h5py fancy indexing of the batch rows, float32 in the batch), on fewer batches since it is slow.
+read-ahead workers; against the physical reference: numpy reading the same rows (sorted) from
+memory-mapped ``.npy`` files of the same features; and against rdpp 0.1.0's loader (commit 787cd4c:
+h5py fancy indexing of the batch rows, float32 in the batch), on fewer batches since it is slow.
 Both are checked to give the same numbers first. Passes are interleaved (one of each per round)
 and the median over rounds is reported. *Warm*: every row read is in the page cache; *cold*: both
 files are dropped from the page cache (``posix_fadvise(DONTNEED)``; ``/proc/sys/vm/drop_caches``
@@ -345,7 +345,7 @@ def cached_fraction(path: Path) -> float | None:
 
 
 def old_features(f: h5py.File, idx: np.ndarray):
-    """The loader's feature read as at 787cd4c (``DataArtifact.features``): h5py fancy indexing of
+    """rdpp 0.1.0's feature read (``DataArtifact.features`` at 787cd4c): h5py fancy indexing of
     the sorted unique rows, then float32 arrays."""
     import torch
 
@@ -357,7 +357,7 @@ def old_features(f: h5py.File, idx: np.ndarray):
 
 def old_captions(labels: h5py.Dataset, start: np.ndarray, end: np.ndarray, idx: np.ndarray, k: int,
                  rng: np.random.Generator) -> np.ndarray:
-    """``DataArtifact.captions_per_image`` as at 787cd4c: one HDF5 read per image."""
+    """rdpp 0.1.0's ``DataArtifact.captions_per_image`` (at 787cd4c): one HDF5 read per image."""
     out = np.zeros((len(idx), k, labels.shape[1]), dtype=np.int64)
     for b, i in enumerate(idx):
         s, e = int(start[i]), int(end[i])
@@ -608,7 +608,7 @@ def main() -> None:
     ap.add_argument("--workers", default="0,1,2", help="DataLoader worker counts, comma-separated")
     ap.add_argument("--images", type=int, default=2_500, help="images per timed loader pass (50 a batch)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved passes per configuration (median)")
-    ap.add_argument("--old-batches", type=int, default=4, help="batches per pass of the 787cd4c loader (≥ 2)")
+    ap.add_argument("--old-batches", type=int, default=4, help="batches per pass of rdpp 0.1.0's loader (≥ 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     ap.add_argument("--xe-epoch", action="store_true", help="(c): whole epochs over --rows images instead")
     ap.add_argument("--device", default="cuda", help="for --xe-epoch")

@@ -50,7 +50,7 @@ beside); peak memory; the matmul rate of this device measured in the same run.
                                   [--batch 50] [--threads 2] [--device cpu] [--peer-repo PATH] [--no-reference]
                                   [--sample-modes] [--json]
 
-Targets (issue 6): an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
+Targets: an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
 the greedy baseline) at ≥ 10 images/s and twice the reference's images/s.
 """
 
@@ -117,8 +117,7 @@ def eos_probability(words: float, max_len: int = MAX_LEN) -> float:
 
 def make_model(words: float, seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
-                                      seq_length=MAX_LEN))
+    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=MAX_LEN))
     p = eos_probability(words)
     with torch.no_grad():  # the other logits are ≈ 0: P(EOS) = e^b / (e^b + V)
         model.logit.bias[0] = float(np.log(p * VOCAB / (1 - p))) if p > 0 else -30.0
@@ -189,7 +188,7 @@ def check_same_numbers(model: Att2in, ref: peer.Peer, cider: TrainCider, batch: 
     model.eval(), ref.model.eval()
     with torch.no_grad():
         model.logit.bias[0] = ref.model.logit.bias[0] = 0.0
-        ours = decode(model, batch.fc, batch.att, DecodeConfig(method="greedy", max_len=MAX_LEN))
+        ours = decode(model, batch.att, DecodeConfig(method="greedy", max_len=MAX_LEN))
         seq_r, lp_r = ref.model(batch.fc, batch.att, None, mode="sample", opt={"sample_method": "greedy"})
         model.logit.bias[0] = ref.model.logit.bias[0] = bias
     model.train(), ref.model.train()

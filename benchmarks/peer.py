@@ -135,7 +135,7 @@ class Peer:
             "--caption_model", "att2in2", "--seq_per_img", str(seq_per_img), "--train_sample_n", str(seq_per_img),
             "--max_length", str(c.seq_length), "--self_critical_after", "0", "--rnn_size", str(c.rnn_size),
             "--input_encoding_size", str(c.input_encoding_size), "--att_hid_size", str(c.att_hid_size),
-            "--fc_feat_size", str(c.fc_feat_size), "--att_feat_size", str(c.att_feat_size),
+            "--fc_feat_size", str(c.att_feat_size), "--att_feat_size", str(c.att_feat_size),  # fc: unused by Att2in2
             "--drop_prob_lm", str(c.drop_prob_lm), *(["--learning_rate", str(lr)] if lr is not None else [])])
         self.opt.vocab_size, self.opt.seq_length = c.vocab_size, c.seq_length
         self.opt.vocab = {str(i): f"w{i}" for i in range(1, c.vocab_size + 1)}  # as tools/train.py: loader.get_vocab()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp32 against bf16 on one CUDA GPU (issue 15), under 3 minutes on an H100/H200, no network:
+# fp32 against bf16 on one CUDA GPU (docs/training.md "Precision"), under 3 minutes on an H100/H200, no network:
 #   1. numerics: bf16 XE loss and gradients against fp32, and the on-policy replay in fp32 and bf16
 #      (benchmarks/precision_numerics.py: PASS/FAIL against its stated tolerances);
 #   2. the XE step: rdpp fp32, rdpp bf16, self-critical.pytorch's own code (benchmarks/train.py);

@@ -1,5 +1,5 @@
 """How far bf16 is from fp32 at the paper's shapes, and how closely the on-policy replay matches
-the sampling pass in each precision (issue 15; docs/training.md "Precision").
+the sampling pass in each precision (docs/training.md "Precision").
 
 On one batch (paper preset, V = 9,487, 196×2048 att; a model whose output layer is scaled up so
 that its log-probs are as peaked as a trained model's, and whose EOS bias gives ~9-word captions):
@@ -44,8 +44,7 @@ TOL = {"xe_loss_rel": 1e-2, "xe_grad_rel": 1e-1, "replay_fp32_max": 1e-4, "repla
 
 def make(batch: int, device: torch.device) -> tuple[Att2in, Batch]:
     torch.manual_seed(0)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
-                                      seq_length=L)).to(device)
+    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=L)).to(device)
     with torch.no_grad():
         model.logit.weight.mul_(30.0)  # peaked: sampled tokens' mean |log p| ≈ 2.4, as a trained model's
         model.logit.bias[0] = 15.0  # captions of ≈ 8.5 words
@@ -61,7 +60,7 @@ def xe_numerics(model: Att2in, batch: Batch) -> dict[str, float]:
     a trained model's, not that of random words): bf16 against fp32. Gradients: the largest over
     the parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖."""
     with torch.no_grad():
-        d = decode(model.eval(), batch.fc, batch.att, DecodeConfig(method="random", n=5, max_len=L),
+        d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=L),
                    generator=torch.Generator(device=batch.att.device).manual_seed(1))
     batch = Batch(**{**batch.__dict__, "labels": d.tokens})
     out = {}

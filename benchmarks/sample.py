@@ -113,7 +113,7 @@ class Upstream:
         self.ties = None  # and (checks only) whether two candidates tied at the beam's cut, per image
         # checks only: ``rdpp_step=att`` replaces the step's arithmetic by rdpp's ``Att2in.step`` on
         # those images (rows image-major), to compare the search algorithms alone
-        self.enc = None if rdpp_step is None else model.encode(None, rdpp_step)
+        self.enc = None if rdpp_step is None else model.encode(rdpp_step)
 
     # AttModel._prepare_feature (Att2in2: fc_embed is the identity and unused)
     def prepare(self, att):
@@ -397,7 +397,7 @@ def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, 
     if cfg.method in ("random", "topk", "nucleus"):
         # and rdpp's forward on the reference's captions gives the log-probs the reference recorded
         lp_r, mask_r = _ref_word_logprobs(seq, seq_lp)
-        tf_lp, _ = sequence_logprobs(model(None, att, seq.view(B, n, L)), seq)
+        tf_lp, _ = sequence_logprobs(model(att, seq.view(B, n, L)), seq)
         d = max(d, (lp_r - tf_lp[:, :L])[mask_r].abs().max().item())
         if not d <= TOL:
             raise _mismatch(name, f"log-probs of the same captions by {d:.1e}")
@@ -427,7 +427,7 @@ def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, 
 
 def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool, clock) -> list[dict]:
     torch.manual_seed(0)
-    model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, ATT_DIM, MAX_LEN)).to(device).eval()
+    model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, MAX_LEN)).to(device).eval()
     att = torch.randn(batch, REGIONS, ATT_DIM, device=device).relu_()
     up = Upstream(model, MAX_LEN)
 
@@ -440,7 +440,7 @@ def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool, 
     with torch.no_grad():
         for name, cfg in cases(n):
             gen = torch.Generator(device=device).manual_seed(0)
-            ours = synced(lambda: decode(model, None, att, cfg, generator=gen))
+            ours = synced(lambda: decode(model, att, cfg, generator=gen))
             row = {"device": device.type, "method": name, "images": batch, "captions": batch * cfg.n}
             fns = {"rdpp": ours}
             if with_ref:
@@ -508,7 +508,7 @@ def run_select(device: torch.device, images: int, C: int, K: int, repeats: int, 
     from rdpp_cli.metrics.train_cider import TrainCider
 
     torch.manual_seed(0)
-    model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, ATT_DIM, MAX_LEN)).to(device).eval()
+    model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, MAX_LEN)).to(device).eval()
     batch = 50  # rdpp sample's --batch-size
     att = torch.randn(batch, REGIONS, ATT_DIM, device=device).relu_()
     sizes = [min(batch, images - s) for s in range(0, images, batch)]
@@ -519,7 +519,7 @@ def run_select(device: torch.device, images: int, C: int, K: int, repeats: int, 
     def draw():
         drawn.clear()
         for b in sizes:
-            drawn.append(decode(model, None, att[:b], cfg, generator=gen))
+            drawn.append(decode(model, att[:b], cfg, generator=gen))
         if device.type == "cuda":
             torch.cuda.synchronize()
 

@@ -155,8 +155,7 @@ def build_sides(base: Att2in, batch: Batch, args, mods: peer.Modules | None) -> 
 
 def bench_device(device: torch.device, args, mods: peer.Modules | None) -> dict:
     torch.manual_seed(0)
-    cfg = config_from_preset("paper", vocab_size=VOCAB, fc_feat_size=ATT_DIM, att_feat_size=ATT_DIM,
-                             seq_length=SEQ_LEN)
+    cfg = config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN)
     base = Att2in(cfg).to(device)
     batch = make_batch(args.batch, args.words, device)
     check = check_same_math(base, batch, mods)

@@ -2,7 +2,7 @@
 # Real photos end to end (docs/reproduction.md, "Real photos"): the 390 COCO photos of
 # ../shared/data/coco-real-390 with their official captions and an ImageNet MobileNetV2 trunk,
 # through every stage as a user types it, ending with the table XE / SCST / R-DPP m=5 and the
-# contact sheet of the 39 test photos (examples/real_photos_report.py).
+# contact sheet of the 39 test photos (`rdpp table real-photos`).
 #
 #   prepro coco   -> train-xe -> finetune --reward scst, finetune --reward dpp --m 5 (both from the XE model)
 #   -> sample (greedy, and 10 random captions per test photo) -> score --oracle --self-cider
@@ -76,4 +76,4 @@ for model in "$WS/xe/xe" "$WS/finetune/dpp-m5"; do
 done
 
 $RDPP ls --workspace "$WS"
-$PY "$(dirname "$0")/real_photos_report.py" "$WS" --licenses "$REAL/LICENSES.tsv" --sheet "$SHEET"
+$RDPP table real-photos --workspace "$WS" --licenses "$REAL/LICENSES.tsv" --sheet "$SHEET"

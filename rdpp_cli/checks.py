@@ -11,6 +11,9 @@ import math
 from rdpp_cli.errors import RdppError
 
 MAX_SEED = 2**63 - 1
+# ``--precision``'s values and default (rdpp_cli.precision runs them; here, torch-free, for the CLI)
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+DEFAULT_PRECISION = "fp32"
 
 
 def at_least(name: str, value: int | float | None, low: int | float) -> None:
@@ -37,7 +40,11 @@ def learning_rate(value: float, name: str = "--lr") -> None:
                         "(the paper: 4e-4 for XE)")
 
 
-def one_of(name: str, value, choices) -> None:
-    """``value`` is one of ``choices`` (None passes)."""
-    if value is not None and value not in choices:
+def one_of(name: str, value, choices, what: str | None = None) -> None:
+    """``value`` is one of ``choices`` (None passes). ``what`` names the kind of value in the message
+    ("a preset": ``--preset 'huge' is not a preset; use one of paper, small``)."""
+    if value is None or value in choices:
+        return
+    if what is None:
         raise RdppError(f"{name} {value!r} is not one of: {', '.join(map(str, choices))}")
+    raise RdppError(f"{name} {value!r} is not {what}; use one of {', '.join(map(str, choices))}")

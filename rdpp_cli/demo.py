@@ -17,6 +17,19 @@ from rich.table import Table
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, find_reusable, read_artifact, workspace_dir
 from rdpp_cli.console import console, info
+from rdpp_cli.options import Options, device_option, option, takes
+
+
+@dataclass
+class DemoOptions(Options):
+    """`rdpp demo`."""
+
+    section = "demo"
+
+    out: Path | None = option(None, "Workspace for the demo's artifacts (default: $RDPP_WORKSPACE, else ./runs).",
+                              "--out", "--workspace", identity=False, record=False)
+    quick: bool = option(False, "A smoke run of the same chain (under 2 minutes).")
+    device: str = device_option("cpu")
 
 
 @dataclass(frozen=True)
@@ -60,19 +73,11 @@ def _step(title: str, workspace: Path, group: str, settings: dict, inputs: list[
     return art
 
 
-def demo(out: Path | None = None, *, quick: bool = False, device: str = "cpu") -> dict:
-    """Run the chain in workspace ``out`` (default: the workspace); returns the comparison rows."""
+def _models(plan: DemoPlan, ws: Path, device: str) -> tuple[Artifact, dict[str, Artifact]]:
+    """The data artifact and the three models: XE, SCST and R-DPP fine-tuned from it."""
     from rdpp_cli.data.toy import prepro_toy
-    from rdpp_cli.decoding.sample import sample
-    from rdpp_cli.scoring.plot import plot_scores
-    from rdpp_cli.scoring.score import score
     from rdpp_cli.training.finetune import finetune
     from rdpp_cli.training.xe import train_xe
-
-    plan = DemoPlan.quick() if quick else DemoPlan()
-    ws = workspace_dir(out)
-    ws.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
 
     data = _step("prepro toy", ws, "data", {"images": plan.images, "seed": plan.seed}, [],
                  lambda: prepro_toy(workspace=ws, images=plan.images, seed=plan.seed))
@@ -83,35 +88,42 @@ def demo(out: Path | None = None, *, quick: bool = False, device: str = "cpu") -
         settings = {**reward, **plan.rl}
         models[label] = _step(f"finetune {reward['reward']}", ws, "finetune", settings, [xe],
                               lambda s=settings: finetune(xe.path, data=data.path, workspace=ws, device=device, **s))
+    return data, models
 
-    rows: dict[str, dict] = {}
-    score_dirs: list[Path] = []
-    for label, model in models.items():
-        rand_cfg = {"method": "random", "n": plan.n, "split": "test", "seed": plan.seed}
-        rand = _step(f"sample {label} (random, n={plan.n})", ws, "samples", rand_cfg, [model],
-                     lambda m=model: sample(m.path, data=data.path, workspace=ws, device=device, **rand_cfg))
-        beam_cfg = {"method": "beam", "n": 1, "beam": plan.beam, "split": "test"}
-        beam = _step(f"sample {label} (beam {plan.beam})", ws, "samples", beam_cfg, [model],
-                     lambda m=model: sample(m.path, data=data.path, workspace=ws, device=device, **beam_cfg))
-        s_rand = _step(f"score {label} samples", ws, "scores", {"oracle": True, "self_cider": True, "diversity": True,
-                                                                "metrics": ["CIDEr"]}, [rand],
-                       lambda a=rand: score(a.path, oracle=True, self_cider=True, diversity=True, metrics="CIDEr",
-                                            workspace=ws))
-        s_beam = _step(f"score {label} beam", ws, "scores", {"oracle": False, "metrics": ["CIDEr"]}, [beam],
-                       lambda a=beam: score(a.path, metrics="CIDEr", workspace=ws))
-        r = json.loads((s_rand.path / "scores.json").read_text())
-        b = json.loads((s_beam.path / "scores.json").read_text())
-        rows[label] = {
-            "beam_cider": b["accuracy"]["CIDEr"],
-            "mean_cider": r["accuracy"]["CIDEr"],
-            "oracle_cider": r["oracle"]["CIDEr"],
-            "self_cider": r["diversity"]["self_cider"],
-            "div2": r["diversity"]["div2"],
-            "model": str(model.path),
-        }
-        score_dirs.append(s_rand.path)
 
-    plot_path = plot_scores(score_dirs, ws / "demo_plot.png", labels=list(models))
+def _evaluate(label: str, model: Artifact, data: Artifact, plan: DemoPlan, ws: Path, device: str
+              ) -> tuple[dict, Path]:
+    """One model's row of the comparison (random samples scored with oracle and diversity, beam
+    search scored for accuracy) and the folder of its random samples' scores."""
+    from rdpp_cli.decoding.sample import sample
+    from rdpp_cli.scoring.score import score
+
+    rand_cfg = {"method": "random", "n": plan.n, "split": "test", "seed": plan.seed}
+    rand = _step(f"sample {label} (random, n={plan.n})", ws, "samples", rand_cfg, [model],
+                 lambda: sample(model.path, data=data.path, workspace=ws, device=device, **rand_cfg))
+    beam_cfg = {"method": "beam", "n": 1, "beam": plan.beam, "split": "test"}
+    beam = _step(f"sample {label} (beam {plan.beam})", ws, "samples", beam_cfg, [model],
+                 lambda: sample(model.path, data=data.path, workspace=ws, device=device, **beam_cfg))
+    s_rand = _step(f"score {label} samples", ws, "scores", {"oracle": True, "self_cider": True, "diversity": True,
+                                                            "metrics": ["CIDEr"]}, [rand],
+                   lambda: score(rand.path, oracle=True, self_cider=True, diversity=True, metrics="CIDEr",
+                                 workspace=ws))
+    s_beam = _step(f"score {label} beam", ws, "scores", {"oracle": False, "metrics": ["CIDEr"]}, [beam],
+                   lambda: score(beam.path, metrics="CIDEr", workspace=ws))
+    r = json.loads((s_rand.path / "scores.json").read_text())
+    b = json.loads((s_beam.path / "scores.json").read_text())
+    row = {
+        "beam_cider": b["accuracy"]["CIDEr"],
+        "mean_cider": r["accuracy"]["CIDEr"],
+        "oracle_cider": r["oracle"]["CIDEr"],
+        "self_cider": r["diversity"]["self_cider"],
+        "div2": r["diversity"]["div2"],
+        "model": str(model.path),
+    }
+    return row, s_rand.path
+
+
+def _print_table(rows: dict[str, dict], plan: DemoPlan, quick: bool) -> None:
     table = Table(title=f"rdpp demo ({'quick' if quick else 'full'}): {plan.images} toy images, "
                         f"{plan.n} random samples per test image", title_justify="left")
     for col in ("model", f"CIDEr (beam {plan.beam})", "mean CIDEr (samples)", f"oracle CIDEr (best of {plan.n})",
@@ -120,6 +132,25 @@ def demo(out: Path | None = None, *, quick: bool = False, device: str = "cpu") -
     for label, r in rows.items():
         table.add_row(label, *(f"{r[k]:.3f}" for k in ("beam_cider", "mean_cider", "oracle_cider", "self_cider", "div2")))
     console.print(table)
+
+
+@takes(DemoOptions)
+def demo(opts: DemoOptions) -> dict:
+    """Run the chain in workspace ``opts.out`` (default: the workspace); returns the comparison rows."""
+    from rdpp_cli.scoring.plot import plot_scores
+
+    plan = DemoPlan.quick() if opts.quick else DemoPlan()
+    ws = workspace_dir(opts.out)
+    ws.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    data, models = _models(plan, ws, opts.device)
+    rows: dict[str, dict] = {}
+    score_dirs: list[Path] = []
+    for label, model in models.items():
+        rows[label], scores = _evaluate(label, model, data, plan, ws, opts.device)
+        score_dirs.append(scores)
+    plot_path = plot_scores(score_dirs, ws / "demo_plot.png", labels=list(models))
+    _print_table(rows, plan, opts.quick)
     console.print(f"plot: {plot_path}   workspace: {ws}   ({time.perf_counter() - t_start:.0f} s)   "
                   f"see every artifact with `rdpp ls --workspace {ws}`")
     result = {"rows": rows, "plot": str(plot_path), "workspace": str(ws)}

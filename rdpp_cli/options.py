@@ -31,7 +31,7 @@ _MISSING = dataclasses.MISSING
 
 
 def option(default: Any, help: str, *flags: str, check: Callable[[str, Any], None] | None = None,
-           identity: bool = True, record: bool = True, cli: dict | None = None) -> Any:
+           identity: bool = True, record: bool = True, cli: dict | None = None, positional: bool = False) -> Any:
     """A field of an options class shown as a command-line option.
 
     ``flags``: the option's names (default ``--<name-with-dashes>``; ``"--resume/--no-resume"`` for a
@@ -39,10 +39,12 @@ def option(default: Any, help: str, *flags: str, check: Callable[[str, Any], Non
     and is passed too). ``identity``: the value decides the result, so a rerun must share it to
     resume an unfinished run (device, workers, output paths do not). ``record``: written into the
     manifest's config (output and workspace paths are not). ``cli``: extra keyword arguments for
-    Typer's ``Option`` (e.g. ``dir_okay=False``).
+    Typer's ``Option`` (e.g. ``dir_okay=False``, ``rich_help_panel``). ``positional``: the stage
+    function also takes it as its first positional argument (``train_xe("runs/data/toy-v1")``),
+    while the command line has it as an option (``--data``).
     """
     meta = {"help": help, "flags": flags, "check": check, "identity": identity, "record": record,
-            "cli": cli or {}, "argument": False}
+            "cli": cli or {}, "argument": False, "positional": positional}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -113,7 +115,7 @@ def hints(cls: type) -> dict[str, Any]:
 
 def build(cls: type[O], args: tuple = (), kwargs: dict | None = None) -> tuple[O, dict[str, Any]]:
     """``cls`` from a call's arguments: an instance passed as the only positional argument, or the
-    first argument field given positionally plus keyword fields. Returns the options and the keyword
+    argument (or ``positional``) fields given positionally plus keyword fields. Returns the options and the keyword
     arguments that are not fields (a stage's extra parameters, e.g. test hooks)."""
     kwargs = dict(kwargs or {})
     names = set(cls.field_names())
@@ -122,7 +124,7 @@ def build(cls: type[O], args: tuple = (), kwargs: dict | None = None) -> tuple[O
         if kwargs:
             return args[0].replace(**kwargs), extra
         return args[0], extra
-    positional = [f.name for f in dataclasses.fields(cls) if f.metadata.get("argument")]
+    positional = [f.name for f in dataclasses.fields(cls) if f.metadata.get("argument") or f.metadata.get("positional")]
     if len(args) > len(positional):
         raise TypeError(f"{cls.__name__} takes {len(positional)} positional argument(s), got {len(args)}")
     for name, value in zip(positional, args):
@@ -142,8 +144,9 @@ def takes(cls: type[O]):
             opts, extra = build(cls, args, kwargs)
             return fn(opts, **extra)
 
-        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=t)
-                  for f, t in zip(dataclasses.fields(cls), hints(cls).values())]
+        types = hints(cls)
+        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=types[f.name])
+                  for f in dataclasses.fields(cls)]
         own = list(inspect.signature(fn).parameters.values())[1:]
         wrapper.__signature__ = inspect.Signature(params + own)
         wrapper.options = cls
@@ -176,6 +179,18 @@ def force_option() -> Any:
     return option(False, "Replace what --out already holds.", identity=False, record=False)
 
 
+def device_option(default: str = "auto", cli: dict | None = None) -> Any:
+    """``--device``: where the stage runs; recorded, not part of the run's identity."""
+    return option(default, "auto, cpu or cuda.", identity=False, cli=cli)
+
+
+def precision_option(cli: dict | None = None) -> Any:
+    """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved there)."""
+    return option(checks.DEFAULT_PRECISION, "The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards "
+                  "and metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 where the hardware has "
+                  "it, else fp32).", check=one_of(*checks.PRECISIONS, what="a precision"), cli=cli)
+
+
 # ---- checks for declarations (``check=at_least(1)``); the messages live in rdpp_cli.checks ----------
 
 def at_least(low: float) -> Callable[[str, Any], None]:
@@ -183,9 +198,9 @@ def at_least(low: float) -> Callable[[str, Any], None]:
     return lambda flag, value: checks.at_least(flag, value, low)
 
 
-def one_of(*choices: Any) -> Callable[[str, Any], None]:
-    """value is one of ``choices`` (None passes)."""
-    return lambda flag, value: checks.one_of(flag, value, choices)
+def one_of(*choices: Any, what: str | None = None) -> Callable[[str, Any], None]:
+    """value is one of ``choices`` (None passes); ``what`` names the kind of value ("a preset")."""
+    return lambda flag, value: checks.one_of(flag, value, choices, what)
 
 
 def finite(flag: str, value: Any) -> None:

@@ -37,10 +37,9 @@ from pathlib import Path
 
 import torch
 
+from rdpp_cli.checks import DEFAULT_PRECISION, PRECISIONS
 from rdpp_cli.errors import RdppError
 
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
-DEFAULT_PRECISION = "fp32"
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -1,3 +1,10 @@
+"""Fixtures and hooks every test module shares; plain helper functions are in ``tests/helpers.py``.
+
+Tiers (markers registered in pyproject.toml): every test is ``unit`` or ``integration``
+(tests/test_tiers.py checks it); ``slow`` ones are left out by default; ``cuda`` ones are skipped
+where torch sees no GPU.
+"""
+
 import os
 
 # Progress bars are for people; tests read stdout/stderr.
@@ -6,6 +13,12 @@ os.environ.setdefault("RDPP_NO_PROGRESS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+def pytest_runtest_setup(item):
+    cuda = item.get_closest_marker("cuda")
+    if cuda is not None and not torch.cuda.is_available():
+        pytest.skip(cuda.kwargs.get("reason", "needs a CUDA GPU"))
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from rdpp_cli.cli.app import app
 from rdpp_cli.metrics.diversity import BAD_ENDINGS, ending_share
 
 
+@pytest.mark.unit
 def test_ending_share_by_hand():
     caps = [["a man riding a", "a man riding a horse", "a plate of food on a table with", ""],
             ["two dogs playing outside", "a cat and"],
@@ -23,6 +25,7 @@ def test_ending_share_by_hand():
     assert {"a", "the", "of", "with", "on", "and"} <= BAD_ENDINGS and not {"outside", "up", "it"} & BAD_ENDINGS
 
 
+@pytest.mark.integration
 def test_score_reports_the_bad_ending_rate(tmp_path):
     refs = {"images": [{"id": 1}, {"id": 2}],
             "annotations": [{"image_id": i, "id": 10 * i + k, "caption": c} for i, caps in

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from rdpp_cli.artifacts import finish, prepare_output, read_artifact, write_manifest
 from rdpp_cli.cli.app import app
@@ -23,22 +22,18 @@ from rdpp_cli.models.att2in import Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import save_checkpoint
 from rdpp_cli.training.xe import train_xe
 
+from helpers import headless_mobilenet, rdpp
+
 REAL6 = Path(__file__).parent / "data" / "coco-real-6"
 PHOTOS = REAL6 / "images" / "val2017"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def rdpp(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "250", "RDPP_NO_PROGRESS": "1"})
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     """A data artifact of the six real photos (a random-init MobileNetV2 saved without its head, as a
     user's weights file) and a briefly XE-trained model on it, in one workspace."""
-    from test_real_photos import headless_mobilenet
-
     root = tmp_path_factory.mktemp("real")
     weights = headless_mobilenet(root / "mnv2.pth")
     ws = root / "runs"
@@ -61,6 +56,7 @@ class _Sheet(HTMLParser):
         self.text.append(data)
 
 
+@pytest.mark.integration
 def test_caption_folder_writes_results_and_a_self_contained_contact_sheet(real):
     ws, data, model, _ = real
     r = rdpp("caption", PHOTOS, "--workspace", ws, "--device", "cpu")
@@ -89,6 +85,7 @@ def test_caption_folder_writes_results_and_a_self_contained_contact_sheet(real):
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method,n", [("beam", 2), ("random", 3)])
 def test_captioning_the_val_photos_gives_rdpp_samples_captions(real, tmp_path, method, n):
     ws, data, model, _ = real
@@ -107,6 +104,7 @@ def test_captioning_the_val_photos_gives_rdpp_samples_captions(real, tmp_path, m
     np.testing.assert_allclose([e["logprobs"] for e in captioned], [e["logprobs"] for e in sampled], atol=1e-4)
 
 
+@pytest.mark.integration
 def test_caption_bad_input_is_one_line(real, tmp_path):
     ws, data, model, weights = real
     r = rdpp("caption", tmp_path / "nope.jpg", "--workspace", ws)
@@ -145,8 +143,8 @@ def unk_lover(tmp_path_factory):
     data = prepro_toy(workspace=ws, images=60, seed=1)
     ds = DataArtifact(data)
     torch.manual_seed(0)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
                                     input_encoding_size=32, att_hid_size=32))
     with torch.no_grad():
         net.logit.bias[unk_id(ds.words)] += 8.0
@@ -157,6 +155,7 @@ def unk_lover(tmp_path_factory):
     return ws, ds, net, model
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", ["greedy", "beam", "random", "topk", "nucleus", "dbs"])
 def test_rdpp_sample_never_says_unk_unless_allowed(unk_lover, tmp_path, method):
     ws, ds, _, model = unk_lover
@@ -172,6 +171,7 @@ def test_rdpp_sample_never_says_unk_unless_allowed(unk_lover, tmp_path, method):
     assert "UNK" not in words("default") and "UNK" in words("allowed")
 
 
+@pytest.mark.integration
 def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     """The greedy captions scored after every epoch: a spy on the decoder sees no UNK come out."""
     import importlib
@@ -183,8 +183,8 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     ws, ds, net, _ = unk_lover
     real_decode, seen = dec.decode, []
 
-    def spy(model, fc, att, cfg, **kw):
-        out = real_decode(model, fc, att, cfg, **kw)
+    def spy(model, att, cfg, **kw):
+        out = real_decode(model, att, cfg, **kw)
         seen.append(out.tokens)
         return out
 
@@ -192,11 +192,12 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     greedy_cider(net, ds, ds.split_indices("val"))
     toks = torch.cat([t.flatten() for t in seen])
     assert len(toks) and not (toks == unk_id(ds.words)).any()
-    unk_only = real_decode(net.eval(), None, ds.features(ds.split_indices("val"))[1],
+    unk_only = real_decode(net.eval(), ds.features(ds.split_indices("val"))[1],
                            dec.DecodeConfig(method="greedy", max_len=4)).tokens
     assert (unk_only == unk_id(ds.words)).all()  # without suppression this model says nothing else
 
 
+@pytest.mark.unit
 def test_caption_method_help_names_exactly_the_decoders_methods():
     """cli/caption.py spells the methods out (importing them would import torch at start-up)."""
     import typer

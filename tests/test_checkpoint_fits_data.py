@@ -11,6 +11,8 @@ import pytest
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data
 
+pytestmark = pytest.mark.unit
+
 DATA = SimpleNamespace(words=["a", "dog", "runs", "UNK"], att_dim=6, path=Path("runs/data/toy-v1"))
 
 

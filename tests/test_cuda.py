@@ -15,40 +15,41 @@ import torch
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.data.toy import prepro_toy
 from rdpp_cli.decoding.decode import DecodeConfig, decode
-from rdpp_cli.models.att2in import Att2in, Att2inConfig, _AttScores
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.ops import AttScores
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.rewards import dpp_weights, pg_loss
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.cuda
 
-V, FC, ATT, R, L = 40, 24, 24, 6, 9
+V, ATT, R, L = 40, 24, 6, 9
 
 
 def _model(seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
     cfg = Att2inConfig(vocab_size=V, input_encoding_size=32, rnn_size=32, att_hid_size=32,
-                       fc_feat_size=FC, att_feat_size=ATT, drop_prob_lm=0.0, seq_length=L)
+                       att_feat_size=ATT, drop_prob_lm=0.0, seq_length=L)
     return Att2in(cfg).double().eval()
 
 
 def _inputs(B: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     att = torch.rand(B, R, ATT, generator=g, dtype=torch.float64)
-    fc = att.mean(1)
     seqs = torch.randint(1, V + 1, (B, 3, L), generator=g)
     seqs[:, :, 6:] = 0  # captions of 6 words
     seqs[0, 0, 2:] = 0  # and one of 2
-    return fc, att, seqs
+    return att, seqs
 
 
+@pytest.mark.unit
 def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
     cpu = _model()
     gpu = _model().cuda()
-    fc, att, seqs = _inputs(4)
+    att, seqs = _inputs(4)
     outs = {}
     for name, net, dev in (("cpu", cpu, "cpu"), ("cuda", gpu, "cuda")):
         net.train()
-        tok, mask = net.token_logprobs(fc.to(dev), att.to(dev), seqs.to(dev))
+        tok, mask = net.token_logprobs(att.to(dev), seqs.to(dev))
         w = torch.linspace(-1, 1, tok.shape[0], dtype=torch.float64, device=dev)
         pg_loss(tok, mask, w).backward()
         outs[name] = (tok.detach().cpu(), mask.cpu(), {k: p.grad.cpu() for k, p in net.named_parameters()})
@@ -62,42 +63,45 @@ def test_teacher_forced_logprobs_and_gradients_match_the_cpu():
     assert any(g.abs().sum() > 0 for g in grad_c.values())
 
 
+@pytest.mark.unit
 def test_attention_scores_gradient_on_cuda():
     g = torch.Generator(device="cuda").manual_seed(0)
     k2 = torch.randn(2, 5, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
     q = torch.randn(2, 3, 7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(7, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(_AttScores.apply, (k2, q, w))
+    assert torch.autograd.gradcheck(AttScores.apply, (k2, q, w))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cfg", [
     DecodeConfig(method="greedy"),
     DecodeConfig(method="beam", beam=4, n=3, max_len=L),
     DecodeConfig(method="dbs", beam=2, groups=3, n=6, max_len=L, diversity_lambda=0.5),
 ], ids=["greedy", "beam", "dbs"])
 def test_deterministic_decoding_matches_the_cpu(cfg):
-    fc, att, _ = _inputs(8)
-    cpu = decode(_model(), fc, att, cfg)
-    gpu = decode(_model().cuda(), fc.cuda(), att.cuda(), cfg)
+    att, _ = _inputs(8)
+    cpu = decode(_model(), att, cfg)
+    gpu = decode(_model().cuda(), att.cuda(), cfg)
     assert torch.equal(gpu.tokens.cpu(), cpu.tokens)
     torch.testing.assert_close(gpu.logprobs.cpu(), cpu.logprobs, rtol=1e-6, atol=1e-6)  # float32 out
 
 
+@pytest.mark.unit
 def test_random_sampling_on_cuda_follows_the_model():
     """First words of 20,000 samples on the GPU against the model's own first-step distribution."""
     net = _model().cuda()
-    fc, att, _ = _inputs(1)
-    fc, att = fc.cuda(), att.cuda()
+    att = _inputs(1)[0].cuda()
     n = 20000
-    out = decode(net, fc, att, DecodeConfig(method="random", n=n, max_len=L),
+    out = decode(net, att, DecodeConfig(method="random", n=n, max_len=L),
                  generator=torch.Generator(device="cuda").manual_seed(0))
     first = out.tokens.reshape(n, -1)[:, 0].cpu()
     with torch.no_grad():
-        probs = net(fc, att, torch.zeros(1, 1, L, dtype=torch.long, device="cuda"))[0, 0].exp().cpu()
+        probs = net(att, torch.zeros(1, 1, L, dtype=torch.long, device="cuda"))[0, 0].exp().cpu()
     freq = torch.bincount(first, minlength=V + 1).double() / n
     assert 0.5 * (freq - probs).abs().sum() < 0.03  # total variation; ~0.01 expected from noise
 
 
+@pytest.mark.unit
 def test_dpp_weights_on_cuda_equal_the_cpu():
     g = torch.Generator().manual_seed(0)
     q = torch.rand(16, 5, generator=g, dtype=torch.float64) * 3
@@ -106,6 +110,7 @@ def test_dpp_weights_on_cuda_equal_the_cpu():
     torch.testing.assert_close(dpp_weights(q.cuda(), S.cuda()).cpu(), dpp_weights(q, S), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.integration
 def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
     from rdpp_cli.decoding.sample import sample
     from rdpp_cli.training.finetune import finetune
@@ -127,24 +132,20 @@ def test_the_stages_run_on_cuda_and_their_checkpoints_load_on_the_cpu(tmp_path):
     assert next(net.parameters()).device.type == "cpu" and len(vocab) == net.config.vocab_size
 
 
+@pytest.mark.unit
 def test_on_policy_replay_on_cuda(tmp_path):
     """The RL step's on-policy property on a GPU: dropout masks drawn on the device, sampling with
     them, and the replayed teacher-forced pass give the same log-probs (float32, no TF32)."""
-    import sys
-    from pathlib import Path
-
     from rdpp_cli.data.dataset import DataArtifact
     from rdpp_cli.data.loader import CaptionBatches
     from rdpp_cli.metrics.train_cider import TrainCider
     from rdpp_cli.training.finetune import RewardStep
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_loader import write_tiny_data
+    from helpers import write_tiny_data
 
     data = DataArtifact.open(write_tiny_data(tmp_path / "tiny", n_train=12, n_val=4))
     torch.manual_seed(0)
     model = Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=32, rnn_size=32, att_hid_size=32,
-                                fc_feat_size=16, att_feat_size=16, drop_prob_lm=0.5, seq_length=8)).cuda().train()
+                                att_feat_size=16, drop_prob_lm=0.5, seq_length=8)).cuda().train()
     batch = next(iter(CaptionBatches(data, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0))).to("cuda")
     step = RewardStep(data=data, cider=TrainCider.for_data(data), reward="dpp", m=4, max_len=8)
     d = step.sample(model, batch)

@@ -13,6 +13,8 @@ from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.errors import RdppError
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):

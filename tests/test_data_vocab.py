@@ -38,6 +38,7 @@ def run_fixture(tmp_path, **kw):
     return prepro_coco(FIXTURE, images, **opts)
 
 
+@pytest.mark.unit
 def test_build_vocab_threshold_order_and_unk():
     caps = [["a", "cat", "sat"], ["a", "cat"], ["the", "dog"], ["a", "dog", "ran"], ["a", "cat", "ran"]]
     # counts: a 4, cat 3, dog 2, ran 2, sat 1, the 1
@@ -47,6 +48,7 @@ def test_build_vocab_threshold_order_and_unk():
     assert V.build_vocab(caps, threshold=4) == ["UNK"]
 
 
+@pytest.mark.unit
 def test_encode_maps_unknown_words_to_unk_and_clips():
     w2i = V.word_to_id(["a", "cat", "dog", "UNK"])
     assert w2i == {"a": 1, "cat": 2, "dog": 3, "UNK": 4}
@@ -57,12 +59,14 @@ def test_encode_maps_unknown_words_to_unk_and_clips():
     assert lengths.tolist() == [3, 1]
 
 
+@pytest.mark.unit
 def test_tokenize_raw_like_karpathy():
     # Karpathy's split file splits at apostrophes and hyphens too ("bear's" -> "bear s")
     assert tokenize("A dog's bone, on the Table!") == ["a", "dog", "s", "bone", "on", "the", "table"]
     assert tokenize("2 T-shirts & 10 cats:\tupside-down.") == ["2", "t", "shirts", "10", "cats", "upside", "down"]
 
 
+@pytest.mark.unit
 def test_load_karpathy_restval_and_raw_fallback():
     recs = load_karpathy(FIXTURE)
     assert [(r.image_id, r.split) for r in recs] == [(11, "train"), (22, "train"), (33, "val"), (44, "test")]
@@ -72,6 +76,7 @@ def test_load_karpathy_restval_and_raw_fallback():
     assert [r.image_id for r in recs] == [11, 33, 44]
 
 
+@pytest.mark.integration
 def test_captions_h5_matches_hand_encoding(tmp_path):
     art = run_fixture(tmp_path)
     assert json.loads((art.path / "vocab.json").read_text()) == {"words": ["a", "cat", "dog", "ran", "UNK"]}
@@ -102,6 +107,7 @@ def test_captions_h5_matches_hand_encoding(tmp_path):
                                        "unk_rate_train": round(3 / 14, 6), "clipped": 0.25}
 
 
+@pytest.mark.integration
 def test_cider_df_hand_counts(tmp_path):
     """Training images 11 and 22 (restval); the df counts each reference's ids *unclipped* plus the
     end token (id 6 = V + 1), as self-critical.pytorch's prepro_ngrams.py: 11 -> [1,2,5,6] [1,2,6]
@@ -128,6 +134,7 @@ def test_cider_df_hand_counts(tmp_path):
     assert got == expected
 
 
+@pytest.mark.integration
 def test_threshold_zero_and_no_restval(tmp_path):
     art = run_fixture(tmp_path / "t0", word_count_threshold=0)
     words = json.loads((art.path / "vocab.json").read_text())["words"]
@@ -142,6 +149,7 @@ def test_threshold_zero_and_no_restval(tmp_path):
         assert f["image_ids"][:].tolist() == [11, 33, 44]
 
 
+@pytest.mark.integration
 def test_images_root_and_json_found_at_default_places(tmp_path, monkeypatch):
     root = tmp_path / "coco"
     make_images(root / "images")
@@ -155,6 +163,7 @@ def test_images_root_and_json_found_at_default_places(tmp_path, monkeypatch):
     assert art.config["images_root"] == str(root / "images")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("threshold", [1, 2])
 def test_every_caption_has_a_length_and_ids_within_vocab(tmp_path, threshold):
     art = run_fixture(tmp_path, word_count_threshold=threshold)
@@ -166,6 +175,7 @@ def test_every_caption_has_a_length_and_ids_within_vocab(tmp_path, threshold):
         assert (row[:n] > 0).all() and (row[n:] == 0).all()
 
 
+@pytest.mark.unit
 def test_auto_threshold_is_the_references_on_coco_and_scales_down_to_one():
     assert V.auto_threshold(113_287) == 5  # Karpathy train + restval: the reference's count > 5
     assert V.auto_threshold(1_000_000) == 5
@@ -173,6 +183,7 @@ def test_auto_threshold_is_the_references_on_coco_and_scales_down_to_one():
     assert V.auto_threshold(312) == 1 and V.auto_threshold(0) == 1  # words seen once stay UNK
 
 
+@pytest.mark.integration
 def test_auto_threshold_on_the_fixture_and_a_bad_value(tmp_path):
     from rdpp_cli.errors import RdppError
 

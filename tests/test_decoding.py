@@ -12,13 +12,15 @@ import torch
 from rdpp_cli.decoding import DecodeConfig, decode
 from rdpp_cli.models import Att2in, config_from_preset, save_checkpoint, sequence_logprobs
 
+from helpers import fit_captions
+
 V = 15
 
 
 def model(seed=0, scale=1.0):
     """A small random Att2in; ``scale`` multiplies the output layer (peakier distributions)."""
     torch.manual_seed(seed)
-    m = Att2in(config_from_preset("small", V, 4, 6, 8, rnn_size=24, input_encoding_size=12,
+    m = Att2in(config_from_preset("small", V, 6, 8, rnn_size=24, input_encoding_size=12,
                                   att_hid_size=12, drop_prob_lm=0.0)).eval()
     with torch.no_grad():
         m.logit.weight.mul_(scale)
@@ -60,15 +62,9 @@ def _toy_data():
 def toy():
     att, seqs = _toy_data()
     torch.manual_seed(0)
-    m = Att2in(config_from_preset("small", len(WORDS), 4, 6, 7, rnn_size=32, input_encoding_size=16,
+    m = Att2in(config_from_preset("small", len(WORDS), 6, 7, rnn_size=32, input_encoding_size=16,
                                   att_hid_size=16, drop_prob_lm=0.0))
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(150):
-        tok, mask = sequence_logprobs(m(None, att, seqs), seqs)
-        loss = -tok.sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = fit_captions(m, att, seqs, steps=150)
     assert loss.item() < 0.5  # close to the entropy of 5 equally likely wordings (log 5 / ~5 tokens)
     return m.eval(), att
 
@@ -78,9 +74,10 @@ def words(ids) -> str:
 
 
 def run(m, att, gen_seed=0, **kw):
-    return decode(m, None, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
+    return decode(m, att, DecodeConfig(**kw), generator=torch.Generator().manual_seed(gen_seed))
 
 
+@pytest.mark.unit
 def test_outputs_are_valid_sequences_of_the_model(feats):
     m = model(scale=3.0)
     for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
@@ -91,7 +88,7 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
         pos = torch.arange(T)
         assert torch.equal(d.tokens > 0, pos < d.lengths.unsqueeze(-1)), method
         # the recorded log-probs are the model's: teacher forcing the tokens gives the same numbers
-        tok, mask = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        tok, mask = sequence_logprobs(m(feats, d.tokens), d.tokens)
         assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
         assert torch.equal(mask.view(B, n, T + 1).sum(-1), (d.lengths + 1).float()), method
         assert torch.allclose(d.seq_logprob, d.logprobs.sum(-1)), method
@@ -100,7 +97,7 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
 class StepTable:
     """A model for hand-computed cases: ``step`` (a fixed table in subclasses) ignores the image."""
 
-    def encode(self, fc, att, mask=None):
+    def encode(self, att, mask=None):
         return att
 
     def expand(self, enc, n):
@@ -110,6 +107,7 @@ class StepTable:
         return torch.zeros(N, 1), torch.zeros(N, 1)
 
 
+@pytest.mark.unit
 def test_greedy_by_hand_and_max_len():
     """A model whose step is a fixed table: greedy must follow it; max_len forces the EOS."""
 
@@ -121,16 +119,17 @@ def test_greedy_by_hand_and_max_len():
             return lp, state
 
     att = torch.zeros(2, 1, 1)
-    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=10))
+    d = decode(Table(), att, DecodeConfig(method="greedy", max_len=10))
     assert d.tokens[0, 0].tolist() == [1, 2, 3]
     assert d.lengths.tolist() == [[3], [3]]
     assert d.seq_logprob[0, 0].item() == pytest.approx(4 * torch.tensor(0.7).log().item(), rel=1e-6)
-    d = decode(Table(), None, att, DecodeConfig(method="greedy", max_len=2))
+    d = decode(Table(), att, DecodeConfig(method="greedy", max_len=2))
     assert d.tokens[0, 0].tolist() == [1, 2]
     # the EOS forced after 2 words costs its own log-prob, log 0.075
     assert d.logprobs[0, 0].tolist() == pytest.approx([torch.tensor(x).log().item() for x in (0.7, 0.7, 0.075)])
 
 
+@pytest.mark.unit
 def test_beam_width_1_top_k_1_nucleus_p0_and_cold_temperature_equal_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -151,6 +150,7 @@ def _pad(t, T=8):
     return torch.nn.functional.pad(t, (0, T - t.shape[-1]))
 
 
+@pytest.mark.unit
 def test_temperature_to_zero_approaches_greedy(toy):
     m, feats = toy
     g = run(m, feats, method="greedy", max_len=8)
@@ -164,6 +164,7 @@ def test_temperature_to_zero_approaches_greedy(toy):
     assert agree == sorted(agree)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("which", ["toy", "random"])
 def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     m, feats = toy if which == "toy" else (model(seed=3, scale=1.5), feats)
@@ -176,6 +177,7 @@ def test_beam_best_is_at_least_greedy_on_every_image(which, toy, feats):
     assert (b.seq_logprob[:, 0] > g.seq_logprob[:, 0] + 1e-3).any()  # and it does find better ones
 
 
+@pytest.mark.unit
 def test_beam_length_normalisation_prefers_longer_captions(toy):
     """On the trained toy captioner (short and long wordings of every image), ranking by
     log-prob / len**alpha (len counting the EOS) picks longer captions than plain log-prob."""
@@ -205,6 +207,7 @@ def _distinct(d):
     return distinct, bigrams
 
 
+@pytest.mark.unit
 def test_diverse_beam_search_gives_more_distinct_captions(toy):
     m, feats = toy
     B = feats.shape[0]
@@ -216,13 +219,14 @@ def test_diverse_beam_search_gives_more_distinct_captions(toy):
     assert _distinct(div)[0] > _distinct(same)[0]
     assert _distinct(div)[1] > _distinct(same)[1]  # and more distinct bigrams
     # the reported log-probs are the model's, not the penalised ranking scores
-    tok, _ = sequence_logprobs(m(None, feats, div.tokens), div.tokens)
+    tok, _ = sequence_logprobs(m(feats, div.tokens), div.tokens)
     assert torch.allclose(tok.view_as(div.logprobs), div.logprobs, atol=1e-5)
     # the first group of DBS is plain beam search of width K
     b = run(m, feats, method="beam", beam=K, n=K, max_len=8)
     assert torch.equal(div.tokens[:, 0, :b.tokens.shape[-1]], b.tokens[:, 0])
 
 
+@pytest.mark.unit
 def test_same_seed_same_samples(toy):
     m, feats = toy
     for method in ("random", "topk", "nucleus"):
@@ -233,10 +237,11 @@ def test_same_seed_same_samples(toy):
         assert not torch.equal(a.tokens, c.tokens)
 
 
+@pytest.mark.unit
 def test_top_k_and_nucleus_stay_in_their_sets(feats):
     m = model(scale=2.0)
     d = run(m, feats, method="topk", top_k=2, n=20, max_len=1)
-    lp0 = m.step(torch.zeros(12, dtype=torch.long), m.encode(None, feats), m.init_state(12))[0]
+    lp0 = m.step(torch.zeros(12, dtype=torch.long), m.encode(feats), m.init_state(12))[0]
     top2 = lp0.topk(2, -1).indices
     first = d.tokens[:, :, 0]
     assert ((first.unsqueeze(-1) == top2.unsqueeze(1)).any(-1)).all()
@@ -247,6 +252,7 @@ def test_top_k_and_nucleus_stay_in_their_sets(feats):
     assert (d.tokens[:, :, 0] == lp0.argmax(-1, keepdim=True)).all()
 
 
+@pytest.mark.unit
 def test_bad_settings_one_line():
     for kw, msg in ((dict(method="magic"), "unknown decoding method"), (dict(n=0), "at least 1"),
                     (dict(method="beam", beam=2, n=3), "more than the 2 beams"),
@@ -256,6 +262,7 @@ def test_bad_settings_one_line():
             DecodeConfig(**kw).check()
 
 
+@pytest.mark.unit
 def test_every_method_works_with_its_defaults(feats):
     """No method needs an extra flag: unset settings take the method's defaults (top-k 10, top-p
     0.9, beam search n beams (≥ 3), diverse beam search n groups of 1 beam), and check() records
@@ -265,7 +272,7 @@ def test_every_method_works_with_its_defaults(feats):
             "dbs": dict(groups=6, beam=1), "random": dict(top_k=None, top_p=None, beam=None, groups=None)}
     for method in ("greedy", "random", "topk", "nucleus", "beam", "dbs"):
         cfg = DecodeConfig(method=method, n=6, max_len=5)
-        d = decode(m, None, feats, cfg, generator=torch.Generator().manual_seed(0))
+        d = decode(m, feats, cfg, generator=torch.Generator().manual_seed(0))
         assert d.tokens.shape[:2] == (12, 6)
         for k, v in want.get(method, {}).items():
             assert getattr(cfg, k) == v, (method, k)
@@ -273,10 +280,11 @@ def test_every_method_works_with_its_defaults(feats):
     assert DecodeConfig(method="dbs", n=20, groups=4).check().beam == 5
     assert DecodeConfig(method="dbs", n=20, beam=5).check().groups == 4
     assert DecodeConfig(method="topk", top_k=3).check().top_k == 3  # given settings are kept
-    d = decode(m, None, feats, DecodeConfig(method="dbs", n=6, max_len=5))
+    d = decode(m, feats, DecodeConfig(method="dbs", n=6, max_len=5))
     assert len({tuple(r) for r in d.tokens[0].tolist()}) > 1  # one caption per group, not one beam
 
 
+@pytest.mark.integration
 def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
     m = model(scale=2.0)
     save_checkpoint(tmp_path / "best.pt", m, [f"w{i}" for i in range(V)])
@@ -288,12 +296,13 @@ def test_checkpoint_decodes_the_same_in_a_fresh_process(tmp_path, feats):
         "from rdpp_cli.decoding import DecodeConfig, decode\n"
         f"m, vocab, _ = load_model({str(tmp_path / 'best.pt')!r})\n"
         f"att = torch.load({str(tmp_path / 'att.pt')!r})\n"
-        "print(json.dumps(decode(m, None, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"
+        "print(json.dumps(decode(m, att, DecodeConfig(method='greedy', max_len=8)).tokens.tolist()))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == want
 
 
+@pytest.mark.unit
 def test_inverse_cdf_draw_matches_the_distribution():
     from rdpp_cli.decoding.decode import _draw
 
@@ -305,6 +314,7 @@ def test_inverse_cdf_draw_matches_the_distribution():
     assert freq[1] == 0 and (draws[:, 1] == 3).all()
 
 
+@pytest.mark.unit
 def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     """Rows whose nucleus is wider than the top-128 shortcut fall back to a full sort: same set."""
     from rdpp_cli.decoding.decode import _nucleus
@@ -329,6 +339,7 @@ def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     assert freq.tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.03)
 
 
+@pytest.mark.unit
 def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
     """A model that prefers word V ("UNK") everywhere: without suppression every method emits it;
     with ``unk_id`` none does, and the log-probs reported are still the model's own."""
@@ -341,10 +352,11 @@ def test_unk_is_never_emitted_when_suppressed_by_any_method(feats):
         d = run(m, feats, unk_id=V, **kw)
         assert not (d.tokens == V).any() and (d.lengths > 0).any(), method
         B, n, T = d.tokens.shape
-        tok, _ = sequence_logprobs(m(None, feats, d.tokens), d.tokens)
+        tok, _ = sequence_logprobs(m(feats, d.tokens), d.tokens)
         assert torch.allclose(tok.view(B, n, T + 1), d.logprobs, atol=1e-5), method
 
 
+@pytest.mark.unit
 def test_unk_suppression_by_hand():
     """Word 4 (UNK) is the most probable after every word; suppressed, greedy and beam search take
     word 1, then the EOS: log-prob log(0.3 · 0.3), against log 0.05 for the empty caption."""
@@ -356,8 +368,8 @@ def test_unk_suppression_by_hand():
             return p.log(), state
 
     att = torch.zeros(1, 1, 1)
-    assert decode(Table(), None, att, DecodeConfig(method="greedy", max_len=3)).tokens[0, 0].tolist() == [4, 4, 4]
+    assert decode(Table(), att, DecodeConfig(method="greedy", max_len=3)).tokens[0, 0].tolist() == [4, 4, 4]
     for method in ("greedy", "beam"):
-        d = decode(Table(), None, att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
+        d = decode(Table(), att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
         assert d.tokens[0, 0].tolist() == [1], method
         assert d.seq_logprob[0, 0].item() == pytest.approx(float(torch.tensor(0.3 * 0.3).log()), rel=1e-6)

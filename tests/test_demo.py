@@ -5,14 +5,15 @@ import os
 import subprocess
 import sys
 
-from pathlib import Path
 
 import pytest
 
 from rdpp_cli.artifacts import list_artifacts, read_artifact
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cider_reference  # noqa: E402
+import cider_reference
+
+pytestmark = pytest.mark.integration
+
 
 MODELS = ("XE", "SCST", "R-DPP m=5")
 

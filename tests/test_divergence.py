@@ -1,10 +1,9 @@
-"""NaN, Inf and absurd options (issue 17, item 3): a diverging run stops with one line and never writes
+"""NaN, Inf and absurd options (docs/training.md): a diverging run stops with one line and never writes
 a non-finite checkpoint; absurd options are refused before anything is written; JSON never holds NaN."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,13 @@ import torch
 from rdpp_cli.artifacts import atomic_write_json, read_artifact
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.models.att2in import Att2in
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import xe_loss
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import error_line, listing, model_artifact, rdpp  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import att2in_for, error_line, listing, model_artifact, rdpp, state_dict, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,21 +31,20 @@ def data(tmp_path_factory) -> DataArtifact:
 
 def _model(data: DataArtifact) -> Att2in:
     torch.manual_seed(0)
-    return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                               fc_feat_size=data.fc_dim, att_feat_size=data.att_dim, seq_length=data.seq_length))
+    return att2in_for(data, 16, dropout=0.5)
 
 
 def _train(data: DataArtifact, out: Path, step_fn, epochs: int = 3, model=None, after_step=None):
-    cfg = TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
-    return run_training(stage="xe", model=model or _model(data), data=data, out_dir=out, cfg=cfg, step_fn=step_fn,
-                        inputs=[data.artifact], manifest_config={}, after_step=after_step)
+    cfg = TrainLoopOptions(epochs=epochs, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
+    return TrainingRecipe(stage="xe", model=model or _model(data), data=data, out_dir=out, opts=cfg, step_fn=step_fn,
+                          inputs=[data.artifact], manifest_config={}, after_step=after_step).run()
 
 
 def _finite(path: Path) -> bool:
-    sd = torch.load(path, weights_only=True)["state_dict"]
-    return all(torch.isfinite(t).all() for t in sd.values())
+    return all(torch.isfinite(t).all() for t in state_dict(path).values())
 
 
+@pytest.mark.integration
 def test_a_nan_loss_stops_the_run_and_no_checkpoint_holds_it(data, tmp_path):
     def nan_at_step_3(net, batch):
         loss = xe_loss(net, batch)
@@ -63,6 +61,7 @@ def test_a_nan_loss_stops_the_run_and_no_checkpoint_holds_it(data, tmp_path):
     assert not (tmp_path / "m" / "manifest.json").exists() and not (tmp_path / "m" / ".rdpp-lock").exists()
 
 
+@pytest.mark.integration
 def test_divergence_in_epoch_one_writes_no_best_pt(data, tmp_path):
     def nan_at_step_2(net, batch):
         loss = xe_loss(net, batch)
@@ -74,6 +73,7 @@ def test_divergence_in_epoch_one_writes_no_best_pt(data, tmp_path):
     assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.integration
 def test_non_finite_weights_are_never_validated_or_saved(data, tmp_path):
     """A finite loss with weights gone to infinity (e.g. an overflowing update): caught before the
     epoch's validation and checkpoints."""
@@ -90,6 +90,7 @@ def test_non_finite_weights_are_never_validated_or_saved(data, tmp_path):
     assert not (tmp_path / "m" / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.integration
 def test_the_cli_prints_divergence_as_one_line(tmp_path, monkeypatch):
     ws = tmp_path / "runs"
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
@@ -115,6 +116,7 @@ def ws(tmp_path_factory) -> Path:
 TRAIN = ["--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-images", "0", "--device", "cpu"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["train-xe", *TRAIN, "--lr", "1e30"], "--lr must be in (0, 1] (got 1e+30)"),
     (["train-xe", *TRAIN, "--seed", "-1"], "--seed must be an integer from 0 to 2**63-1 (got -1)"),
@@ -137,6 +139,7 @@ def test_absurd_options_are_refused_before_anything_is_written(ws, args, message
     assert listing(ws) == before
 
 
+@pytest.mark.unit
 def test_json_never_holds_nan(tmp_path):
     with pytest.raises(RdppError, match=r"x\.json: scores\.1\.CIDEr is not a finite number and JSON cannot hold it"):
         atomic_write_json(tmp_path / "x.json", {"scores": [{"CIDEr": 1.0}, {"CIDEr": float("nan")}]})
@@ -155,6 +158,7 @@ def _any_true_on(rank: int, world: int, port: int, results) -> None:
         D.teardown()
 
 
+@pytest.mark.integration
 def test_under_ddp_every_process_learns_that_one_diverged():
     """The loop's per-step check under torchrun: a NaN on one process stops all of them at the same step
     (otherwise the others would wait forever in the next all-reduce)."""

@@ -4,7 +4,6 @@ and bad input (one clear line, nothing written)."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,27 +20,19 @@ from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.finetune import RewardStep, finetune, run_name, sample_seed
-from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cider_reference  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+import cider_reference
+from helpers import Crash, state_dict, tiny_workspace, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 runner = CliRunner()
 
 
-class Crash(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
     """A workspace with a tiny data artifact and an XE model trained on it (3 epochs)."""
-    ws = tmp_path_factory.mktemp("ws")
-    data = write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
-    train_xe(data, workspace=ws, preset="small", epochs=3, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
-    return ws
+    return tiny_workspace(tmp_path_factory.mktemp("ws"), xe_epochs=3)
 
 
 def _xe(ws: Path) -> Path:
@@ -50,10 +41,6 @@ def _xe(ws: Path) -> Path:
 
 def _data(ws: Path) -> DataArtifact:
     return DataArtifact.open(ws / "data" / "tiny-v1")
-
-
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)["state_dict"]
 
 
 # -- the reward step on real CIDEr-D ---------------------------------------------------------------
@@ -71,6 +58,7 @@ def _ids(d: DataArtifact, sentence: str, T: int = 8) -> np.ndarray:
     return row
 
 
+@pytest.mark.integration
 def test_scst_advantage_is_zero_when_the_samples_are_the_greedy_caption(ws):
     step, d = _step(ws, "scst", 3)
     img = d.split_indices("train")[:2]
@@ -86,6 +74,7 @@ def test_scst_advantage_is_zero_when_the_samples_are_the_greedy_caption(ws):
     assert w[0, 1] < 0 and w[0, 0] == 0 and (w[1] == 0).all()
 
 
+@pytest.mark.integration
 def test_dpp_weights_on_real_captions(ws):
     step, d = _step(ws, "dpp", 3)
     img = d.split_indices("train")[:1]
@@ -112,6 +101,7 @@ def test_dpp_weights_on_real_captions(ws):
     assert torch.equal(w, torch.zeros(1, 3))
 
 
+@pytest.mark.integration
 def test_mean_baseline_options(ws):
     d = _data(ws)
     img = d.split_indices("train")[:1]
@@ -126,11 +116,13 @@ def test_mean_baseline_options(ws):
     assert torch.allclose(adv[0], torch.tensor(q - (q.sum() - q) / 2, dtype=torch.float32), atol=1e-6)
 
 
+@pytest.mark.unit
 def test_sampling_seed_depends_only_on_the_position():
     assert sample_seed(1, 2, 3, 0) == sample_seed(1, 2, 3, 0)
     assert len({sample_seed(1, e, b, r) for e in range(3) for b in range(3) for r in range(2)}) == 18
 
 
+@pytest.mark.unit
 def test_run_names():
     assert run_name("dpp", 5, "none", 5) == "dpp-m5" and run_name("dpp", 2, "mean", 5) == "dpp-m2-mean"
     assert run_name("scst", 5, "none", 5) == "scst" and run_name("scst-mean", 3, "none", 5) == "scst-mean-m3"
@@ -139,6 +131,7 @@ def test_run_names():
 
 # -- end to end --------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_tiny_dpp_run_writes_a_valid_model_artifact(ws, tmp_path):
     art = finetune(_xe(ws), reward="dpp", m=3, epochs=2, batch_size=8, lr=1e-3, val_images=4, device="cpu",
                    seed=2, out=tmp_path / "ft", workspace=ws)
@@ -163,6 +156,7 @@ def test_tiny_dpp_run_writes_a_valid_model_artifact(ws, tmp_path):
     # (what the logged numbers are, and that training follows the R-DPP weights: the tests below)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("reward", ["scst", "scst-mean", "xe-cider"])
 def test_other_rewards_run_through_the_workspace(ws, reward):
     r = runner.invoke(app, ["finetune", "--workspace", str(ws), "--reward", reward, "--m", "2", "--epochs", "1",
@@ -179,6 +173,7 @@ def test_other_rewards_run_through_the_workspace(ws, reward):
         assert art.manifest["config"]["lam"] == 5.0 and (m["xe_loss"] > 0).all()
 
 
+@pytest.mark.integration
 def test_resume_after_a_crash_equals_an_uninterrupted_run(ws, tmp_path):
     kw = dict(reward="dpp", m=2, epochs=2, batch_size=8, lr=1e-3, val_images=2, save_every_steps=1,
               device="cpu", seed=7, workspace=ws)
@@ -192,7 +187,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(ws, tmp_path):
         finetune(_xe(ws), out=tmp_path / "run", after_step=crash, **kw)
     assert not (tmp_path / "run" / "manifest.json").exists()
     again = finetune(_xe(ws), out=tmp_path / "run", **kw)
-    a, b = _weights(ref.path / "checkpoints" / "last.pt"), _weights(again.path / "checkpoints" / "last.pt")
+    a, b = state_dict(ref.path / "checkpoints" / "last.pt"), state_dict(again.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     cols = ["epoch", "step", "loss", "reward", "sample_cider", "val_cider", "val_self_cider"]
     pd.testing.assert_frame_equal(pd.read_csv(ref.path / "metrics.csv")[cols],
@@ -246,15 +241,16 @@ def _independent_reward(d: DataArtifact, samples: np.ndarray, index: np.ndarray)
         for i in range(M):
             for j in range(i, M):
                 S[i, j] = S[j, i] = cider_reference.cider_d([(c[j], [c[i]])], df, ref_len)[0]
-        Lk = S * np.outer(q[b], q[b])  # DESIGN §6: L = S ⊙ q qᵀ, w_i = (1/M) Σ_j sign((L + εI)⁻¹_ij) L_ij
+        Lk = S * np.outer(q[b], q[b])  # docs/rewards.md#r-dpp: L = S ⊙ q qᵀ, w_i = (1/M) Σ_j sign((L + εI)⁻¹_ij) L_ij
         w[b] = (np.sign(np.linalg.inv(Lk + 1e-10 * np.eye(M))) * Lk).sum(1) / M
     return caps, q, self_c, w
 
 
+@pytest.mark.integration
 def test_the_logged_sample_cider_and_self_cider_are_those_of_the_steps_samples(ws, one_step):
     """metrics.csv's sample_cider, self_cider and reward (the mean R-DPP weight) of the epoch (its
     one step), recomputed from the step's captions with pycocoevalcap's scorer, the authors'
-    self-CIDEr formula and DESIGN's weights."""
+    self-CIDEr formula and the R-DPP weights of docs/rewards.md#r-dpp."""
     art, step, batch, draw, _ = one_step
     caps, q, self_c, w = _independent_reward(_data(ws), draw.samples.numpy(), batch.index)
     row = pd.read_csv(art.path / "metrics.csv").iloc[0]
@@ -266,9 +262,10 @@ def test_the_logged_sample_cider_and_self_cider_are_those_of_the_steps_samples(w
     assert 0.05 < row["self_cider"] < 0.95 and len({c for img in caps for c in img}) > 16  # not a degenerate batch
 
 
+@pytest.mark.integration
 def test_the_step_is_a_descent_step_of_the_rdpp_loss_of_its_samples(ws, one_step):
-    """The run's one update, against the R-DPP loss of the step's samples written out here (DESIGN
-    §6, with weights computed independently: -w_i · log p(c_i,t) summed over each sample slot's
+    """The run's one update, against the R-DPP loss of the step's samples written out here
+    (docs/rewards.md#the-objectives, with weights computed independently: -w_i · log p(c_i,t) summed over each sample slot's
     tokens across the batch, divided by their number, averaged over the M slots): Adam's first step
     moves each weight by -lr · g/(|g| + eps), against the sign of the gradient g, and to first
     order it raises Σ_i w_i log p(c_i). Training on another objective fails this: without R-DPP's
@@ -315,6 +312,7 @@ def _one_line_error(r, *needles):
         assert n in r.output, r.output
 
 
+@pytest.mark.integration
 def test_m1_for_dpp_is_refused(ws, tmp_path):
     r = _cli(_xe(ws), "--reward", "dpp", "--m", "1", "--out", tmp_path / "o", "--device", "cpu")
     _one_line_error(r, "--m 1 with --reward dpp", "use --m 2 or more")
@@ -324,6 +322,7 @@ def test_m1_for_dpp_is_refused(ws, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_a_finetuned_model_is_not_an_xe_model(ws, tmp_path):
     ft = finetune(_xe(ws), reward="scst-mean", m=2, epochs=1, batch_size=16, val_images=0, device="cpu",
                   out=tmp_path / "ft", workspace=ws)
@@ -332,6 +331,7 @@ def test_a_finetuned_model_is_not_an_xe_model(ws, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_an_xe_model_trained_on_other_data_is_refused(ws, tmp_path):
     other = write_tiny_data(tmp_path / "other", n_train=16, n_val=6, n_test=2, seed=9)
     r = _cli(_xe(ws), "--data", other, "--out", tmp_path / "o", "--device", "cpu")
@@ -344,11 +344,13 @@ def test_an_xe_model_trained_on_other_data_is_refused(ws, tmp_path):
     assert before == after
 
 
+@pytest.mark.integration
 def test_no_xe_model_in_the_workspace(tmp_path):
     r = _cli("--workspace", tmp_path, "--device", "cpu")
     _one_line_error(r, "no XE model artifact in workspace", "rdpp train-xe")
 
 
+@pytest.mark.integration
 def test_config_file_sets_the_reward(ws, tmp_path):
     cfg = tmp_path / "ft.yaml"
     cfg.write_text("reward: dpp\nm: 1\n")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,8 +14,10 @@ import torch
 from rdpp_cli.artifacts import list_artifacts
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import write_tiny_data
+
+pytestmark = pytest.mark.integration
+
 
 
 @pytest.mark.slow  # ~50 s: two processes start torch and train

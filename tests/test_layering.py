@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rdpp_cli.artifacts import write_manifest
 from rdpp_cli.decoding.decode import METHODS
 
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
 LAYERS = [
     {"errors", "console", "device", "precision", "checks", "options", "artifacts", "metrics"},
     {"data", "models"},
-    {"decoding", "scoring", "captioning"},
+    {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
     {"demo"},
     {"cli", "__main__"},
@@ -38,6 +40,7 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+@pytest.mark.unit
 def test_every_package_imports_only_its_layer_or_lower():
     seen, wrong = set(), []
     for path in sorted(ROOT.rglob("*.py")):
@@ -55,6 +58,7 @@ def test_every_package_imports_only_its_layer_or_lower():
     assert {"cli", "decoding", "training", "metrics", "data"} <= seen  # the walk found the packages
 
 
+@pytest.mark.unit
 def test_the_layer_rule_catches_decoding_importing_training(tmp_path):
     bad = tmp_path / "sample.py"
     bad.write_text("def f():\n    from rdpp_cli.training.finetune import resolve_data_for\n")
@@ -78,6 +82,7 @@ def _workspace_with_one_artifact(tmp_path: Path) -> Path:
 HEAVY = ("torch", "pandas", "matplotlib")  # each takes 0.3-2 s to import
 
 
+@pytest.mark.integration
 def test_help_and_ls_load_no_torch(tmp_path):
     """`rdpp --help`, every command's --help and `rdpp ls` import none of torch, pandas, matplotlib
     (lazy imports in the CLI modules), so they answer at once."""
@@ -88,7 +93,7 @@ def test_help_and_ls_load_no_torch(tmp_path):
         "from rdpp_cli.cli.app import app\n"
         "run = CliRunner().invoke\n"
         "r = run(app, ['--help']); assert r.exit_code == 0, r.output\n"
-        "for cmd in ('prepro', 'train-xe', 'finetune', 'sample', 'score', 'caption', 'plot', 'demo', 'ls'):\n"
+        "for cmd in ('prepro', 'train-xe', 'finetune', 'sample', 'score', 'caption', 'plot', 'table', 'demo', 'ls'):\n"
         "    r = run(app, [cmd, '--help']); assert r.exit_code == 0, (cmd, r.output)\n"
         "r = run(app, ['ls', '--workspace', sys.argv[1]]); assert r.exit_code == 0, r.output\n"
         "assert 'data/toy-v1' in r.output, r.output\n"
@@ -99,6 +104,7 @@ def test_help_and_ls_load_no_torch(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
 
 
+@pytest.mark.integration
 def test_console_script_help_and_ls_import_no_torch(tmp_path):
     """The installed `rdpp` itself: Python's import log (-X importtime) of `rdpp --help` and
     `rdpp ls` names no torch module."""
@@ -114,6 +120,7 @@ def test_console_script_help_and_ls_import_no_torch(tmp_path):
     assert "toy-v1" in r.stdout
 
 
+@pytest.mark.unit
 def test_sample_method_help_names_exactly_the_decoders_methods():
     """cli/sample.py spells the methods out (importing them would import torch): the list must
     stay the decoder's."""
@@ -126,6 +133,7 @@ def test_sample_method_help_names_exactly_the_decoders_methods():
     assert help_.removeprefix("One of: ").removesuffix(".").split(", ") == list(METHODS)
 
 
+@pytest.mark.unit
 def test_architecture_doc_lists_every_module_where_it_is():
     """docs/architecture.md's module map names every module of rdpp_cli under its own package (and
     the layer list every package)."""

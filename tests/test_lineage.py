@@ -1,4 +1,4 @@
-"""Lineage by content (issue 17, items 1 and 6): a stage combines only artifacts that belong together
+"""Lineage by content (docs/workspace.md#lineage-inputs-by-content): a stage combines only artifacts that belong together
 (by manifest hash, not image ids or paths), opens recorded inputs only when their manifest hash still
 matches, and `rdpp verify` finds missing or changed files, changed inputs and broken lineage."""
 
@@ -7,61 +7,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
 import pytest
-import torch
-from typer.testing import CliRunner
 
-from rdpp_cli.artifacts import finish, prepare_output, read_artifact, write_manifest
-from rdpp_cli.cli.app import app
+from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import Att2in, config_from_preset
-from rdpp_cli.models.checkpoint import save_checkpoint
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import error_line, listing, model_artifact, rdpp, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-# -- helpers the other issue-17 test modules share ------------------------------------------------
-
-def rdpp(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"})
-
-
-def error_line(result) -> str:
-    """The refusal: exit code 2 and one `error:` line, the last thing printed (after `using ...` lines)."""
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    errors = [k for k, ln in enumerate(lines) if ln.startswith("error:")]
-    assert errors == [len(lines) - 1], result.output
-    return lines[-1]
-
-
-def model_artifact(ws: Path, data, *, group: str = "xe", name: str = "att2in", seed: int = 0):
-    """A small untrained Att2in as a complete model artifact made from ``data`` (an Artifact)."""
-    ds = DataArtifact(data)
-    torch.manual_seed(seed)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
-                                    input_encoding_size=32, att_hid_size=32))
-    cfg = {"stage": "xe" if group == "xe" else "finetune", "seed": seed}
-    out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
-    save_checkpoint(out / "checkpoints" / "best.pt", net, ds.words)
-    art = write_manifest(out, "rdpp.model", cfg, inputs=[data])
-    finish(out)
-    return art
-
-
-def listing(root: Path) -> list[str]:
-    """Every path under ``root`` (to show that a refused command wrote nothing)."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +45,7 @@ def _rewrite_manifest(path: Path, **summary) -> None:
 
 # -- item 1: combining artifacts checks lineage by content -------------------------------------------
 
+@pytest.mark.integration
 def test_score_refuses_the_references_of_another_data_artifact(ws):
     before = listing(ws)
     line = error_line(rdpp("score", "--data", "tiny-v2", "--metrics", "CIDEr", "--workspace", ws))
@@ -99,6 +59,7 @@ def test_score_refuses_the_references_of_another_data_artifact(ws):
         read_artifact(ws / "data" / "tiny-v1").manifest_sha256
 
 
+@pytest.mark.unit
 def test_data_artifact_refuses_features_of_other_images(tmp_path):
     path = write_tiny_data(tmp_path / "d", n_train=4, n_val=1, n_test=1)
     DataArtifact.open(path)
@@ -112,6 +73,7 @@ def test_data_artifact_refuses_features_of_other_images(tmp_path):
 
 # -- item 6: recorded input hashes are checked when a stage opens an input, and by rdpp verify ------
 
+@pytest.mark.integration
 def test_a_stage_refuses_an_input_that_changed_after_it_was_recorded(ws, tmp_path):
     copy = tmp_path / "runs"
     shutil.copytree(ws, copy)
@@ -123,6 +85,7 @@ def test_a_stage_refuses_an_input_that_changed_after_it_was_recorded(ws, tmp_pat
     assert "data/tiny-v1 changed after" in line
 
 
+@pytest.mark.integration
 def test_verify_lists_changed_and_missing_files_and_broken_lineage(ws, tmp_path):
     copy = tmp_path / "runs"
     shutil.copytree(ws, copy)
@@ -151,6 +114,7 @@ def test_verify_lists_changed_and_missing_files_and_broken_lineage(ws, tmp_path)
     assert "artifact 'no-such-thing' not found" in error_line(r)
 
 
+@pytest.mark.unit
 def test_an_older_schema_names_the_command_that_remakes_it(tmp_path):
     path = write_tiny_data(tmp_path / "d", n_train=4, n_val=1, n_test=1)
     man = json.loads((path / "manifest.json").read_text())

@@ -1,103 +1,19 @@
-"""The training loader: only the batch's rows, seeded order, exact resume position, DDP shares.
-
-Also home of ``write_tiny_data``, a tiny but learnable data artifact (h5py + write_manifest, per
-docs/architecture.md) that the training tests import.
-"""
+"""The training loader: only the batch's rows, seeded order, exact resume position, DDP shares."""
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from rdpp_cli.artifacts import write_manifest
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
 
-COLOURS = ["red", "blue", "green", "yellow"]
-SHAPES = ["circle", "square", "triangle"]
-TEMPLATES = ["a {c} {s}", "a {s} that is {c}", "{c} {s}", "a {c} {s} on a plain background", "one {c} {s}"]
+from helpers import write_tiny_data
 
-
-def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int = 4, grid: int = 4,
-                    dim: int = 16, seed: int = 0, extra_captions: dict[int, int] | None = None,
-                    templates: list[str] | None = None) -> Path:
-    """A small data artifact whose captions follow from the features (colour, shape).
-
-    Image i shows ``COLOURS[i % 4]`` and ``SHAPES[(i // 4) % 3]``; its att grid has the colour's and
-    the shape's one-hot codes in a random cell plus noise; its references come from ``templates``
-    (default: the five ``TEMPLATES``; ``extra_captions[i] = k`` gives image i k more, repeats of the
-    first template).
-    """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    n = n_train + n_val + n_test
-    words = sorted({w for t in TEMPLATES for w in t.replace("{c}", "").replace("{s}", "").split()}
-                   | set(COLOURS) | set(SHAPES)) + ["UNK"]
-    wid = {w: i + 1 for i, w in enumerate(words)}
-    L = 8
-    labels, raw, starts, ends, lengths = [], [], [], [], []
-    R = grid * grid
-    att = rng.normal(0, 0.1, size=(n, R, dim)).astype(np.float32)
-    for i in range(n):
-        c, s = COLOURS[i % 4], SHAPES[(i // 4) % 3]
-        cell = rng.integers(R)
-        att[i, cell, COLOURS.index(c)] += 1.0
-        att[i, cell, 4 + SHAPES.index(s)] += 1.0
-        sents = [t.format(c=c, s=s) for t in (templates or TEMPLATES)]
-        sents += [sents[0]] * (extra_captions or {}).get(i, 0)
-        starts.append(len(labels))
-        for sent in sents:
-            toks = sent.split()
-            row = np.zeros(L, dtype=np.int32)
-            row[:min(L, len(toks))] = [wid[w] for w in toks[:L]]
-            labels.append(row)
-            raw.append(sent)
-            lengths.append(min(L, len(toks)))
-        ends.append(len(labels))
-    split = np.array([b"train"] * n_train + [b"val"] * n_val + [b"test"] * n_test, dtype="S5")
-    image_ids = np.arange(1000, 1000 + n, dtype=np.int64)
-    (path / "vocab.json").write_text(json.dumps({"words": words}))
-    with h5py.File(path / "captions.h5", "w") as f:
-        f["labels"] = np.stack(labels)
-        f["lengths"] = np.array(lengths, dtype=np.int32)
-        f["label_start"] = np.array(starts, dtype=np.int64)
-        f["label_end"] = np.array(ends, dtype=np.int64)
-        f["image_ids"] = image_ids
-        f["split"] = split
-        f.create_dataset("raw", data=np.array(raw, dtype=object), dtype=h5py.string_dtype())
-    with h5py.File(path / "features.h5", "w") as f:
-        f["fc"] = att.mean(1).astype(np.float16)
-        f["att"] = att.astype(np.float16)
-        f["image_ids"] = image_ids
-        f.attrs["backbone"] = "synthetic"
-        f.attrs["att_size"] = grid
-        f.attrs["dtype"] = "float16"
-    # the training reward's df, counted as self-critical.pytorch's prepro_ngrams.py does: every
-    # reference's word ids, not clipped, plus the end token (id V + 1), each n-gram once per image
-    df: Counter = Counter()
-    eos = len(words) + 1
-    for i in range(n_train):
-        grams = set()
-        for sent in raw[starts[i]:ends[i]]:
-            toks = [wid[w] for w in sent.split()] + [eos]
-            for k in range(1, 5):
-                grams.update(tuple(toks[j:j + k]) for j in range(len(toks) - k + 1))
-        df.update(grams)
-    keys = sorted(df)
-    with h5py.File(path / "cider_df.h5", "w") as f:
-        f["ngrams"] = np.array([list(g) + [0] * (4 - len(g)) for g in keys], dtype=np.int32).reshape(-1, 4)
-        f["df"] = np.array([df[g] for g in keys], dtype=np.float64)
-        f.attrs["num_docs"] = n_train
-    write_manifest(path, "rdpp.data", {"source": "tiny-test", "images": n}, summary={"images": n})
-    return path
-
+pytestmark = pytest.mark.unit
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

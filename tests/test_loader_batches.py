@@ -1,9 +1,9 @@
-"""The training batches are pinned: the fast feature reader (issue 12) yields exactly the batches
-the loader gave before it — the same images, the same captions, in the same order for a seed —
-on every features.h5 layout, with and without workers, for every DDP share.
+"""The training batches are pinned: the feature reader (docs/data.md) yields exactly the recorded
+batches — the same images, the same captions, in the same order for a seed — on every features.h5
+layout, with and without workers, for every DDP share.
 
-``EXPECTED`` was recorded from the loader at commit 787cd4c (HDF5 fancy indexing, float32 in the
-batch) on the artifact that ``write_indexed_data`` writes; every feature value and caption row
+``EXPECTED`` was recorded from rdpp 0.1.0's loader (HDF5 fancy indexing, float32 in the batch; an
+independent way of reading the same rows) on the artifact that ``write_indexed_data`` writes; every feature value and caption row
 of that artifact says which image / which caption row it is, so the recorded image and caption-row
 numbers pin every byte of the batches.
 """
@@ -22,6 +22,8 @@ from rdpp_cli.artifacts import write_manifest
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.features import FeatureWriter
 from rdpp_cli.data.loader import CaptionBatches
+
+pytestmark = pytest.mark.unit
 
 N_TRAIN, N_VAL, N_TEST = 24, 4, 2
 N = N_TRAIN + N_VAL + N_TEST
@@ -122,7 +124,7 @@ def record(data: DataArtifact, workers: int = 0) -> dict[str, list]:
     return cases
 
 
-EXPECTED: dict[str, list] = {  # recorded at 787cd4c by record(data) on write_indexed_data's artifact
+EXPECTED: dict[str, list] = {  # recorded with rdpp 0.1.0 by record(data) on write_indexed_data's artifact
     'epoch0': [
         [[0, 16, 20, 9, 11, 7, 8], [[0, 1, 2, 3, 4], [77, 78, 79, 80, 81], [100, 101, 102, 103, 104], [50, 50, 50, 49, 50], [56, 57, 58, 59, 60], [38, 39, 40, 41, 42], [43, 44, 45, 46, 47]]],
         [[13, 17, 10, 5, 22, 15, 1], [[66, 66, 66, 66, 66], [82, 83, 84, 87, 89], [51, 52, 53, 54, 55], [28, 29, 30, 31, 32], [110, 111, 112, 113, 114], [72, 73, 74, 75, 76], [5, 6, 7, 8, 9]]],
@@ -171,7 +173,7 @@ def indexed(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_batches_are_exactly_those_of_787cd4c(indexed, workers):
+def test_batches_are_exactly_the_recorded_ones(indexed, workers):
     assert record(indexed, workers) == EXPECTED
 
 
@@ -285,7 +287,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_early():
     assert len(started) <= 6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (page-locked memory)")
+@pytest.mark.cuda(reason="needs a CUDA GPU (page-locked memory)")
 def test_pinned_batches_are_the_same_on_the_gpu(indexed):
     plain = list(CaptionBatches(indexed, "train", batch_size=7, seed=4).epoch(0))
     pinned = list(CaptionBatches(indexed, "train", batch_size=7, seed=4, num_workers=2, pin_memory=True).epoch(0))

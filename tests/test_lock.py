@@ -1,4 +1,4 @@
-"""The run lock (issue 17, item 2): a run holds its output folder for its whole length; a second
+"""The run lock (docs/workspace.md#locks): a run holds its output folder for its whole length; a second
 identical run is refused with one line naming the holder; a dead holder's lock is taken over."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rdpp_cli.artifacts import finish, prepare_output
 from rdpp_cli.errors import RdppError
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,6 +25,7 @@ RDPP = os.path.join(os.path.dirname(sys.executable), "rdpp")
 LOCK = ".rdpp-lock"  # rdpp_cli.artifacts.lock.LOCK
 
 
+@pytest.mark.integration
 def test_a_second_identical_run_is_refused_while_the_first_runs(tmp_path):
     ws = tmp_path / "runs"
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
@@ -57,6 +58,7 @@ def _claim(ws: Path, out: Path | None = None) -> Path:
     return prepare_output(out, workspace=ws, group="xe", name="att2in", kind="rdpp.model", config={"lr": 1})
 
 
+@pytest.mark.integration
 def test_the_lock_of_a_dead_run_on_this_host_is_taken_over(tmp_path, capsys):
     ws = tmp_path / "runs"
     # a run that claims its folder and is killed (SIGKILL: no clean-up of any kind)
@@ -76,6 +78,7 @@ def test_the_lock_of_a_dead_run_on_this_host_is_taken_over(tmp_path, capsys):
     assert not (folder / LOCK).exists()
 
 
+@pytest.mark.unit
 def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
@@ -88,6 +91,7 @@ def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
     assert json.loads((folder / LOCK).read_text()) == rec  # left as it was
 
 
+@pytest.mark.unit
 def test_a_finished_or_failed_stage_leaves_no_lock(tmp_path):
     path = _claim(tmp_path)
     assert (path / LOCK).is_file()

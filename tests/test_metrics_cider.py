@@ -6,7 +6,6 @@ import json
 import math
 import random
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,8 +16,10 @@ from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cider_reference import FixedDfScorer  # noqa: E402
+from cider_reference import FixedDfScorer
+
+pytestmark = pytest.mark.unit
+
 
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
 
@@ -111,7 +112,7 @@ def test_ref_index_equals_repeated_single_caption_runs(coco):
 
 
 def _direct_cider_d(hyp, refs, df, num_docs, sigma=6.0):
-    """DESIGN §4 written out directly, one n-gram at a time."""
+    """The definition of docs/metrics.md#cider-d written out directly, one n-gram at a time."""
     def counts(c, n):
         w = c.split()
         out = defaultdict(int)

@@ -17,6 +17,7 @@ from rdpp_cli.metrics import coco_eval
 BREAKS = ["\r", "\u2028", "\u2029", "\x0b", "\x0c"]
 
 
+@pytest.mark.integration
 def test_ptb_tokenizer_equals_pycocoevalcaps_and_writes_nothing_into_the_package():
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
@@ -30,6 +31,7 @@ def test_ptb_tokenizer_equals_pycocoevalcaps_and_writes_nothing_into_the_package
     assert ours[0] == "a man riding a horse" and ours[2] == ""
 
 
+@pytest.mark.integration
 def test_line_breaks_cannot_shift_captions_onto_other_images():
     caps = [f"first{ch}caption number {k}" for k, ch in enumerate(BREAKS)] + ["the last caption"]
     toks = coco_eval.ptb_tokenize(caps)
@@ -40,6 +42,7 @@ def test_line_breaks_cannot_shift_captions_onto_other_images():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.delenv("RDPP_JAVA", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -48,6 +51,7 @@ def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.integration
 def test_meteor_error_is_one_line_and_the_process_exits(tmp_path):
     """pycocoevalcap's Meteor keeps its lock after an error and hangs at exit; ours must not.
     A fake java answers like METEOR under a comma-decimal locale ("0,19")."""
@@ -70,6 +74,7 @@ def test_meteor_error_is_one_line_and_the_process_exits(tmp_path):
     assert len(lines) == 1 and "METEOR answered '0,19' instead of a number" in lines[0]
 
 
+@pytest.mark.unit
 def test_spice_is_skipped_with_a_note_and_never_downloads(capsys):
     lib = coco_eval.spice_models()[0].parent
     before = sorted(os.listdir(lib))
@@ -83,6 +88,7 @@ def test_spice_is_skipped_with_a_note_and_never_downloads(capsys):
     assert np.isfinite(ev.corpus["CIDEr"])
 
 
+@pytest.mark.unit
 def test_evaluate_gives_per_caption_scores_for_every_metric_without_java():
     caps = [["a man riding a horse", "a man", "a horse on a beach"], ["a dog"]]
     refs = [["a man riding a horse on a beach", "a person on a horse"], ["a black dog", "a dog running"]]
@@ -95,6 +101,7 @@ def test_evaluate_gives_per_caption_scores_for_every_metric_without_java():
         coco_eval.evaluate([[]], [["a"]], metrics=("CIDEr",), tokenize=False)
 
 
+@pytest.mark.integration
 def test_blank_captions_anywhere_keep_every_caption_on_its_image():
     from rdpp_cli.metrics.coco_eval import ptb_tokenize
 

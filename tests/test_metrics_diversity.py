@@ -16,6 +16,8 @@ from rdpp_cli.metrics import diversity as D
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 from rdpp_cli.metrics.self_cider import self_cider, self_cider_from_kernel, self_cider_ragged
 
+pytestmark = pytest.mark.unit
+
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
 
 

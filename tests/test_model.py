@@ -17,16 +17,16 @@ from rdpp_cli.models import (
     save_checkpoint,
     sequence_logprobs,
 )
-from rdpp_cli.models.att2in import _AttScores
+from helpers import fit_captions
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny(vocab=12, seed=0, dropout=0.0, **kw):
     torch.manual_seed(seed)
     kw = dict(dict(input_encoding_size=8, rnn_size=16, att_hid_size=10, drop_prob_lm=dropout), **kw)
-    return Att2in(config_from_preset("small", vocab, 6, 7, 5, **kw))
+    return Att2in(config_from_preset("small", vocab, 7, 5, **kw))
 
 
 def reference_logprobs(m: Att2in, att, seqs, att_mask=None):
@@ -66,12 +66,12 @@ def test_forward_shapes_and_reference_math():
     att = torch.randn(3, 5, 7)
     seqs = torch.randint(1, 13, (3, 4, 5))
     seqs[0, 0, 3:] = 0
-    lp = m(torch.randn(3, 6), att, seqs)
+    lp = m(att, seqs)
     assert lp.shape == (12, 6, 13)
     assert torch.allclose(lp.exp().sum(-1), torch.ones(12, 6), atol=1e-5)
     assert torch.allclose(lp, reference_logprobs(m, att, seqs), atol=1e-5)
     # (B*n, L) input is the same as (B, n, L)
-    assert torch.equal(lp, m(None, att, seqs.reshape(12, 5)))
+    assert torch.equal(lp, m(att, seqs.reshape(12, 5)))
 
 
 def test_att_mask_ignores_padded_regions():
@@ -79,14 +79,14 @@ def test_att_mask_ignores_padded_regions():
     att = torch.randn(2, 5, 7)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
     seqs = torch.randint(1, 13, (2, 2, 5))
-    lp = m(None, att, seqs, att_mask=mask)
+    lp = m(att, seqs, att_mask=mask)
     assert torch.allclose(lp, reference_logprobs(m, att, seqs, mask), atol=1e-5)
     # changing the padded regions changes nothing
     att2 = att.clone()
     att2[0, 3:] = 100.0
-    assert torch.allclose(lp, m(None, att2, seqs, att_mask=mask), atol=1e-6)
+    assert torch.allclose(lp, m(att2, seqs, att_mask=mask), atol=1e-6)
     # image 0 with only its 3 real regions gives the same log-probs
-    lp3 = m(None, att[:1, :3], seqs[:1])
+    lp3 = m(att[:1, :3], seqs[:1])
     assert torch.allclose(lp[:2], lp3, atol=1e-5)
 
 
@@ -94,8 +94,8 @@ def test_step_equals_teacher_forcing():
     m = tiny().eval()
     att = torch.randn(2, 5, 7)
     seqs = torch.randint(1, 13, (2, 3, 5))
-    lp = m(None, att, seqs)
-    enc = m.expand(m.encode(None, att), 3)
+    lp = m(att, seqs)
+    enc = m.expand(m.encode(att), 3)
     state = m.init_state(6)
     it = torch.zeros(6, dtype=torch.long)
     s = seqs.reshape(6, 5)
@@ -106,16 +106,12 @@ def test_step_equals_teacher_forcing():
             it = s[:, t]
 
 
-def test_fused_attention_gradients_equal_autograd():
-    k = torch.randn(2, 4, 3, dtype=torch.double, requires_grad=True)
-    q = torch.randn(2, 3, 3, dtype=torch.double, requires_grad=True)
-    w = torch.randn(3, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(_AttScores.apply, (k, q, w))
-    # and the whole model's gradients equal those of the literal reference
+def test_gradients_equal_those_of_the_literal_reference():
+    # (the kernels' own gradients: tests/test_ops.py)
     m = tiny().train()
     att = torch.randn(2, 5, 7)
     seqs = torch.randint(1, 13, (2, 3, 5))
-    m(None, att, seqs).sum().backward()
+    m(att, seqs).sum().backward()
     g1 = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad()
     m.eval()
@@ -150,21 +146,21 @@ def test_token_logprobs_equals_forward_then_sequence_logprobs():
     seqs[1, 1, 3:] = 0
     seqs[2, :, 4:] = 0
     m.eval()  # same values (no dropout)
-    a, ma = sequence_logprobs(m(None, att, seqs), seqs)
-    b, mb = m.token_logprobs(None, att, seqs)
+    a, ma = sequence_logprobs(m(att, seqs), seqs)
+    b, mb = m.token_logprobs(att, seqs)
     assert torch.equal(ma, mb) and torch.allclose(a, b, atol=1e-6)
     # same gradients
     a.sum().backward()
     g1 = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad()
-    m.token_logprobs(None, att, seqs)[0].sum().backward()
+    m.token_logprobs(att, seqs)[0].sum().backward()
     for n, p in m.named_parameters():
         assert torch.allclose(g1[n], p.grad, atol=1e-5), n
     # all captions short: the LSTM runs only as long as needed, the numbers do not change
     short = seqs.clone()
     short[..., 2:] = 0
-    a, _ = sequence_logprobs(m(None, att, short), short)
-    b, _ = m.token_logprobs(None, att, short)
+    a, _ = sequence_logprobs(m(att, short), short)
+    b, _ = m.token_logprobs(att, short)
     assert torch.allclose(a, b, atol=1e-6) and (b[:, 3:] == 0).all()
 
 
@@ -173,17 +169,11 @@ def test_tiny_model_overfits_four_images():
     m = tiny(vocab=10, rnn_size=32, att_hid_size=16, input_encoding_size=16)
     att = torch.randn(4, 3, 7)
     seqs = torch.tensor([[3, 4, 5, 0, 0], [6, 2, 0, 0, 0], [7, 7, 8, 9, 1], [2, 0, 0, 0, 0]]).view(4, 1, 5)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(300):
-        tok, mask = sequence_logprobs(m(None, att, seqs), seqs)
-        loss = -tok.sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = fit_captions(m, att, seqs, steps=300)
     assert loss.item() < 0.01
     # and greedy decoding by steps reproduces the captions
     m.eval()
-    enc, state = m.encode(None, att), m.init_state(4)
+    enc, state = m.encode(att), m.init_state(4)
     it = torch.zeros(4, dtype=torch.long)
     got = []
     for _ in range(6):
@@ -217,3 +207,26 @@ def test_checkpoint_roundtrip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="vocab"):
         save_checkpoint(tmp_path / "x.pt", m, vocab[:5])
     assert math.isclose(sum(p.numel() for p in m2.parameters()), sum(p.numel() for p in m.parameters()))
+
+
+def test_an_older_checkpoint_recording_fc_feat_size_still_loads(tmp_path):
+    """Checkpoints written before Att2inConfig lost ``fc_feat_size`` (the model never read fc) carry
+    it in ``model_config``: it is dropped, and the model gives the saved model's numbers."""
+    m = tiny().eval()
+    save_checkpoint(tmp_path / "new.pt", m, [f"w{i}" for i in range(12)])
+    old = torch.load(tmp_path / "new.pt", weights_only=True)
+    old["model_config"] = {**old["model_config"], "fc_feat_size": 6}
+    torch.save(old, tmp_path / "old.pt")
+    m2, _, raw = load_model(tmp_path / "old.pt")
+    assert raw["model_config"]["fc_feat_size"] == 6 and not hasattr(m2.config, "fc_feat_size")
+    att, seqs = torch.randn(2, 5, 7), torch.randint(1, 13, (2, 3, 5))
+    assert torch.equal(m2(att, seqs), m(att, seqs))
+
+
+def test_a_checkpoint_of_another_model_class_is_refused_in_one_line(tmp_path):
+    save_checkpoint(tmp_path / "m.pt", tiny(), [f"w{i}" for i in range(12)])
+    ck = torch.load(tmp_path / "m.pt", weights_only=True)
+    torch.save({**ck, "model_class": "Transformer"}, tmp_path / "t.pt")
+    with pytest.raises(RdppError) as e:
+        load_model(tmp_path / "t.pt")
+    assert str(e.value) == f"{tmp_path / 't.pt'}: unknown model class 'Transformer'; this rdpp knows only Att2in"

@@ -1,4 +1,4 @@
-"""A moved workspace (issue 17, item 4): inputs are recorded relative to the workspace with their
+"""A moved workspace (docs/workspace.md): inputs are recorded relative to the workspace with their
 manifest hash, found by hash where a path moved, and a run's resume identity is its content (input
 hashes and options), so that after `mv runs elsewhere` sample, score, ls and resume all work."""
 
@@ -7,24 +7,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import rdpp  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import Crash, rdpp, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class Crash(Exception):
-    pass
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 
 def _crash_at(k: int):

@@ -1,25 +1,23 @@
-"""Names that tell (issue 17, item 5): samples and scores are named after their parent, `rdpp ls`
+"""Names that tell (docs/workspace.md): samples and scores are named after their parent, `rdpp ls`
 shows the model behind them, and `--from` names the parent artifact in every command."""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.cli.ls import ls
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lineage import error_line, model_artifact, rdpp  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import error_line, model_artifact, rdpp, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.unit
 def test_one_version_pattern():
     from rdpp_cli.artifacts import split_version, version_name
 
@@ -32,6 +30,7 @@ def test_one_version_pattern():
     assert split_version("dpp-m5-v1.random-n20-v3-v2") == ("dpp-m5-v1.random-n20-v3", 2)
 
 
+@pytest.mark.integration
 def test_samples_and_scores_are_named_after_their_parent(tmp_path):
     ws = tmp_path / "runs"
     data = read_artifact(write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=3))

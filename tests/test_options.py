@@ -49,6 +49,7 @@ def _app() -> typer.Typer:
     return app
 
 
+@pytest.mark.unit
 def test_field_checks_and_cross_field_checks_raise_one_line():
     with pytest.raises(RdppError, match=r"^--n must be at least 1 \(got 0\)$"):
         Toy(n=0)
@@ -59,12 +60,14 @@ def test_field_checks_and_cross_field_checks_raise_one_line():
     assert Toy(method="greedy", n=1).n == 1
 
 
+@pytest.mark.unit
 def test_identity_and_recorded_settings_come_from_the_declaration():
     t = Toy("p", n=5, device="cuda", out=Path("x"))
     assert t.identity() == {"n": 5, "method": "random"}  # arguments default to neither
     assert t.recorded() == {"n": 5, "method": "random", "device": "cuda"}
 
 
+@pytest.mark.unit
 def test_the_function_takes_fields_as_arguments_or_an_options_object():
     CALLS.clear()
     a = toy_stage("p", n=4, hook=1)
@@ -78,6 +81,7 @@ def test_the_function_takes_fields_as_arguments_or_an_options_object():
     assert opts.parent == "p" and extra == {"hook": 2}
 
 
+@pytest.mark.integration
 def test_the_command_has_one_option_per_field_and_calls_the_function(tmp_path):
     CALLS.clear()
     runner = CliRunner()
@@ -96,6 +100,7 @@ def test_the_command_has_one_option_per_field_and_calls_the_function(tmp_path):
         assert flag in help_
 
 
+@pytest.mark.integration
 def test_config_file_and_workspace_yaml_use_the_field_names(tmp_path):
     CALLS.clear()
     ws = tmp_path / "ws"
@@ -114,6 +119,7 @@ def test_config_file_and_workspace_yaml_use_the_field_names(tmp_path):
     assert r.exit_code == 2 and "unknown option 'beams'" in r.output
 
 
+@pytest.mark.unit
 def test_every_command_built_from_options_shows_every_field_with_help():
     from rdpp_cli.cli.app import app
 
@@ -129,6 +135,7 @@ def test_every_command_built_from_options_shows_every_field_with_help():
     assert "score" in built
 
 
+@pytest.mark.unit
 def test_score_options_refuse_bad_values_before_any_work():
     with pytest.raises(RdppError, match="--self-cider-variant 'svd' is not one of"):
         ScoreOptions(self_cider_variant="svd")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,28 +18,22 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
-from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.att2in import Att2in
 from rdpp_cli import precision as P
 from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.xe import train_xe, xe_loss
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import Crash, att2in_for, state_dict, tiny_workspace
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()
 
 
-class Crash(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("ws")
-    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
-    return ws
+    return tiny_workspace(tmp_path_factory.mktemp("ws"))
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +43,7 @@ def tiny(ws) -> DataArtifact:
 
 def _model(d: DataArtifact, size: int = 64, dropout: float = 0.0, seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
-    return Att2in(Att2inConfig(vocab_size=d.vocab_size, input_encoding_size=size, rnn_size=size, att_hid_size=size,
-                               fc_feat_size=d.fc_dim, att_feat_size=d.att_dim, drop_prob_lm=dropout,
-                               seq_length=d.seq_length))
+    return att2in_for(d, size, dropout)
 
 
 def _batch(d: DataArtifact, seq_per_img: int = 5):
@@ -60,12 +51,9 @@ def _batch(d: DataArtifact, seq_per_img: int = 5):
     return next(iter(CaptionBatches(d, "train", batch_size=8, seq_per_img=seq_per_img, seed=0).epoch(0))).to("cpu")
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)["state_dict"]
-
-
 # -- choosing the precision ------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.41, "bf16_s": 1.39})  # the EPYC's XE step
@@ -88,6 +76,7 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path)
     assert PrecisionOpt.default == P.DEFAULT_PRECISION == "fp32"
 
 
+@pytest.mark.unit
 def test_auto_on_a_cpu_chooses_bf16_only_when_measurably_faster():
     """The decision from timings alone: bf16 needs a speed-up of BF16_MIN_SPEEDUP (1.10) or more."""
     assert P.BF16_MIN_SPEEDUP == 1.10
@@ -100,6 +89,7 @@ def test_auto_on_a_cpu_chooses_bf16_only_when_measurably_faster():
     assert P.choose_precision(1.0, 0.8, min_speedup=1.3) == "fp32"
 
 
+@pytest.mark.unit
 def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
@@ -137,6 +127,7 @@ def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypat
     assert len(calls) == 3
 
 
+@pytest.mark.unit
 def test_auto_resolves_to_fp32_or_bf16_on_this_machine(monkeypatch, tmp_path):
     """The real probe, at small widths (no timing is asserted): a choice, and where the CPU has bf16
     arithmetic, the cached timings it was made from."""
@@ -151,6 +142,7 @@ def test_auto_resolves_to_fp32_or_bf16_on_this_machine(monkeypatch, tmp_path):
 
 # -- numerics ---------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
     """Stated tolerance: the bf16 loss within 1e-2 relative of fp32's, every parameter's gradient
     within 1e-1 in relative L2 norm, on the same weights and batch (bf16 keeps 8 significant bits:
@@ -179,6 +171,7 @@ def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
         assert rel < 1e-1, (k, rel)
 
 
+@pytest.mark.unit
 def test_bf16_sampling_and_its_replay_give_the_same_log_probs(tiny):
     """On-policy under autocast: the step-by-step sampling pass and the batched teacher-forced pass
     that replays its dropout run in the same precision. Stated tolerance 1e-5 per token (on this CPU
@@ -199,6 +192,7 @@ def test_bf16_sampling_and_its_replay_give_the_same_log_probs(tiny):
     assert 1e-4 < gap < 0.5
 
 
+@pytest.mark.unit
 def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
     """A whole R-DPP step under bf16 autocast: its weights and logged rewards equal those computed
     without autocast from the same captions (CIDEr-D in float64 numpy, the DPP algebra in float64)."""
@@ -214,42 +208,16 @@ def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
     assert loss.dtype == torch.float32 and np.isfinite(float(loss.detach()))
 
 
-def test_the_fused_token_log_prob_equals_log_softmax_and_keeps_small_gradients_exact():
-    """Att2in's output layer takes log-probs of the target tokens without the full log-softmax
-    (_TokenLogProb). In float64 it is log_softmax + gather, values and gradients (gradcheck); from
-    bf16 logits of a peaked distribution (p ≈ 0.999) the target's gradient g·(1 − p) is taken in
-    float32 before rounding: a bf16 subtraction 1 − p would be off by up to 40 %."""
-    from rdpp_cli.models.att2in import _TokenLogProb
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(70, 33, generator=g, dtype=torch.float64, requires_grad=True)  # 2 blocks of 64 rows
-    t = torch.randint(0, 33, (70,), generator=g)
-    want = torch.log_softmax(x, -1).gather(1, t[:, None]).squeeze(1)
-    assert torch.allclose(_TokenLogProb.apply(x, t), want, atol=1e-12, rtol=0)
-    assert torch.autograd.gradcheck(lambda z: _TokenLogProb.apply(z, t), (x,))
-
-    peaked = torch.randn(70, 33, generator=g)
-    peaked[torch.arange(70), t] = 9.0  # the target's probability ≈ 0.998
-    xb = peaked.bfloat16().requires_grad_()
-    got = _TokenLogProb.apply(xb, t)
-    assert got.dtype == torch.float32
-    got.sum().backward()
-    x64 = xb.detach().double().requires_grad_()
-    torch.log_softmax(x64, -1).gather(1, t[:, None]).sum().backward()
-    tg, tw = xb.grad.double()[torch.arange(70), t], x64.grad[torch.arange(70), t]  # g · (1 − p_t), small
-    assert ((tg - tw).abs() / tw.abs()).max() < 1e-2  # bf16 rounding of the result only
-    assert torch.allclose(xb.grad.double(), x64.grad, atol=1e-4, rtol=1e-2)
-
-
+@pytest.mark.unit
 def test_a_float64_model_stays_float64(tiny):
     """The float32 casts that keep log-probs float32 under autocast must not demote a float64 model
     (tests/test_cuda.py compares the GPU with the CPU in float64)."""
     model = _model(tiny).double().eval()
     batch = _batch(tiny)
     att, labels = batch.att.double(), batch.labels
-    token_logp, mask = model.token_logprobs(None, att, labels)
+    token_logp, mask = model.token_logprobs(att, labels)
     assert token_logp.dtype == torch.float64
-    full = model(None, att, labels)
+    full = model(att, labels)
     assert full.dtype == torch.float64
     from rdpp_cli.models.att2in import sequence_logprobs
 
@@ -259,6 +227,7 @@ def test_a_float64_model_stays_float64(tiny):
 
 # -- runs: manifests, float32 checkpoints, exact resume -----------------------------------------------------
 
+@pytest.mark.integration
 def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):
     data = ws / "data" / "tiny-v1"
     kw = dict(preset="small", epochs=2, batch_size=6, save_every_steps=2, val_images=3, device="cpu", seed=5,
@@ -266,7 +235,7 @@ def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):
     ref = train_xe(data, out=tmp_path / "ref", **kw)
     cfg = ref.manifest["config"]
     assert cfg["precision"] == "bf16" and cfg["precision_option"] == "bf16"
-    a = _weights(ref.path / "checkpoints" / "last.pt")
+    a = state_dict(ref.path / "checkpoints" / "last.pt")
     assert all(v.dtype == torch.float32 for v in a.values())
     st = torch.load(ref.path / "checkpoints" / "last_state.pt", weights_only=True)
     exp_avg = [s["exp_avg"] for s in st["optimizer"]["state"].values()]
@@ -279,15 +248,16 @@ def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):
     with pytest.raises(Crash):
         train_xe(data, out=tmp_path / "run", after_step=crash, **kw)
     again = train_xe(data, out=tmp_path / "run", **kw)
-    b = _weights(again.path / "checkpoints" / "last.pt")
+    b = state_dict(again.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     # the same run in fp32 ends elsewhere (bf16 was used), and a bf16 rerun does not resume an fp32 run
     fp32 = train_xe(data, out=tmp_path / "fp32", **{**kw, "precision": "fp32"})
-    c = _weights(fp32.path / "checkpoints" / "last.pt")
+    c = state_dict(fp32.path / "checkpoints" / "last.pt")
     assert fp32.manifest["config"]["precision"] == "fp32"
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.integration
 def test_fp16_scales_the_loss_and_resumes_with_the_scalers_state(ws, tmp_path):
     xe = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
                   val_images=2, lr=2e-3, device="cpu", seed=1)
@@ -297,9 +267,9 @@ def test_fp16_scales_the_loss_and_resumes_with_the_scalers_state(ws, tmp_path):
     assert ref.manifest["config"]["precision"] == "fp16"
     st = torch.load(ref.path / "checkpoints" / "last_state.pt", weights_only=True)
     assert st["scaler"]["scale"] > 1.0  # GradScaler's state is in the resume state
-    a = _weights(ref.path / "checkpoints" / "last.pt")
+    a = state_dict(ref.path / "checkpoints" / "last.pt")
     assert all(v.dtype == torch.float32 for v in a.values())
-    start = _weights(xe.path / "checkpoints" / "best.pt")
+    start = state_dict(xe.path / "checkpoints" / "best.pt")
     assert any(not torch.equal(a[k], start[k]) for k in a)  # steps were taken, not all skipped as inf
 
     def crash(step):
@@ -309,10 +279,11 @@ def test_fp16_scales_the_loss_and_resumes_with_the_scalers_state(ws, tmp_path):
     with pytest.raises(Crash):
         finetune(xe.path, out=tmp_path / "run", after_step=crash, **kw)
     again = finetune(xe.path, out=tmp_path / "run", **kw)
-    b = _weights(again.path / "checkpoints" / "last.pt")
+    b = state_dict(again.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.integration
 def test_sample_records_its_precision_and_bad_values_are_one_line(ws, tmp_path):
     xe = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
                   val_images=0, lr=2e-3, device="cpu", seed=1)

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.cli.app import app
 
+pytestmark = pytest.mark.integration
+
 FIXTURE = Path(__file__).parent / "fixtures" / "karpathy_small.json"
 runner = CliRunner()
 

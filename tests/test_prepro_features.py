@@ -47,6 +47,7 @@ def assert_same_features(a, b):
 
 # ---- the block writer -------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_writer_hash_equals_recomputed_hash_and_resumes(tmp_path):
     rng = np.random.default_rng(1)
     fc, att = rng.normal(size=(7, 3)), rng.normal(size=(7, 4, 3))
@@ -74,6 +75,7 @@ def test_writer_hash_equals_recomputed_hash_and_resumes(tmp_path):
     w.close()
 
 
+@pytest.mark.unit
 def test_pixstats_features_by_hand():
     """One red 8×8 square in the top-left cell of a white 16×16 image, 2×2 grid."""
     x = torch.ones(1, 3, 16, 16)
@@ -106,6 +108,7 @@ def _interrupt_after(monkeypatch, k, exc):
     return lambda: monkeypatch.setattr(F.FeatureWriter, "write", real)
 
 
+@pytest.mark.integration
 def test_interrupted_toy_extraction_resumes_to_the_same_content(tmp_path, monkeypatch):
     args = ["prepro", "toy", "--images", "50", "--batch-size", "10"]
     ref = runner.invoke(app, args + ["--out", str(tmp_path / "ref")])
@@ -133,6 +136,7 @@ def test_interrupted_toy_extraction_resumes_to_the_same_content(tmp_path, monkey
     assert {k: v["sha256"] for k, v in art.manifest["files"].items()} == {k: v["sha256"] for k, v in want.items()}
 
 
+@pytest.mark.integration
 def test_crash_in_cnn_extraction_resumes_to_the_same_content(tmp_path, monkeypatch):
     """A real (random-init, fixed seed) resnet18. The resumed run uses 2 DataLoader worker processes
     (workers do not change the output, so they may differ between the runs)."""
@@ -167,6 +171,7 @@ def test_crash_in_cnn_extraction_resumes_to_the_same_content(tmp_path, monkeypat
     assert np.allclose(att[2], y.flatten(2).transpose(1, 2)[0].numpy(), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.integration
 def test_local_weights_file_is_used(tmp_path):
     images = make_images(tmp_path / "images")
     torch.manual_seed(123)
@@ -191,6 +196,7 @@ def test_local_weights_file_is_used(tmp_path):
     assert not (tmp_path / "w34").exists()
 
 
+@pytest.mark.unit
 def test_other_torchvision_families_have_a_conv_trunk():
     for name, dim in (("mobilenet_v3_small", 576), ("squeezenet1_1", 512)):
         bb = build_backbone(name, att_size=3, image_size=64, pretrained=False)
@@ -223,6 +229,7 @@ def _check_imported(art, regions, fcs=None):
     assert art.manifest["files"]["features.h5"]["hash_of"] == "h5rows:fc,att,att_len,image_ids;block=3"
 
 
+@pytest.mark.integration
 def test_import_folder_of_bottom_up_npz(tmp_path):
     regions = _regions(0)
     src = tmp_path / "bu"
@@ -234,6 +241,7 @@ def test_import_folder_of_bottom_up_npz(tmp_path):
     assert art.config["backbone"] == "imported" and art.config["images_root"] is None
 
 
+@pytest.mark.integration
 def test_import_reads_no_image_so_it_needs_no_device_and_no_workers(tmp_path):
     """Imported features decode no photo: --device is not used (a GPU named on a machine without one
     is no error here) and no image-reading workers are started or recorded."""
@@ -248,6 +256,7 @@ def test_import_reads_no_image_so_it_needs_no_device_and_no_workers(tmp_path):
     assert art.config["workers"] == 0 and art.config["device"] == "cuda"
 
 
+@pytest.mark.integration
 def test_import_att_and_fc_subfolders_of_npy(tmp_path):
     regions, fcs = _regions(1), {i: np.full(6, float(i), np.float32) for i in IDS}
     (tmp_path / "src" / "cocobu_att").mkdir(parents=True)
@@ -260,6 +269,7 @@ def test_import_att_and_fc_subfolders_of_npy(tmp_path):
     _check_imported(art, regions, fcs)
 
 
+@pytest.mark.integration
 def test_import_hdf5_per_id_and_arrays(tmp_path):
     regions = _regions(2)
     with h5py.File(tmp_path / "per_id.h5", "w") as f:
@@ -277,6 +287,7 @@ def test_import_hdf5_per_id_and_arrays(tmp_path):
             assert np.array_equal(a[k][:], b[k][:]), k
 
 
+@pytest.mark.integration
 def test_import_missing_image_is_refused_before_writing(tmp_path):
     src = tmp_path / "bu"
     src.mkdir()

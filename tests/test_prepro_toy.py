@@ -34,6 +34,7 @@ def default_toy(tmp_path_factory):
     return cwd, made, listed
 
 
+@pytest.mark.integration
 def test_subprocess_prepro_toy_then_ls_in_an_empty_folder(default_toy):
     cwd, made, listed = default_toy
     assert made.returncode == 0, made.stderr
@@ -44,6 +45,7 @@ def test_subprocess_prepro_toy_then_ls_in_an_empty_folder(default_toy):
     assert "data/toy-v1" in listed.stdout and "images=3000" in listed.stdout
 
 
+@pytest.mark.integration
 def test_default_toy_files_have_the_documented_shapes(default_toy):
     path = default_toy[0] / "runs" / "data" / "toy-v1"
     art = read_artifact(path, "rdpp.data")
@@ -80,6 +82,7 @@ def test_default_toy_files_have_the_documented_shapes(default_toy):
     assert data.decode(data.references_ids([0])[0][0]) == data.references_raw([0])[0][0]
 
 
+@pytest.mark.integration
 def test_versions_in_workspace_and_ls_shows_both(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RDPP_WORKSPACE", raising=False)
@@ -106,6 +109,7 @@ def test_versions_in_workspace_and_ls_shows_both(tmp_path, monkeypatch):
     assert a3.manifest["files"]["features.h5"]["sha256"] != a1.manifest["files"]["features.h5"]["sha256"]
 
 
+@pytest.mark.integration
 def test_out_dir_and_config_file(tmp_path):
     cfg = tmp_path / "toy.yaml"
     cfg.write_text("images: 30\nseed: 3\n")
@@ -195,6 +199,7 @@ def _check(template, tokens, shapes):
         raise AssertionError(template)
 
 
+@pytest.mark.integration
 def test_references_are_correct_and_genuinely_different(default_toy):
     source = default_toy[0] / "runs" / "data" / "toy-v1" / "source" / "dataset_toy.json"
     data = json.loads(source.read_text())
@@ -217,6 +222,7 @@ def test_references_are_correct_and_genuinely_different(default_toy):
     assert min(counts.values()) > 900  # 1, 2 and 3 shapes about equally often
 
 
+@pytest.mark.unit
 def test_the_checker_rejects_wrong_descriptions():
     shapes = [{"kind": "circle", "colour": "red", "size": "small", "row": 0, "col": 0},
               {"kind": "square", "colour": "blue", "size": "large", "row": 2, "col": 0}]
@@ -250,6 +256,7 @@ def _ridge_probe(x, ys, train, test, lam=10.0):
     return accs
 
 
+@pytest.mark.integration
 def test_linear_probe_on_features_predicts_caption_attributes(default_toy):
     path = default_toy[0] / "runs" / "data" / "toy-v1"
     images = json.loads((path / "source" / "dataset_toy.json").read_text())["images"]

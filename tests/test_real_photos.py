@@ -15,7 +15,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import torchvision
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -25,6 +24,8 @@ from rdpp_cli.data.backbones import build_backbone
 from rdpp_cli.data.karpathy import load_karpathy, tokenize
 from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.errors import RdppError
+
+from helpers import headless_mobilenet
 
 REAL6 = Path(__file__).parent / "data" / "coco-real-6"
 REAL6_JSON = REAL6 / "dataset_coco6.json"
@@ -41,21 +42,6 @@ runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def headless_mobilenet(path: Path) -> Path:
-    """A random-init MobileNetV2 saved without its classifier, like ../shared's ImageNet trunk; its
-    batch-norm statistics are set on noise (at the initial ones, activations vanish in eval mode)."""
-    torch.manual_seed(0)
-    net = torchvision.models.mobilenet_v2(weights=None)
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.momentum = None  # a plain average over the batches seen
-    with torch.no_grad():
-        net.train()(torch.rand(8, 3, 64, 64))
-    state = net.state_dict()
-    torch.save({k: v for k, v in state.items() if not k.startswith("classifier.")}, path)
-    return path
-
-
 def copy_set(root: Path) -> tuple[Path, Path]:
     """A writable copy of coco-real-6: (json, images root)."""
     shutil.copytree(REAL6 / "images", root / "images")
@@ -65,6 +51,7 @@ def copy_set(root: Path) -> tuple[Path, Path]:
 
 # ---- the photos as they are ------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_real_jpegs_make_a_data_artifact_with_headless_weights(tmp_path):
     weights = headless_mobilenet(tmp_path / "mnv2-features.pth")
     art = prepro_coco(REAL6_JSON, REAL6 / "images", tmp_path / "art", backbone="mobilenet_v2", weights=weights,
@@ -90,6 +77,7 @@ def test_real_jpegs_make_a_data_artifact_with_headless_weights(tmp_path):
     assert 0 <= s["clipped"] < 1
 
 
+@pytest.mark.integration
 def test_weights_missing_a_trunk_key_are_refused_before_writing(tmp_path):
     state = torch.load(headless_mobilenet(tmp_path / "w.pth"), weights_only=True)
     del state["features.3.conv.1.0.weight"]
@@ -100,6 +88,7 @@ def test_weights_missing_a_trunk_key_are_refused_before_writing(tmp_path):
     assert not (tmp_path / "art").exists()
 
 
+@pytest.mark.unit
 def test_karpathy_tokens_are_the_raw_sentences_tokenized():
     """Karpathy's tokens split at apostrophes and hyphens; a caption given only as raw text must be
     tokenized the same way."""
@@ -108,6 +97,7 @@ def test_karpathy_tokens_are_the_raw_sentences_tokenized():
             assert tokenize(s["raw"]) == s["tokens"], s["raw"]
 
 
+@pytest.mark.unit
 @need_390
 def test_karpathy_tokens_are_the_raw_sentences_tokenized_on_all_390_photos():
     data = json.loads((REAL390 / "dataset_coco390.json").read_text())
@@ -117,6 +107,7 @@ def test_karpathy_tokens_are_the_raw_sentences_tokenized_on_all_390_photos():
     assert [tokenize(s["raw"]) for s in sents] == [s["tokens"] for s in sents]
 
 
+@pytest.mark.integration
 def test_default_workers_fit_the_cores_and_torch_does_not_warn(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert F.default_workers("cuda") == 1
@@ -133,6 +124,7 @@ def test_default_workers_fit_the_cores_and_torch_does_not_warn(tmp_path, monkeyp
     assert (F.default_workers("cuda"), F.default_workers("cpu")) == (0, 0)
 
 
+@pytest.mark.unit
 def test_cpu_extraction_feeds_a_cnn_one_channels_last_image_at_a_time_with_the_same_features():
     """On a CPU a CNN's activations for one image fit the caches and a batch's do not (MobileNetV2 at
     448 px: ~18 ms an image one at a time in channels-last, 60-110 ms in batches of 8;
@@ -175,6 +167,7 @@ def _jpeg(im: Image.Image, path: Path, **kw) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_exif_rotated_phone_photo_is_read_upright(tmp_path):
     """A phone stores the pixels sideways and EXIF orientation 6 ("rotate 90° clockwise to view")."""
     upright = Image.open(PORTRAIT).convert("RGB")
@@ -190,6 +183,7 @@ def test_exif_rotated_phone_photo_is_read_upright(tmp_path):
     assert np.abs(stored.transpose(2, 0, 1) - want).mean() > 0.05
 
 
+@pytest.mark.unit
 def test_greyscale_cmyk_and_other_modes_become_the_same_rgb(tmp_path):
     rgb = Image.open(LANDSCAPE).convert("RGB")
     want = _read(_jpeg(rgb, tmp_path / "rgb.jpg"))
@@ -216,6 +210,7 @@ def test_greyscale_cmyk_and_other_modes_become_the_same_rgb(tmp_path):
     assert _read(tmp_path / "pal.png").shape == (3, 96, 96)
 
 
+@pytest.mark.unit
 def test_any_size_and_aspect_ratio(tmp_path):
     src = Image.open(LANDSCAPE).convert("RGB")
     for w, h in ((1, 1), (3, 500), (2000, 7), (33, 31)):
@@ -224,6 +219,7 @@ def test_any_size_and_aspect_ratio(tmp_path):
         assert x.shape == (3, 64, 64) and x.dtype == np.float32 and 0 <= x.min() <= x.max() <= 1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("damage", ["truncated", "empty", "text"])
 def test_broken_photo_is_one_line_naming_it_and_nothing_is_written(tmp_path, damage):
     js, images = copy_set(tmp_path)
@@ -241,6 +237,7 @@ def test_broken_photo_is_one_line_naming_it_and_nothing_is_written(tmp_path, dam
     assert not ws.exists() or not any(p.is_file() for p in ws.rglob("*"))
 
 
+@pytest.mark.unit
 def test_a_jpeg_with_bytes_after_its_end_marker_is_fine(tmp_path):
     """Some cameras append data after the JPEG's end: not mistaken for a truncated file."""
     p = tmp_path / "tail.jpg"
@@ -251,6 +248,7 @@ def test_a_jpeg_with_bytes_after_its_end_marker_is_fine(tmp_path):
 
 # ---- the 390 photos and the real ImageNet trunk (CI) ---------------------------------------------------
 
+@pytest.mark.unit
 @need_390
 @pytest.mark.skipif(not MOBILENET.is_file(), reason=f"MobileNetV2 ImageNet trunk not here ({MOBILENET})")
 def test_imagenet_trunk_on_real_photos_gives_distinct_informative_features(tmp_path):
@@ -272,6 +270,7 @@ def test_imagenet_trunk_on_real_photos_gives_distinct_informative_features(tmp_p
     assert sim[2, 3] > max(sim[2, :2].max(), sim[3, :2].max())
 
 
+@pytest.mark.integration
 def test_rdpp_ls_shows_the_vocabulary_unk_rate_and_clipping(tmp_path):
     ws = tmp_path / "runs"
     prepro_coco(REAL6_JSON, REAL6 / "images", workspace=ws, backbone="pixstats", att_size=2, image_size=16,
@@ -283,6 +282,7 @@ def test_rdpp_ls_shows_the_vocabulary_unk_rate_and_clipping(tmp_path):
         assert field in row, row
 
 
+@pytest.mark.integration
 def test_a_relative_weights_path_is_recorded_so_caption_finds_it_from_any_folder(tmp_path, monkeypatch):
     """`rdpp prepro coco --weights ../shared/weights/x.pth` then `rdpp caption` from another folder."""
     from rdpp_cli.captioning.caption import backbone_of

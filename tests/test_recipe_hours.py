@@ -3,13 +3,16 @@ Arithmetic only: hand-computed cases, no timing."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import recipe_hours as R  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "recipe_hours", Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_hours.py")
+R = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(R)
+pytestmark = pytest.mark.unit
 
 
 def _row(stage, batch, prec, cache, workers, ips):

@@ -13,6 +13,8 @@ from rdpp_cli.training.rewards import (
     subtract_mean,
 )
 
+pytestmark = pytest.mark.unit
+
 f64 = torch.float64
 
 

@@ -1,4 +1,4 @@
-"""The RL objective is the published one (issue 16): the end token in the training CIDEr-D and its
+"""The RL objective is the published one (docs/rewards.md): the end token in the training CIDEr-D and its
 document frequencies, the published kernel direction, on-policy samples, no loss on a forced EOS,
 outdated data refused, and the paper preset.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -33,15 +32,17 @@ from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import TrainCider, with_eos
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.training.finetune import PRESETS, RewardStep, finetune
+from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.loop import greedy_cider
+from rdpp_cli.training.options import FINETUNE_PRESETS as PRESETS
 from rdpp_cli.training.rewards import dpp_weights, sampled_mask
 from rdpp_cli.training.xe import train_xe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import att2in_for, tiny_workspace, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN = 6
 
 CAPTIONS = {  # Karpathy tokens; several are longer than MAX_LEN (clipped in captions.h5, not in the df)
@@ -167,6 +168,7 @@ def ids(data: DataArtifact, sentence: str, T: int = MAX_LEN) -> np.ndarray:
 
 # -- 1. the end token: df, q, S, weights --------------------------------------------------------------
 
+@pytest.mark.integration
 def test_cider_df_counts_the_end_token_of_every_unclipped_reference(data):
     want, num_docs = published_df(data)
     df = DocFreq.from_h5(data.cider_df_path)
@@ -184,6 +186,7 @@ def test_cider_df_counts_the_end_token_of_every_unclipped_reference(data):
         assert int(f.attrs["eos_id"]) == eos
 
 
+@pytest.mark.integration
 def test_q_kernel_and_weights_equal_the_published_code(data):
     img = data.split_indices("train")[:2]  # images 1 and 2
     refs = data.references_ids(img)
@@ -217,6 +220,7 @@ def test_q_kernel_and_weights_equal_the_published_code(data):
     assert abs(hyp_i[0] - hyp_j[0]) > 1e-3  # the two directions differ on this pair
 
 
+@pytest.mark.integration
 def test_a_caption_at_the_length_limit_is_scored_without_an_end_token(data):
     eos = data.vocab_size + 1
     cut = ids(data, "a man riding a horse on")  # MAX_LEN words: cut by the limit, no EOS
@@ -229,16 +233,17 @@ def test_a_caption_at_the_length_limit_is_scored_without_an_end_token(data):
     assert (refs[1] == eos).sum() == 1  # "a man on a horse" ended
 
 
+@pytest.mark.integration
 def test_validation_scores_the_greedy_caption_with_the_end_token(data):
     model = Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                                fc_feat_size=8, att_feat_size=8, seq_length=MAX_LEN))
+                                att_feat_size=8, seq_length=MAX_LEN))
     val = data.split_indices("val")
     got = greedy_cider(model, data, val)["val_cider"]
     from rdpp_cli.decoding.decode import DecodeConfig, decode
 
-    fc, att, mask = data.features(val)
+    _, att, mask = data.features(val)
     model.eval()
-    hyps = decode(model, fc, att, DecodeConfig(method="greedy", max_len=MAX_LEN)).tokens[:, 0].numpy()
+    hyps = decode(model, att, DecodeConfig(method="greedy", max_len=MAX_LEN)).tokens[:, 0].numpy()
     q_pub, _, _ = published_reward(data, hyps[:, None, :], data.references_ids(val))
     assert got == pytest.approx(float(q_pub.sum()), abs=1e-12)
 
@@ -252,14 +257,14 @@ def tiny(tmp_path_factory):
 
 def _policy(tiny: DataArtifact, dropout: float = 0.5) -> Att2in:
     torch.manual_seed(0)
-    return Att2in(Att2inConfig(vocab_size=tiny.vocab_size, input_encoding_size=24, rnn_size=24, att_hid_size=24,
-                               fc_feat_size=16, att_feat_size=16, drop_prob_lm=dropout, seq_length=8))
+    return att2in_for(tiny, 24, dropout)
 
 
 def _batch(tiny: DataArtifact):
     return next(iter(CaptionBatches(tiny, "train", batch_size=6, seq_per_img=1, seed=0).epoch(0))).to("cpu")
 
 
+@pytest.mark.unit
 def test_the_loss_uses_the_log_probs_the_captions_were_drawn_with(tiny):
     model = _policy(tiny, dropout=0.5).train()
     batch = _batch(tiny)
@@ -272,13 +277,14 @@ def test_the_loss_uses_the_log_probs_the_captions_were_drawn_with(tiny):
     assert on.sum() > 40
     assert torch.allclose(token_logp[on], drawn[on], atol=1e-5, rtol=0)
     # the same captions scored with fresh dropout (what rdpp did before) are far from it
-    fresh, _ = model.token_logprobs(batch.fc, batch.att, d.samples)
+    fresh, _ = model.token_logprobs(batch.att, d.samples)
     assert (fresh[on] - drawn[on]).abs().max() > 0.5
     # the same step twice draws the same captions (the masks come from the step's seeded generator)
     again = step.sample(model, batch)
     assert torch.equal(again.samples, d.samples) and torch.equal(again.drop.embed, d.drop.embed)
 
 
+@pytest.mark.unit
 def test_off_policy_sampling_stays_an_option(tiny):
     model = _policy(tiny, dropout=0.5).train()
     step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward="scst", m=3, max_len=8, sample_mode="eval")
@@ -286,6 +292,7 @@ def test_off_policy_sampling_stays_an_option(tiny):
     assert d.drop is None and model.training  # sampled in eval mode, mode restored
 
 
+@pytest.mark.unit
 def test_the_forced_end_token_is_not_in_the_policy_gradient(tiny):
     model = _policy(tiny, dropout=0.5).train()
     batch = _batch(tiny)
@@ -304,6 +311,7 @@ def test_the_forced_end_token_is_not_in_the_policy_gradient(tiny):
     assert torch.equal(sampled_mask(m[:, :3], torch.tensor([2, 2]), 3), m[:, :3])
 
 
+@pytest.mark.unit
 def test_on_policy_score_function_has_mean_zero(tiny):
     """E[grad log p(c)] = 0 under the distribution c is drawn from: the mean over many on-policy
     samples is within noise of 0, while eval-mode samples scored with fresh dropout are biased."""
@@ -335,12 +343,10 @@ def test_on_policy_score_function_has_mean_zero(tiny):
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("ws")
-    data = write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
-    train_xe(data, workspace=ws, preset="small", epochs=1, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
-    return ws
+    return tiny_workspace(tmp_path_factory.mktemp("ws"), xe_epochs=1)
 
 
+@pytest.mark.integration
 def test_a_data_artifact_made_before_the_end_token_is_refused(tmp_path):
     data = write_tiny_data(tmp_path / "data" / "old-v1", n_train=16, n_val=6, n_test=2)
     man = data / "manifest.json"
@@ -355,6 +361,7 @@ def test_a_data_artifact_made_before_the_end_token_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_the_paper_preset(ws, tmp_path):
     assert PRESETS["paper"] == {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15,
                                 "lr_decay_rate": 0.8}

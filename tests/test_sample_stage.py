@@ -18,8 +18,8 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     ds = DataArtifact(data)
     torch.manual_seed(seed)
     vocab = vocab or ds.words
-    net = Att2in(config_from_preset("small", vocab_size=len(vocab), fc_feat_size=ds.fc_dim,
-                                    att_feat_size=ds.att_dim, seq_length=ds.seq_length, rnn_size=32,
+    net = Att2in(config_from_preset("small", vocab_size=len(vocab), att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
                                     input_encoding_size=32, att_hid_size=32))
     cfg = {"stage": "xe", "seed": seed, "vocab": len(vocab)}
     out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
@@ -29,7 +29,7 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     return art
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +140,14 @@ def test_recorded_logprobs_are_the_models_and_summary_counts_distinct(ws, tmp_pa
     ids = {w: i + 1 for i, w in enumerate(vocab)}
     row_of = {int(iid): k for k, iid in enumerate(ds.image_ids)}
     idx = [row_of[rec["image_id"]] for rec in recs]
-    fc, att, mask = ds.features(idx)
+    _, att, mask = ds.features(idx)
     seqs = torch.zeros(6, 5, ds.seq_length, dtype=torch.long)
     for b, rec in enumerate(recs):
         for j, cap in enumerate(rec["captions"]):
             words = cap.split()
             seqs[b, j, :len(words)] = torch.tensor([ids[w] for w in words], dtype=torch.long)
     with torch.no_grad():
-        tok, _ = sequence_logprobs(net(fc, att, seqs, att_mask=mask), seqs)
+        tok, _ = sequence_logprobs(net(att, seqs, att_mask=mask), seqs)
     want = tok.sum(1).view(6, 5)
     got = torch.tensor([rec["logprobs"] for rec in recs])
     assert torch.allclose(got, want, atol=1e-4)

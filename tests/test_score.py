@@ -3,40 +3,27 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from rdpp_cli.artifacts import read_artifact, write_manifest
-from rdpp_cli.cli.app import app
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.scoring.plot import plot_scores
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cider_reference as ref  # noqa: E402
+import cider_reference as ref
+from helpers import error_line, rdpp
+
+pytestmark = pytest.mark.integration
+
 
 DATA = Path(__file__).parent / "data" / "coco-val2014-1k"
 README = {"Bleu_1": 0.579400, "Bleu_2": 0.404391, "Bleu_3": 0.278536, "Bleu_4": 0.190829,
           "METEOR": 0.195255, "ROUGE_L": 0.396253, "CIDEr": 0.599791}
 FAST = "Bleu_1,Bleu_4,ROUGE_L,CIDEr"  # no METEOR: its JVM takes seconds to start
-runner = CliRunner()
-
-
-def rdpp(*args, env=None):
-    return runner.invoke(app, [str(a) for a in args], env=env)
-
-
-def error_line(result) -> str:
-    """The error is one line, and the last thing printed (after any 'using ...' info lines)."""
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    errors = [k for k, ln in enumerate(lines) if ln.startswith("error:")]
-    assert errors == [len(lines) - 1], result.output
-    return lines[-1]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ VAL2017 = SHARED / "data" / "coco-real-390" / "captions_val2017.json"
 METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 NO_METEOR = tuple(m for m in METRICS if m != "METEOR")  # METEOR's JVM takes many seconds to start
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("RDPP_JAVA"),
-                                reason="java is needed by the PTB tokenizer and METEOR")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("RDPP_JAVA"),
+                                 reason="java is needed by the PTB tokenizer and METEOR")]
 
 
 def results_from_other_images(annotations: dict, image_ids: list[int]) -> list[dict]:

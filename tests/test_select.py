@@ -13,7 +13,6 @@ from rdpp_cli.decoding.select import (
     _cider_terms,
     first_occurrence,
     greedy_map,
-    log_det,
     logprob_quality,
     rank_distinct,
     select,
@@ -21,11 +20,20 @@ from rdpp_cli.decoding.select import (
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import TrainCider
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
 
 def _t(rows):
     return torch.tensor(rows, dtype=torch.float64)
+
+
+def log_det(L: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``log det L_Y`` (B,) of the subsets ``idx`` (B, k) of kernels L (B, C, C), by
+    ``torch.linalg.slogdet`` (-inf where the determinant is not positive)."""
+    sub = L.to(torch.float64).gather(1, idx.unsqueeze(-1).expand(-1, -1, L.shape[-1]))
+    sub = sub.gather(2, idx.unsqueeze(1).expand(-1, idx.shape[1], -1))
+    sign, ld = torch.linalg.slogdet(sub)
+    return torch.where(sign > 0, ld, torch.full_like(ld, float("-inf")))
 
 
 def _brute(L: torch.Tensor, k: int) -> float:

@@ -6,15 +6,16 @@ import os
 import subprocess
 import sys
 
-from pathlib import Path
 
 import pytest
 
 from rdpp_cli.artifacts import list_artifacts
 from rdpp_cli.data.toy import generate_toy
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cider_reference  # noqa: E402
+import cider_reference
+
+pytestmark = pytest.mark.integration
+
 
 TOUR = [
     "rdpp prepro coco",

@@ -21,12 +21,13 @@ from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.models.checkpoint import save_checkpoint
-from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import most_frequent_caption, train_xe, xe_loss
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cider_reference  # noqa: E402
-from test_loader import write_tiny_data  # noqa: E402
+import cider_reference
+from helpers import Crash, att2in_for, state_dict, write_tiny_data
+
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 
@@ -34,33 +35,20 @@ os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-class Crash(Exception):
-    pass
-
-
-def _tiny_model(data: DataArtifact, dropout: float = 0.0, size: int = 32) -> Att2in:
-    return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=size, rnn_size=size,
-                               att_hid_size=size, fc_feat_size=data.fc_dim, att_feat_size=data.att_dim,
-                               drop_prob_lm=dropout, seq_length=data.seq_length))
-
-
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)["state_dict"]
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     return write_tiny_data(tmp_path_factory.mktemp("ws") / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
 
 
+@pytest.mark.integration
 def test_tiny_model_overfits_four_images(tmp_path):
     # one caption per image (repeated 5 times), so the optimum loss is 0
     d = DataArtifact.open(write_tiny_data(tmp_path / "four", n_train=4, n_val=2, n_test=0, templates=["a {c} {s}"]))
     torch.manual_seed(0)
-    model = _tiny_model(d)
-    cfg = TrainConfig(epochs=60, batch_size=2, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
-    art = run_training(stage="xe", model=model, data=d, out_dir=tmp_path / "out", cfg=cfg, step_fn=xe_loss,
-                       inputs=[d.artifact], manifest_config={})
+    model = att2in_for(d)
+    cfg = TrainLoopOptions(epochs=60, batch_size=2, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
+    art = TrainingRecipe(stage="xe", model=model, data=d, out_dir=tmp_path / "out", opts=cfg, step_fn=xe_loss,
+                         inputs=[d.artifact], manifest_config={}).run()
     m = pd.read_csv(art.path / "metrics.csv")
     assert len(m) == 60 and m["step"].iloc[-1] == 120
     assert m["loss"].iloc[0] > 2.0  # log(vocab) at the start
@@ -70,11 +58,12 @@ def test_tiny_model_overfits_four_images(tmp_path):
 
     model.eval()
     idx = d.split_indices("train")
-    fc, att, mask = d.features(idx)
-    got = decode(model, fc, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]
+    _, att, mask = d.features(idx)
+    got = decode(model, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]
     assert [d.decode(t) for t in got] == [d.references_raw([i])[0][0] for i in idx]
 
 
+@pytest.mark.integration
 def test_resume_after_a_crash_equals_an_uninterrupted_run(data_dir, tmp_path):
     kw = dict(preset="small", epochs=2, batch_size=6, save_every_steps=2, val_images=3, device="cpu", seed=5)
     # 16 images / 6 = 3 steps per epoch; dropout 0.3 in the small preset, so the RNG state matters
@@ -97,7 +86,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(data_dir, tmp_path):
     resumed = train_xe(data_dir, workspace=ws, **kw)
     assert resumed.path == partial and not (ws / "xe" / "att2in-small-v2").exists()
 
-    a, b = _weights(ref.path / "checkpoints" / "last.pt"), _weights(resumed.path / "checkpoints" / "last.pt")
+    a, b = state_dict(ref.path / "checkpoints" / "last.pt"), state_dict(resumed.path / "checkpoints" / "last.pt")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -110,7 +99,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(data_dir, tmp_path):
     with pytest.raises(Crash):
         train_xe(data_dir, workspace=ws, after_step=crash_at(4), **{**kw, "save_every_steps": 0})
     again = train_xe(data_dir, workspace=ws, **{**kw, "save_every_steps": 0})
-    c = _weights(again.path / "checkpoints" / "last.pt")
+    c = state_dict(again.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], c[k]) for k in a)
 
     # --no-resume starts the unfinished run over in the same folder (and ends where ref ends)
@@ -119,10 +108,11 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(data_dir, tmp_path):
     fresh = train_xe(data_dir, workspace=ws, resume=False, **kw)
     assert fresh.path == ws / "xe" / "att2in-small-v3"
     assert list(pd.read_csv(fresh.path / "metrics.csv")["step"]) == [3, 6]
-    f = _weights(fresh.path / "checkpoints" / "last.pt")
+    f = state_dict(fresh.path / "checkpoints" / "last.pt")
     assert all(torch.equal(a[k], f[k]) for k in a)
 
 
+@pytest.mark.integration
 def test_model_artifact_contents(data_dir, tmp_path):
     art = train_xe(data_dir, out=tmp_path / "m", preset="small", epochs=3, batch_size=8, val_images=4,
                    lr=2e-3, device="cpu", seed=1)
@@ -171,6 +161,7 @@ def test_model_artifact_contents(data_dir, tmp_path):
     assert man["summary"]["baseline_cider"] == pytest.approx(want, abs=1e-9) and want > 0.1
 
 
+@pytest.mark.integration
 def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_path):
     art = train_xe(data_dir, out=tmp_path / "m", preset="small", epochs=1, batch_size=8, val_images=2,
                    lr=2e-3, device="cpu", seed=2)
@@ -180,8 +171,8 @@ def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_p
         "from rdpp_cli.models.checkpoint import load_model\n"
         "from rdpp_cli.decoding.decode import DecodeConfig, decode\n"
         "d = DataArtifact.open(sys.argv[1]); m, vocab, _ = load_model(sys.argv[2])\n"
-        "idx = d.split_indices('val'); fc, att, mask = d.features(idx)\n"
-        "t = decode(m, fc, att, DecodeConfig(method='greedy', max_len=d.seq_length)).tokens[:, 0]\n"
+        "idx = d.split_indices('val'); _, att, mask = d.features(idx)\n"
+        "t = decode(m, att, DecodeConfig(method='greedy', max_len=d.seq_length)).tokens[:, 0]\n"
         "print(json.dumps([d.decode(r) for r in t]))\n"
     )
     out = subprocess.run([sys.executable, "-c", script, str(data_dir), str(art.path / "checkpoints" / "best.pt")],
@@ -194,11 +185,12 @@ def test_checkpoint_decodes_the_same_captions_in_a_fresh_process(data_dir, tmp_p
     d = DataArtifact.open(data_dir)
     model, _, _ = load_model(art.path / "checkpoints" / "best.pt")
     idx = d.split_indices("val")
-    fc, att, _ = d.features(idx)
-    here = [d.decode(r) for r in decode(model, fc, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]]
+    _, att, _ = d.features(idx)
+    here = [d.decode(r) for r in decode(model, att, DecodeConfig(method="greedy", max_len=d.seq_length)).tokens[:, 0]]
     assert fresh == here and len(here) == 6 and all(here)
 
 
+@pytest.mark.unit
 def test_trivial_baseline_caption_is_the_most_frequent(tmp_path):
     # image 3 (yellow circle) gets two more copies of "a yellow circle"; image 15 is also a yellow
     # circle, so that caption occurs 4 times among the training references, every other at most 2
@@ -215,6 +207,7 @@ def _cli(*args):
     return runner.invoke(app, ["train-xe", *map(str, args)])
 
 
+@pytest.mark.integration
 def test_not_a_data_artifact(tmp_path):
     folder = tmp_path / "notdata"
     folder.mkdir()
@@ -226,6 +219,7 @@ def test_not_a_data_artifact(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_a_model_artifact_given_as_data(data_dir, tmp_path):
     art = train_xe(data_dir, out=tmp_path / "m", preset="small", epochs=1, batch_size=16, val_images=0, device="cpu")
     r = _cli("--data", art.path, "--out", tmp_path / "o", "--device", "cpu")
@@ -233,10 +227,11 @@ def test_a_model_artifact_given_as_data(data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_init_from_a_checkpoint_of_another_vocabulary(data_dir, tmp_path):
     d = DataArtifact.open(data_dir)
     other = Att2in(Att2inConfig(vocab_size=5, rnn_size=8, att_hid_size=8, input_encoding_size=8,
-                                fc_feat_size=d.fc_dim, att_feat_size=d.att_dim))
+                                att_feat_size=d.att_dim))
     save_checkpoint(tmp_path / "other.pt", other, ["w1", "w2", "w3", "w4", "UNK"])
     r = _cli("--data", data_dir, "--init-from", tmp_path / "other.pt", "--out", tmp_path / "o", "--device", "cpu")
     assert r.exit_code == 2
@@ -244,17 +239,19 @@ def test_init_from_a_checkpoint_of_another_vocabulary(data_dir, tmp_path):
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_init_from_a_model_with_the_same_vocabulary_starts_from_its_weights(data_dir, tmp_path):
     base = train_xe(data_dir, out=tmp_path / "a", preset="small", epochs=1, batch_size=16, val_images=0,
                     device="cpu", seed=3)
     r = _cli("--data", data_dir, "--init-from", base.path, "--out", tmp_path / "b", "--device", "cpu",
              "--epochs", "1", "--batch-size", "16", "--val-images", "0", "--lr", "1e-12", "--seed", "4")
     assert r.exit_code == 0, r.output
-    a, b = _weights(base.path / "checkpoints" / "best.pt"), _weights(tmp_path / "b" / "checkpoints" / "best.pt")
+    a, b = state_dict(base.path / "checkpoints" / "best.pt"), state_dict(tmp_path / "b" / "checkpoints" / "best.pt")
     assert all(torch.allclose(a[k], b[k], atol=1e-8) for k in a)  # lr 1e-12: one step barely moves them
     assert json.loads((tmp_path / "b" / "manifest.json").read_text())["config"]["init_from"].endswith("best.pt")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_device_cuda_without_a_gpu(data_dir, tmp_path):
     r = _cli("--data", data_dir, "--out", tmp_path / "o", "--device", "cuda")
@@ -263,6 +260,7 @@ def test_device_cuda_without_a_gpu(data_dir, tmp_path):
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_bad_options_are_refused_before_anything_is_written(data_dir, tmp_path):
     r = _cli("--data", data_dir, "--out", tmp_path / "o", "--device", "cpu", "--preset", "huge")
     assert r.exit_code == 2 and "--preset 'huge' is not a preset" in r.output
@@ -271,6 +269,7 @@ def test_bad_options_are_refused_before_anything_is_written(data_dir, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_cli_writes_a_versioned_artifact_in_the_workspace(data_dir, tmp_path):
     ws = tmp_path / "ws"
     (ws / "data").mkdir(parents=True)
@@ -292,10 +291,11 @@ def test_cli_writes_a_versioned_artifact_in_the_workspace(data_dir, tmp_path):
     assert (c["epochs"], c["batch_size"], c["val_images"], c["lr"], c["preset"]) == (1, 16, 0, 0.001, "small")
 
 
+@pytest.mark.unit
 def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     d = DataArtifact.open(data_dir)
     torch.manual_seed(0)
-    model = _tiny_model(d).eval()
+    model = att2in_for(d).eval()
     from rdpp_cli.data.loader import CaptionBatches
 
     batch = CaptionBatches(d, batch_size=3, seed=0).load(0, 0).to("cpu")  # float32 features
@@ -303,7 +303,7 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
     labels[0, 0, 2:] = 0  # a 2-word caption: 3 tokens count (2 words + EOS)
     batch.labels = labels
     with torch.no_grad():
-        logp = model(batch.fc, batch.att, labels)  # (15, L+1, V+1)
+        logp = model(batch.att, labels)  # (15, L+1, V+1)
     total, count = 0.0, 0
     for n, seq in enumerate(labels.reshape(-1, labels.shape[-1]).tolist()):
         words = [w for w in seq if w] if 0 not in seq else seq[:seq.index(0)]
@@ -315,6 +315,7 @@ def test_xe_loss_is_the_mean_token_nll_with_the_eos_counted_once(data_dir):
         assert float(xe_loss(model, batch)) == pytest.approx(total / count, rel=1e-5)
 
 
+@pytest.mark.integration
 def test_data_without_val_images_needs_val_images_0(tmp_path):
     data = write_tiny_data(tmp_path / "noval", n_train=8, n_val=0, n_test=2)
     r = _cli("--data", data, "--out", tmp_path / "o", "--device", "cpu", "--preset", "small")

@@ -16,8 +16,10 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.checkpoint import load_model
 from rdpp_cli.training.loop import greedy_cider
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_loader import write_tiny_data  # noqa: E402
+from helpers import write_tiny_data
+
+pytestmark = pytest.mark.integration
+
 
 
 def test_two_process_gloo_run_writes_one_artifact(tmp_path):
@@ -64,23 +66,24 @@ import torch
 
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.training.loop import TrainConfig, run_training
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import xe_loss
 
 
 def xe_loss_float64(model, batch):
-    return xe_loss(model, replace(batch, fc=batch.fc.double(), att=batch.att.double()))
+    return xe_loss(model, replace(batch, att=batch.att.double()))
 
 
 def run(data, out):
     d = DataArtifact.open(data)
     torch.manual_seed(0)  # the same initial weights (DDP also broadcasts rank 0's)
     model = Att2in(Att2inConfig(vocab_size=d.vocab_size, input_encoding_size=16, rnn_size=16, att_hid_size=16,
-                                fc_feat_size=d.fc_dim, att_feat_size=d.att_dim, drop_prob_lm=0.0,
+                                att_feat_size=d.att_dim, drop_prob_lm=0.0,
                                 seq_length=d.seq_length)).double()
-    cfg = TrainConfig(epochs=2, batch_size=6, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
-    run_training(stage="xe", model=model, data=d, out_dir=Path(out), cfg=cfg, step_fn=xe_loss_float64,
-                 inputs=[d.artifact], manifest_config={})
+    cfg = TrainLoopOptions(epochs=2, batch_size=6, lr=1e-2, lr_decay_every=0, val_images=0, device="cpu", seed=0)
+    TrainingRecipe(stage="xe", model=model, data=d, out_dir=Path(out), opts=cfg, step_fn=xe_loss_float64,
+                   inputs=[d.artifact], manifest_config={}).run()
 
 
 if __name__ == "__main__":

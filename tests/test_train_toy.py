@@ -7,6 +7,8 @@ import os
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.integration
+
 os.environ["RDPP_NO_PROGRESS"] = "1"
 
 

@@ -29,6 +29,7 @@ def _make(ws, group="data", name="toy", kind="rdpp.data", config=None, inputs=()
     return art
 
 
+@pytest.mark.unit
 def test_versions_increase_and_never_overwrite(tmp_path):
     a = _make(tmp_path)
     b = _make(tmp_path)
@@ -39,6 +40,7 @@ def test_versions_increase_and_never_overwrite(tmp_path):
     assert not (a.path / ".rdpp-partial.json").exists()
 
 
+@pytest.mark.unit
 def test_unfinished_run_with_same_config_is_resumed_other_config_gets_new_version(tmp_path):
     p1 = prepare_output(None, workspace=tmp_path, group="xe", name="att2in", kind="rdpp.model", config={"lr": 1})
     (p1 / "partial.bin").write_bytes(b"123")
@@ -48,6 +50,7 @@ def test_unfinished_run_with_same_config_is_resumed_other_config_gets_new_versio
     assert other == tmp_path / "xe" / "att2in-v2"
 
 
+@pytest.mark.unit
 def test_explicit_out_refuses_existing_artifact_unless_force(tmp_path):
     a = _make(tmp_path)
     before = (a.path / "manifest.json").read_bytes()
@@ -60,6 +63,7 @@ def test_explicit_out_refuses_existing_artifact_unless_force(tmp_path):
     assert not (p / "x.txt").exists()  # the old files go too: they must not be hashed into the new one
 
 
+@pytest.mark.unit
 def test_explicit_out_refuses_unrelated_files(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
@@ -69,6 +73,7 @@ def test_explicit_out_refuses_unrelated_files(tmp_path):
     assert (out / "thesis.tex").read_text() == "precious"
 
 
+@pytest.mark.unit
 def test_resolve_input_prefers_groups_in_order_and_names(tmp_path):
     data = _make(tmp_path)
     xe = _make(tmp_path, group="xe", name="att2in", kind="rdpp.model", inputs=[data])
@@ -91,6 +96,7 @@ def test_resolve_input_prefers_groups_in_order_and_names(tmp_path):
                       make_with="x")
 
 
+@pytest.mark.unit
 def test_incomplete_artifact_is_never_listed_or_read(tmp_path):
     p = prepare_output(None, workspace=tmp_path, group="data", name="toy", kind="rdpp.data", config={})
     (p / "captions.h5").write_bytes(b"half")
@@ -99,6 +105,7 @@ def test_incomplete_artifact_is_never_listed_or_read(tmp_path):
         read_artifact(p)
 
 
+@pytest.mark.integration
 def test_ls_shows_versions_settings_and_lineage(tmp_path):
     data = _make(tmp_path, config={"source": "toy", "images": 30})
     _make(tmp_path, group="xe", name="att2in", kind="rdpp.model", config={"stage": "xe", "preset": "small"},
@@ -113,6 +120,7 @@ def test_ls_shows_versions_settings_and_lineage(tmp_path):
     assert "data/toy-v1" in row
 
 
+@pytest.mark.integration
 def test_ls_on_empty_workspace_says_what_to_run(tmp_path):
     result = CliRunner().invoke(app, ["ls", "--workspace", str(tmp_path / "none")])
     assert result.exit_code == 0
@@ -133,6 +141,7 @@ def demo_cmd(ctx: typer.Context, epochs: int = typer.Option(3), lr: float = type
     _seen.update(resolve_options(ctx, "demo_cmd"))
 
 
+@pytest.mark.integration
 def test_config_file_sets_options_and_flags_override(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("epochs: 7\nlr: 0.01\nout: some/dir\n")
@@ -145,6 +154,7 @@ def test_config_file_sets_options_and_flags_override(tmp_path):
     assert _seen["epochs"] == 9 and _seen["lr"] == 4e-4
 
 
+@pytest.mark.integration
 def test_workspace_rdpp_yaml_is_below_config_file(tmp_path):
     (tmp_path / "rdpp.yaml").write_text("demo_cmd:\n  epochs: 11\n  lr: 0.2\n")
     r = CliRunner().invoke(_cmd, ["--workspace", str(tmp_path)])
@@ -156,6 +166,7 @@ def test_workspace_rdpp_yaml_is_below_config_file(tmp_path):
     assert _seen["epochs"] == 5 and _seen["lr"] == 0.2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("content, match", [
     ("{not json", "could not be parsed"),
     ('{"epochz": 3}', "unknown option 'epochz'"),
@@ -172,6 +183,7 @@ def test_bad_config_is_one_clear_line(tmp_path, content, match):
         pytest.fail(r.output)
 
 
+@pytest.mark.unit
 def test_find_reusable_matches_settings_and_inputs(tmp_path):
     from rdpp_cli.artifacts import find_reusable
 

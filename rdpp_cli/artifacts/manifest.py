@@ -27,10 +27,12 @@ from rdpp_cli.errors import RdppError
 
 # The manifest schema each kind is written with, and the oldest schema this rdpp still reads. An
 # artifact older than that is refused with the command that remakes it (REMAKE); a newer one asks for
-# a newer rdpp. rdpp.data 2: cider_df.h5 counts the end token (EOS) of every training reference, as
-# the training reward does (docs/rewards.md); schema-1 data artifacts are still read (their references
-# score, their models sample) and refused by the stages that need the training reward
-# (rdpp_cli.metrics.train_cider).
+# a newer rdpp. The schemas change with the version (rdpp_cli.__version__, CHANGELOG.md): rdpp.data is
+# at schema 2 since rdpp 0.2.0, whose cider_df.h5 counts the end token (EOS) of every training
+# reference, as the training reward does (docs/rewards.md#the-end-token-in-the-training-reward);
+# schema-1 data artifacts (rdpp 0.1.0) are still read (their references score, their models sample)
+# and refused by the stages that need the training reward (rdpp_cli.metrics.train_cider). Every other
+# kind is at schema 1, as in rdpp 0.1.0.
 SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
 OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
 SCHEMA = 1  # kept for old imports; use SCHEMAS[kind]

@@ -185,7 +185,7 @@ def caption(
             take, rest = att[:DECODE_BATCH], att[DECODE_BATCH:]
             pending[:] = [rest] if len(rest) else []
             a = torch.from_numpy(take).to(dev)
-            d = decode(net, None, a, cfg, generator=gen)
+            d = decode(net, a, cfg, generator=gen)
             toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
             for b in range(len(take)):
                 k = len(records)

@@ -33,6 +33,7 @@ def thumbnail(path: Path, size: int = THUMB):
     from rdpp_cli.data.features import to_rgb
 
     with Image.open(path) as im:
+        im.load()  # a photo already within size×size is not resized below: read it before the file closes
         im = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
         im.thumbnail((size, size), Image.BILINEAR)
         return im

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from rdpp_cli import __version__
-from rdpp_cli.cli import caption, demo, finetune, ls, plot, prepro, sample, score, train_xe, verify
+from rdpp_cli.cli import caption, demo, finetune, ls, plot, prepro, sample, score, table, train_xe, verify
 
 app = typer.Typer(
     name="rdpp",
@@ -27,6 +27,7 @@ app.command("sample")(sample.command)
 app.command("score")(score.command)
 app.command("caption")(caption.command)
 app.command("plot")(plot.command)
+app.command("table")(table.command)
 app.command("demo")(demo.command)
 app.command("ls")(ls.command)
 app.command("verify")(verify.command)

@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
+from rdpp_cli.checks import DEFAULT_PRECISION
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
 
@@ -28,30 +29,10 @@ WorkspaceOpt = typer.Option(
 )
 ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
-PrecisionOpt = typer.Option(  # default: rdpp_cli.precision.DEFAULT_PRECISION (not imported: it loads torch)
-    "fp32", "--precision", help="The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards and "
+PrecisionOpt = typer.Option(
+    DEFAULT_PRECISION, "--precision", help="The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards and "
     "metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 on a GPU of compute capability 8.0+, "
     "and on a CPU where it measures at least 1.1x faster, timed once and cached in ~/.cache/rdpp; else fp32).")
-
-# The options `rdpp train-xe` and `rdpp finetune` share (the training loop's, DESIGN §6). Typer reads
-# options from each command's signature, so they are shared as default values, like ConfigOpt.
-GradClipOpt = typer.Option(0.1, "--grad-clip", help="Gradient clipping threshold (0 = off).")
-GradClipModeOpt = typer.Option(
-    "value", "--grad-clip-mode", help="value: clamp each gradient entry (self-critical.pytorch); norm: global L2.")
-LrDecayRateOpt = typer.Option(0.8, "--lr-decay-rate", help="LR decay factor.")
-ValImagesOpt = typer.Option(
-    None, "--val-images", help="Validate on the first N val images (default: all; 0 = no validation).")
-ValBatchSizeOpt = typer.Option(100, "--val-batch-size", help="Images per validation decoding batch.")
-SaveEveryStepsOpt = typer.Option(
-    0, "--save-every-steps", help="Also save last.pt and the resume state every K steps (0 = per epoch).")
-WorkersOpt = typer.Option(0, "--workers", help="Threads reading the next batches while a step runs (0: read in the loop; docs/data.md).")
-ResumeOpt = typer.Option(
-    True, "--resume/--no-resume", help="Continue an unfinished run with the same settings, or start it over.")
-BatchSizeOpt = typer.Option(50, "--batch-size", help="Images per optimizer step (all processes together).")
-
-
-def lr_decay_every_opt(default: int) -> Any:
-    return typer.Option(default, "--lr-decay-every", help="Multiply the LR by --lr-decay-rate every k epochs (0 = never).")
 
 
 def load_config_file(path: Path) -> dict:
@@ -186,7 +167,8 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
     from rdpp_cli.options import hints
 
     types = hints(cls)
-    fields = dataclasses.fields(cls)
+    # arguments first (an options class may inherit its options before declaring its argument)
+    fields = sorted(dataclasses.fields(cls), key=lambda f: not f.metadata.get("argument"))
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
     params += [_parameter(f, types[f.name]) for f in fields]
     alias = next((f for f in fields if f.metadata.get("from_alias")), None)

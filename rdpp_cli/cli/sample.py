@@ -32,9 +32,11 @@ def command(
     batch_size: int = typer.Option(50, "--batch-size", help="Images per decoding batch."),
     max_images: int = typer.Option(None, "--max-images", help="Only the first N images of the split."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampling generator."),
-    select: str = typer.Option(None, "--select", help="Keep n of --candidates per image: dpp, mbr or logprob."),
+    select: str = typer.Option(None, "--select", help="Keep n of --candidates per image: dpp, mbr, logprob or consensus."),
     candidates: int = typer.Option(50, "--candidates", help="Captions decoded per image for --select."),
     quality: str = typer.Option(None, "--quality", help="--select dpp's quality: consensus (default) or logprob."),
+    neighbours: int = typer.Option(None, "--neighbours", help="--select consensus: rank against the captions of "
+                                   "this many nearest training images (default 60)."),
     keep_candidates: bool = typer.Option(False, "--keep-candidates", help="Also write every candidate of --select."),
     device: str = DeviceOpt,
     precision: str = PrecisionOpt,
@@ -48,6 +50,8 @@ def command(
     Example: rdpp sample --n 20 --method random
 
     Example: rdpp sample --n 5 --select dpp --candidates 50
+
+    Example: rdpp sample --n 5 --select consensus --candidates 100
     """
     from rdpp_cli.decoding.sample import sample
 

@@ -115,6 +115,10 @@ class DataArtifact:
         return (self._read("fc", idx, fc_out), self._read("att", idx, att_out),
                 self._read("att_len", idx) if self.has_att_len else None)
 
+    def fc_rows(self, idx) -> np.ndarray:
+        """Pooled features fc (B, D) of images ``idx`` in the file's dtype, without reading ``att``."""
+        return self._read("fc", np.asarray(idx, dtype=np.int64))
+
     def features(self, idx, device: torch.device | str = "cpu"):
         """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``."""
         fc, att, lens = self.feature_rows(idx)

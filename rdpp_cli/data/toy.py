@@ -1,4 +1,4 @@
-"""``rdpp prepro toy``: the bundled synthetic captioning set (DESIGN §8), generated with Pillow.
+"""``rdpp prepro toy``: the bundled synthetic captioning set (docs/data.md), generated with Pillow.
 
 Each 64×64 image holds 1–3 shapes (circle, square, triangle; red, green, blue, yellow, purple;
 small or large), each in its own cell of a 3×3 layout, on a white background. Each image gets 5

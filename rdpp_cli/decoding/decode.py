@@ -16,7 +16,7 @@ are encoded once and the encoding is shared by the image's rows (``model.expand`
 Rows of the decoding batch are ordered image-major (row b*n + j is image b); beam search reorders
 rows only within an image, so the shared encoding stays valid.
 
-Output layout, shared by all methods (and matching ``sequence_logprobs(model(fc, att, tokens), tokens)``):
+Output layout, shared by all methods (and matching ``sequence_logprobs(model(att, tokens), tokens)``):
 
 - ``tokens``  (B, n, T) word ids, 0-padded after the caption; T = the longest caption in the batch
   (≥ 1, ≤ max_len). Valid as ``seqs`` for ``model.forward``.
@@ -115,9 +115,9 @@ class Decoded:
 
 
 @torch.no_grad()
-def decode(model, fc: Tensor | None, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
+def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
            generator: torch.Generator | None = None, drop=None) -> Decoded:
-    """Decode ``cfg.n`` captions for each of the B images of ``(fc, att)``.
+    """Decode ``cfg.n`` captions for each of the B images of ``att`` (B, R, D).
 
     The model's mode is left as it is (in train mode its dropout is active). ``generator`` (on the
     model's device) makes sampling reproducible; fresh dropout draws from torch's global RNG.
@@ -129,7 +129,7 @@ def decode(model, fc: Tensor | None, att: Tensor, cfg: DecodeConfig, att_mask: T
     cfg.check()
     if drop is not None and cfg.method not in ("random", "topk", "nucleus"):
         raise ValueError(f"dropout masks are for sampling methods, not --method {cfg.method}")
-    enc = model.encode(fc, att, att_mask, drop.att) if drop is not None else model.encode(fc, att, att_mask)
+    enc = model.encode(att, att_mask, drop.att) if drop is not None else model.encode(att, att_mask)
     B = att.shape[0]
     if cfg.method in ("beam", "dbs"):
         groups = cfg.groups if cfg.method == "dbs" else 1

@@ -6,7 +6,7 @@ once, expanded to its n rows); writes a samples artifact with ``samples.json``:
 ``[{"image_id", "captions": [...n...], "logprobs": [...n...]}]`` (logprob = the caption's
 log-probability under the model, EOS included).
 
-With ``select`` (``dpp``, ``mbr`` or ``logprob``; ``rdpp_cli.decoding.select``) it decodes
+With ``select`` (``dpp``, ``mbr``, ``logprob`` or ``consensus``; ``rdpp_cli.decoding.select``) it decodes
 ``candidates`` captions per image and keeps the n chosen ones; ``keep_candidates`` also writes all
 of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices) in each record.
 """
@@ -67,8 +67,7 @@ def run_name(cfg: DecodeConfig, sel: SelectConfig | None = None, n: int | None =
     extra = {"beam": lambda: f"-b{cfg.beam}", "dbs": lambda: f"-g{cfg.groups}b{cfg.beam}",
              "topk": lambda: f"-k{cfg.top_k}", "nucleus": lambda: f"-p{cfg.top_p:g}"}.get(cfg.method, str)()
     if sel is not None:
-        how = f"dpp-{sel.quality}" if sel.method == "dpp" else sel.method
-        return f"{cfg.method}{extra}-c{cfg.n}.{how}-n{n}"
+        return f"{cfg.method}{extra}-c{cfg.n}.{sel.tag()}-n{n}"
     return f"{cfg.method}{extra}-n{cfg.n}"
 
 
@@ -94,6 +93,7 @@ def sample(
     select: str | None = None,
     candidates: int = 50,
     quality: str | None = None,
+    neighbours: int | None = None,
     keep_candidates: bool = False,
     device: str = "auto",
     precision: str = DEFAULT_PRECISION,
@@ -111,7 +111,7 @@ def sample(
     from rdpp_cli import checks
 
     try:
-        sel = SelectConfig(select, candidates, quality).check(n) if select is not None else None
+        sel = SelectConfig(select, candidates, quality, neighbours).check(n) if select is not None else None
     except ValueError as e:
         raise RdppError(str(e)) from None
     cfg = decode_config(method, sel.candidates if sel else n, max_len, temperature, top_k, top_p, beam, groups,
@@ -120,7 +120,7 @@ def sample(
     checks.at_least("--max-images", max_images, 1)
     checks.seed(seed)
     if keep_candidates and sel is None:
-        raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob")
+        raise RdppError("--keep-candidates keeps the candidates of --select; add --select dpp|mbr|logprob|consensus")
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
@@ -136,9 +136,10 @@ def sample(
     if max_images is not None:
         images = images[:max_images]
 
-    chooser = Chooser(sel, n, ds, cfg.max_len) if sel else None  # refuses a df without the EOS, before any folder
+    chooser = Chooser(sel, n, ds, cfg.max_len, images) if sel else None  # refuses a df without the EOS, before any folder
     settings = {"split": split, **cfg.to_dict(), "n": n, "select": select, "candidates": cfg.n if sel else None,
-                "quality": sel.quality if sel else None, "keep_candidates": keep_candidates if sel else None,
+                "quality": sel.quality if sel else None, **(sel.settings() if sel else {}),
+                "keep_candidates": keep_candidates if sel else None,
                 "batch_size": batch_size, "max_images": max_images, "seed": seed, "device": str(dev),
                 "precision": prec}
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
@@ -152,12 +153,12 @@ def sample(
         task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
         for start in range(0, len(images), batch_size):
             idx = images[start:start + batch_size]
-            fc, att, mask = ds.features(idx, dev)
+            _, att, mask = ds.features(idx, dev)
             with autocast(prec, dev):
-                out_ = decode(net, fc, att, cfg, att_mask=mask, generator=gen)
+                out_ = decode(net, att, cfg, att_mask=mask, generator=gen)
             toks = out_.tokens.cpu().numpy()
             lps = out_.seq_logprob.cpu().numpy()
-            chosen = chooser(out_) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))
+            chosen = chooser(out_, idx) if chooser else np.broadcast_to(np.arange(n), (len(idx), n))
             for b, i in enumerate(idx):
                 rec = {"image_id": int(ds.image_ids[i]),
                        "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
@@ -182,7 +183,7 @@ def sample(
         "model": model_art.path,
         "decoding": f"{cfg.method}, {'candidates' if sel else 'n'}={cfg.n}"
                     + (f", beam={cfg.beam}" if cfg.method in ("beam", "dbs") else ""),
-        **({"selection": f"{n} of {cfg.n} per image by {sel.method} ({sel.quality} quality), "
+        **({"selection": f"{n} of {cfg.n} per image by {sel.describe()}, "
                          f"{chooser.seconds:.1f} s"} if sel else {}),
         "images": f"{len(records)} ({split} split)",
         "captions/s": f"{len(records) * cfg.n / max(elapsed, 1e-9):,.0f}",

@@ -4,7 +4,10 @@
                at test time: ``S`` the pairwise CIDEr-D among the candidates (training df), ``q`` their
                quality (``consensus`` or ``logprob``);
 - ``mbr``      the K candidates of highest consensus (minimum Bayes risk with CIDEr-D as the utility);
-- ``logprob``  the K candidates of highest (length-normalised) model probability.
+- ``logprob``  the K candidates of highest (length-normalised) model probability;
+- ``consensus`` the K candidates of highest consensus against the captions of the image's nearest
+               training images (``rdpp_cli.decoding.consensus``: the CVAE papers' best-5 protocol),
+               in rank order, so the first is the top-1.
 
 Qualities of candidate i of an image, without references:
 
@@ -33,31 +36,57 @@ import numpy as np
 import torch
 from torch import Tensor
 
-SELECTS = ("dpp", "mbr", "logprob")
+from rdpp_cli.decoding.consensus import NEIGHBOURS, TOP_M, NeighbourConsensus
+
+SELECTS = ("dpp", "mbr", "logprob", "consensus")
 QUALITIES = ("consensus", "logprob")
+IMPLIED = {"mbr": "consensus", "logprob": "logprob", "consensus": "neighbours"}  # what a method ranks by
 
 
 @dataclass
 class SelectConfig:
-    method: str = "dpp"  # dpp | mbr | logprob
+    method: str = "dpp"  # dpp | mbr | logprob | consensus
     candidates: int = 50  # C samples drawn per image, K = n of them kept
     quality: str | None = None  # dpp: consensus (default) | logprob; mbr: consensus; logprob: logprob
+    neighbours: int | None = None  # consensus: the k nearest training images (default NEIGHBOURS)
 
     def check(self, n: int) -> "SelectConfig":
-        """Fill the quality each method implies; raise ValueError with one clear line otherwise."""
+        """Fill the quality each method implies (and consensus's neighbours); raise ValueError with
+        one clear line otherwise."""
         if self.method not in SELECTS:
             raise ValueError(f"unknown --select '{self.method}'; use one of {', '.join(SELECTS)}")
-        implied = {"mbr": "consensus", "logprob": "logprob"}.get(self.method)
+        implied = IMPLIED.get(self.method)
         if self.quality is None:
             self.quality = implied or "consensus"
-        if self.quality not in QUALITIES:
+        if self.quality not in QUALITIES and self.quality != implied:
             raise ValueError(f"unknown --quality '{self.quality}'; use one of {', '.join(QUALITIES)}")
         if implied and self.quality != implied:
             raise ValueError(f"--select {self.method} ranks by {implied}; --quality {self.quality} is for "
                              f"--select dpp (leave --quality out)")
+        if self.method != "consensus" and self.neighbours is not None:
+            raise ValueError("--neighbours is the number of training images --select consensus ranks against; "
+                             "add --select consensus or leave --neighbours out")
+        if self.method == "consensus":
+            self.neighbours = NEIGHBOURS if self.neighbours is None else self.neighbours
+            if self.neighbours < 1:
+                raise ValueError(f"--neighbours {self.neighbours} must be at least 1")
         if self.candidates < max(n, 2):
             raise ValueError(f"--candidates {self.candidates} must be at least --n {n} (and at least 2)")
         return self
+
+    def tag(self) -> str:
+        """The selection's part of a samples artifact's name: ``dpp-consensus``, ``mbr``, ``consensus-k60``."""
+        return {"dpp": f"dpp-{self.quality}", "consensus": f"consensus-k{self.neighbours}"}.get(self.method, self.method)
+
+    def settings(self) -> dict:
+        """What a samples manifest records of the selection beyond select, candidates and quality."""
+        return {"neighbours": self.neighbours, "consensus_top_m": TOP_M} if self.method == "consensus" else {}
+
+    def describe(self) -> str:
+        """How the kept captions were chosen, for the stage's closing table."""
+        if self.method == "consensus":
+            return f"consensus with the captions of the {self.neighbours} nearest training images, in rank order"
+        return f"{self.method} ({self.quality} quality)"
 
 
 # -- the greedy MAP step (pure) -------------------------------------------------------------------
@@ -119,14 +148,6 @@ def rank_distinct(score: Tensor, k: int, valid: Tensor | None = None) -> Tensor:
         invalid_sorted = (~valid.to(torch.bool)).gather(1, order).to(torch.int8)
         order = order.gather(1, torch.argsort(invalid_sorted, dim=1, stable=True))
     return order[:, :k]
-
-
-def log_det(L: Tensor, idx: Tensor) -> Tensor:
-    """``log det L_Y`` (B,) of the subsets ``idx`` (B, k) (-inf where it is not positive)."""
-    sub = L.to(torch.float64).gather(1, idx.unsqueeze(-1).expand(-1, -1, L.shape[-1]))
-    sub = sub.gather(2, idx.unsqueeze(1).expand(-1, idx.shape[1], -1))
-    sign, ld = torch.linalg.slogdet(sub)
-    return torch.where(sign > 0, ld, torch.full_like(ld, float("-inf")))
 
 
 # -- candidates' qualities and kernel ---------------------------------------------------------------
@@ -193,16 +214,36 @@ def select(tokens: Tensor, seq_logprob: Tensor, lengths: Tensor, k: int, cfg: Se
     return greedy_map(L, k, valid=valid, fallback=q)
 
 
+def consensus_select(tokens: Tensor, images, k: int, ranker: NeighbourConsensus) -> Tensor:
+    """The k of C candidates (B, C, T) of data rows ``images`` (B,) of highest consensus against
+    their neighbours' captions (``ranker``), highest first: (B, k) indices; an exact duplicate only
+    after every distinct candidate, ties in decoding order."""
+    tokens = tokens.cpu()
+    score = torch.from_numpy(ranker.scores(tokens.numpy(), images))
+    return rank_distinct(score, k, first_occurrence(tokens))
+
+
 class Chooser:
-    """``select`` over the decoding batches of ``rdpp sample``; ``seconds`` adds up its time."""
+    """``select`` over the decoding batches of ``rdpp sample``; ``seconds`` adds up its time.
+    ``images``: the data rows to be captioned (``consensus`` finds their neighbours when made, and
+    each call names its batch's rows)."""
 
-    def __init__(self, cfg: SelectConfig, k: int, data, max_len: int) -> None:
-        self.cfg, self.k = cfg, k
-        self.scorer = train_scorer(data, max_len) if cfg.method != "logprob" else None
-        self.seconds = 0.0
-
-    def __call__(self, dec) -> np.ndarray:
+    def __init__(self, cfg: SelectConfig, k: int, data, max_len: int, images=None) -> None:
         t0 = time.perf_counter()
-        idx = select(dec.tokens, dec.seq_logprob, dec.lengths, self.k, self.cfg, self.scorer).numpy()
+        self.cfg, self.k = cfg, k
+        self.scorer = train_scorer(data, max_len) if cfg.method in ("dpp", "mbr") else None
+        self.ranker = None
+        if cfg.method == "consensus":
+            if images is None:
+                raise ValueError("--select consensus needs the images it captions (their neighbours)")
+            self.ranker = NeighbourConsensus(data, images, cfg.neighbours, TOP_M, max_len)
+        self.seconds = time.perf_counter() - t0
+
+    def __call__(self, dec, images=None) -> np.ndarray:
+        t0 = time.perf_counter()
+        if self.ranker is not None:
+            idx = consensus_select(dec.tokens, images, self.k, self.ranker).numpy()
+        else:
+            idx = select(dec.tokens, dec.seq_logprob, dec.lengths, self.k, self.cfg, self.scorer).numpy()
         self.seconds += time.perf_counter() - t0
         return idx

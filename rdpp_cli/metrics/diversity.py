@@ -1,4 +1,4 @@
-"""Diversity statistics of the n captions generated per image (DESIGN §4) and best-of-n oracles.
+"""Diversity statistics of the n captions per image and best-of-n oracles (docs/metrics.md#definitions).
 
 * ``div_n``: distinct n-grams among an image's captions divided by the number of words in them
   (Div-1, Div-2), per image.

@@ -1,4 +1,4 @@
-"""Self-CIDEr diversity of the m captions of an image (Wang & Chan, CVPR 2019; DESIGN §4).
+"""Self-CIDEr diversity of the m captions of an image (Wang & Chan, CVPR 2019; docs/metrics.md#self-cider).
 
 From the m x m similarity kernel K of an image's captions, with singular values (or eigenvalues)
 lambda_i: ``div = -log( sqrt(lambda_max) / sum_i sqrt(lambda_i) ) / log(m)``, in [0, 1] — 0 when
@@ -7,7 +7,7 @@ with equal entries).
 
 Two variants, selected by name:
 
-* ``"cider-d"`` (default, DESIGN): K_ij = CIDEr-D of caption i against the single reference j for
+* ``"cider-d"`` (default): K_ij = CIDEr-D of caption i against the single reference j for
   i <= j, mirrored; lambda = singular values of K, as the authors' code (``np.linalg.svd``; for the
   mirrored, hence symmetric, K they are computed as the eigenvalues' magnitudes with ``eigvalsh``,
   equal to ``svd``'s to ~1e-15 and faster).
@@ -15,10 +15,11 @@ Two variants, selected by name:
   (tf-idf cosine, no clipping, no length penalty), K / 10, ``np.linalg.eigvalsh``, negative
   eigenvalues clipped to 0.
 
-Decisions where DESIGN is silent: one caption (m = 1) has diversity 0, and so has an all-zero
-kernel (every caption empty, or made only of n-grams with zero idf). Singular values below
-numpy's ``matrix_rank`` tolerance (``max * M * eps``) count as 0, so identical captions give
-exactly 0 rather than the ~1e-8 that the square root makes of round-off.
+Decisions (docs/metrics.md#self-cider-variants-and-decisions): one caption (m = 1) has diversity
+0 (the formula divides by log 1), and so has an all-zero kernel (every caption empty, or made only
+of n-grams with zero idf). Singular values below numpy's ``matrix_rank`` tolerance
+(``max * M * eps``) count as 0, so identical captions give exactly 0 rather than the ~1e-8 that
+the square root makes of round-off.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def self_cider_kernel(captions: Any, df: DocFreq | None = None, variant: str = "
 def self_cider(captions: Any, df: DocFreq | None = None, variant: str = "cider-d") -> np.ndarray:
     """Self-CIDEr diversity (B,) of B images with M captions each.
 
-    ``df``: fixed document frequencies (DESIGN: the training set's ``cider_df.h5``); None uses the
+    ``df``: fixed document frequencies (the definition's: the training set's ``cider_df.h5``); None uses the
     captions themselves (each image's M captions one document).
     """
     return self_cider_from_kernel(self_cider_kernel(captions, df, variant), variant)

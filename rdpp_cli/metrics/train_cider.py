@@ -56,7 +56,7 @@ def with_eos(tokens: Any, max_len: int, eos: int) -> np.ndarray:
 
 
 class TrainCider:
-    """The training reward's CIDEr-D (DESIGN §4, train mode) over token-id captions.
+    """The training reward's CIDEr-D (fixed df, end token counted; docs/metrics.md#cider-d) over token ids.
 
     ``df``: the training document frequencies (counted over ``tokens + [EOS]``); ``eos``: the EOS
     id they use; ``max_len``: the sampling length limit (captions of that many words have no EOS);
@@ -97,6 +97,12 @@ class TrainCider:
     def score(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None) -> np.ndarray:
         """CIDEr-D (H,) of each hypothesis row (H, T) against ``refs[ref_index[h]]``."""
         return self.cider.score(self.captions(hyps), self.references(refs), ref_index)
+
+    def score_each(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """CIDEr-D (H, k_max) of each hypothesis row against each reference of
+        ``refs[ref_index[h]]`` alone (0 past the set's size), and the set sizes (H,)
+        (``CiderD.score_each``)."""
+        return self.cider.score_each(self.captions(hyps), self.references(refs), ref_index)
 
     def pairwise(self, samples: Any) -> np.ndarray:
         """The R-DPP kernel S (B, M, M) of the M samples of each image, published direction."""

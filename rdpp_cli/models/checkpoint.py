@@ -16,8 +16,6 @@ from rdpp_cli.artifacts.manifest import atomic_write
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 
-MODEL_CLASSES = {"Att2in": (Att2in, Att2inConfig)}
-
 
 def _plain(obj: Any) -> Any:
     """Only what ``torch.load(weights_only=True)`` accepts: dicts, lists, tensors, numbers, strings."""
@@ -89,13 +87,13 @@ def check_fits_data(ckpt: dict, data: Any, where: str, todo: str) -> None:
 
 
 def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> Att2in:
+    """The Att2in of ``ckpt``. Keys of ``model_config`` that Att2inConfig no longer has (such as the
+    ``fc_feat_size`` older checkpoints record) are dropped."""
     name = ckpt["model_class"]
-    if name not in MODEL_CLASSES:
-        raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows {', '.join(MODEL_CLASSES)}")
-    cls, cfg_cls = MODEL_CLASSES[name]
-    fields = {f.name for f in dataclasses.fields(cfg_cls)}
-    cfg = cfg_cls(**{k: v for k, v in ckpt["model_config"].items() if k in fields})
-    model = cls(cfg)
+    if name != "Att2in":
+        raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows only Att2in")
+    fields = {f.name for f in dataclasses.fields(Att2inConfig)}
+    model = Att2in(Att2inConfig(**{k: v for k, v in ckpt["model_config"].items() if k in fields}))
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:

@@ -39,6 +39,8 @@ class ScoreOptions(Options):
         None, "COCO caption-annotation file (e.g. captions_val2014.json) instead of a data artifact.",
         identity=False, cli={"dir_okay": False})
     oracle: bool = option(False, "Also report best-of-n (oracle) scores for every metric.")
+    top1: bool = option(False, "Also score each image's first caption alone (top-1); on by itself for samples made "
+                        "with --select consensus, whose first caption is the best-ranked.")
     self_cider: bool = option(False, "Self-CIDEr diversity of each image's captions.")
     self_cider_variant: str = option(
         "cider-d", "cider-d (CIDEr-D kernel, singular values; docs/metrics.md#self-cider) or cider (plain CIDEr, "

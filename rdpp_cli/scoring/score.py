@@ -4,7 +4,7 @@ Reads captions from a samples artifact (``samples.json``), a plain JSON
 ``[{"image_id", "captions": [...]}]`` or coco-caption results ``[{"image_id", "caption"}]``;
 references from a data artifact's split (``captions.h5`` ``raw``) or a COCO caption-annotation
 file (``--refs``). Writes a scores artifact: ``scores.json`` (sections ``accuracy``, ``oracle``,
-``average``, ``diversity``, ``human``, ``settings``), ``per_image.csv`` and optionally ``plot.png``.
+``average``, ``top1``, ``diversity``, ``human``, ``settings``), ``per_image.csv`` and optionally ``plot.png``.
 See docs/scoring.md for every definition.
 """
 
@@ -249,10 +249,13 @@ def score(opts: ScoreOptions) -> Path:
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
     sections, per_image = _accuracy(ev, names, opts.oracle)
+    selected = smp.artifact.config.get("select") if smp.artifact is not None else None
+    sections["top1"], per_top1 = _top1(ev, names) if opts.top1 or selected == "consensus" else ({}, {})
     div, per_div, human, df_source = _diversity(smp, ref, ev, opts)
-    settings = _settings(opts, smp, ref, split, names, ev, df_source)
+    settings = _settings(opts, smp, ref, split, names, ev, df_source, bool(sections["top1"]))
     result = {**sections, "diversity": div, "human": human, "settings": settings}
-    path = _write(opts, smp, ref, result, names, _per_image_frame(smp, ev, *per_image, per_div))
+    frame = _per_image_frame(smp, ev, *per_image, {**per_top1, **per_div})
+    path = _write(opts, smp, ref, result, names, frame)
     _print(result, names, path, smp)
     return path
 
@@ -267,6 +270,16 @@ def _accuracy(ev, names: list[str], oracle: bool) -> tuple[dict, tuple[dict, dic
         "average": {m: _nanmean(per_mean[m]) if m in per_mean else None for m in names},
     }
     return sections, (per_mean, per_best if oracle else {})
+
+
+def _top1(ev, names: list[str]) -> tuple[dict, dict]:
+    """The top1 section: coco-caption's evaluation of each image's first caption alone (the
+    standard one-caption-per-image evaluation: BLEU and METEOR aggregated over those captions),
+    and its per-image columns ``<metric>_top1``. Reuses the tokenized captions and references."""
+    first = coco_eval.evaluate([c[:1] for c in ev.captions], ev.refs, tokenize=False,
+                               metrics=tuple(m for m in names if m not in ev.skipped))
+    cols = {f"{m}_top1": np.array([c[0] for c in first.per_caption[m]]) for m in names if m in first.per_caption}
+    return {m: first.corpus.get(m) for m in names}, cols
 
 
 def _diversity(smp: Samples, ref: References, ev, opts: ScoreOptions) -> tuple[dict, dict, dict | None, str | None]:
@@ -312,7 +325,7 @@ def _lexical_diversity(ev, ref: References, div: dict, per_div: dict) -> None:
 
 
 def _settings(opts: ScoreOptions, smp: Samples, ref: References, split: str, names: list[str], ev,
-              df_source: str | None) -> dict:
+              df_source: str | None, top1: bool) -> dict:
     n_per = np.array([len(c) for c in smp.captions])
     self_cider = opts.self_cider or opts.plot
     return {
@@ -327,6 +340,7 @@ def _settings(opts: ScoreOptions, smp: Samples, ref: References, split: str, nam
         "df_source": df_source,
         "self_cider_variant": opts.self_cider_variant if self_cider else None,
         "oracle": "best of n per image, mean over images" if opts.oracle else None,
+        "top1": "each image's first caption alone, coco-caption's evaluation" if top1 else None,
     }
 
 
@@ -335,7 +349,7 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
     self_cider = opts.self_cider or opts.plot
     options = {"split": result["settings"]["split"], "oracle": opts.oracle, "self_cider": self_cider,
                "self_cider_variant": opts.self_cider_variant if self_cider else None, "diversity": opts.diversity,
-               "plot": opts.plot, "metrics": list(names)}
+               "plot": opts.plot, "metrics": list(names), **({"top1": True} if result["top1"] else {})}
     refs = str(opts.refs) if opts.refs is not None else None
     config = {"samples": ref_name(smp.artifact) if smp.artifact is not None else str(smp.source),
               "data": ref_name(ref.artifact) if ref.artifact is not None else None, "refs": refs, **options}
@@ -352,7 +366,7 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
 
         plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], result["human"], path / "plot.png")
     summary = {"CIDEr": accuracy.get("CIDEr"), "oracle_CIDEr": result["oracle"].get("CIDEr"),
-               "self_cider": div["self_cider"]}
+               "top1_CIDEr": result["top1"].get("CIDEr"), "self_cider": div["self_cider"]}
     write_manifest(path, "rdpp.scores", config, inputs=[a for a in (smp.artifact, ref.artifact) if a is not None],
                    summary={k: v for k, v in summary.items() if v is not None})
     finish(path)
@@ -401,18 +415,17 @@ def _print(result: dict, names: list[str], path: Path, smp: Samples) -> None:
 
     table = Table(title=f"scores of {smp.source if smp.artifact is None else smp.artifact.path}",
                   title_justify="left")
+    cols = [("all captions (coco-caption)", result["accuracy"])]
+    if result["oracle"]:
+        cols += [("mean per caption", result["average"]), ("oracle (best of n)", result["oracle"])]
+    if result["top1"]:
+        cols.append(("top-1 (first caption)", result["top1"]))
     table.add_column("metric", style="bold")
-    table.add_column("all captions (coco-caption)")
-    orc = bool(result["oracle"])
-    if orc:
-        table.add_column("mean per caption")
-        table.add_column("oracle (best of n)")
-    pad = ["", ""] if orc else []
+    for title, _ in cols:
+        table.add_column(title)
+    pad = [""] * (len(cols) - 1)
     for m in names:
-        row = [m, _fmt(result["accuracy"].get(m))]
-        if orc:
-            row += [_fmt(result["average"].get(m)), _fmt(result["oracle"].get(m))]
-        table.add_row(*row)
+        table.add_row(m, *[_fmt(section.get(m)) for _, section in cols])
     for k, v in result["diversity"].items():
         if v is not None:
             table.add_row(k, _fmt(v), *pad)

@@ -3,13 +3,13 @@
 Every step, for the B images of a batch (the objective of the published R-DPP code and
 self-critical.pytorch; docs/rewards.md):
 
-1. sample M captions per image from the policy with the batched decoder (``method="random"``,
+1. sample ``m`` captions per image from the policy with the batched decoder (``method="random"``,
    temperature 1) with dropout on, its masks drawn in advance from a generator seeded by (seed,
    epoch, batch, rank), so a resumed run draws the same captions (``RewardStep.sample``);
 2. score them in one vectorised call each with the training reward's CIDEr-D
    (``rdpp_cli.metrics.train_cider``: the fixed document frequencies of ``cider_df.h5``, the end
-   token of every caption that ended counted): ``q`` (B, M) against the image's references and,
-   for R-DPP, the kernel ``S`` (B, M, M), ``S_ij`` = caption j scored against caption i (i <= j);
+   token of every caption that ended counted): ``q`` (B, m) against the image's references and,
+   for R-DPP, the kernel ``S`` (B, m, m), ``S_ij`` = caption j scored against caption i (i <= j);
 3. turn them into per-sample weights (``rdpp_cli.training.rewards``): R-DPP weights, the SCST
    advantage over the greedy caption (decoded in eval mode), or the leave-one-out mean baseline;
 4. compute the samples' log-probs with one teacher-forced pass that replays the sampling pass's
@@ -34,8 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from rdpp_cli.artifacts import Artifact, ref_name, resolve_input
-from rdpp_cli.artifacts.lineage import resolve_data_for  # noqa: F401  (re-exported)
-from rdpp_cli.console import info
+from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.decoding.decode import DecodeConfig, decode
@@ -44,9 +43,11 @@ from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import DropoutMasks
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
-from rdpp_cli.precision import DEFAULT_PRECISION, full_precision, resolve_precision
+from rdpp_cli.options import takes
+from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, unwrap, validation_images
+from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
+from rdpp_cli.training.options import FinetuneOptions
 from rdpp_cli.training.rewards import (
     dpp_weights,
     mean_baseline_advantage,
@@ -56,21 +57,11 @@ from rdpp_cli.training.rewards import (
     subtract_mean,
 )
 from rdpp_cli.training.state import seed_everything
+from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
-REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
-BASELINES = ("none", "mean")
-SAMPLE_MODES = ("train", "eval")
 # What the training reward is, recorded in the manifest: CIDEr-D with the training df counted over
 # tokens + EOS, the EOS of every caption that ended counted, the published kernel direction.
 TRAIN_REWARD = "cider-d+eos"
-# Defaults of the optimisation settings (docs/rewards.md says where each value comes from).
-PRESETS: dict[str, dict[str, Any]] = {
-    # tuned on the bundled synthetic set (docs/experiments.md): 6 epochs from `train-xe --preset small`
-    "toy": {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8},
-    # the authors' COCO run: train_dpp.sh (lr 5e-4, batch 128, decay x0.8 every 15 epochs from the
-    # start) and the paper's 100 fine-tuning epochs (Sec. 4)
-    "paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8},
-}
 VAL_SAMPLES = 5  # random samples per validation image for the per-epoch accuracy/diversity columns
 
 
@@ -99,9 +90,9 @@ def _pad_to(x: Tensor, T: int) -> Tensor:
 class Draw:
     """One step's captions: what the policy sampled and what SCST compares them with."""
 
-    samples: Tensor  # (B, M, T) sampled word ids, 0-padded
-    lengths: Tensor  # (B, M) words of each sample (EOS excluded)
-    logprobs: Tensor  # (B, M, T + 1) the log-probability each token was drawn with (0 past the caption)
+    samples: Tensor  # (B, m, T) sampled word ids, 0-padded
+    lengths: Tensor  # (B, m) words of each sample (EOS excluded)
+    logprobs: Tensor  # (B, m, T + 1) the log-probability each token was drawn with (0 past the caption)
     drop: DropoutMasks | None  # the dropout masks they were drawn with (sample_mode "train")
     greedy: np.ndarray | None = None  # (B, T') greedy captions, eval mode (scst, xe-cider)
 
@@ -120,7 +111,6 @@ class RewardStep:
     seed: int = 123
     rank: int = 0
     sample_mode: str = "train"
-    log_self_cider: bool = True
 
     def _generator(self, batch: Batch) -> torch.Generator:
         gen = torch.Generator(device=batch.att.device)
@@ -128,16 +118,16 @@ class RewardStep:
         return gen
 
     def sample(self, model: nn.Module, batch: Batch) -> Draw:
-        """M captions per image drawn from the policy (no gradient).
+        """``m`` captions per image drawn from the policy (no gradient).
 
         ``sample_mode="train"`` (default, on-policy, as the published code): dropout is on while
         sampling, with masks drawn in advance from the step's generator; ``loss`` replays the very
         same masks, so the log-probabilities that carry the gradient are those the captions were
         drawn with. ``"eval"``: sampled without dropout and scored with fresh dropout in ``loss``
-        (off-policy; rdpp's behaviour before 0.2, kept as an option).
+        (off-policy, an option for comparison; docs/rewards.md).
         """
         gen = self._generator(batch)
-        cfg = DecodeConfig(method="random", n=self.m, max_len=self.max_len)
+        cfg = DecodeConfig(method="random", n=self.m, max_len=self.max_len)  # the decoder's n: our m
         was = model.training
         drop = None
         try:
@@ -147,7 +137,7 @@ class RewardStep:
                 model.train()
             else:
                 model.eval()
-            dec = decode(model, batch.fc, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
+            dec = decode(model, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
         finally:
             model.train(was)
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
@@ -157,41 +147,45 @@ class RewardStep:
         was = model.training
         model.eval()
         try:
-            dec = decode(model, batch.fc, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
+            dec = decode(model, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
                          att_mask=batch.att_mask)
         finally:
             model.train(was)
         return dec.tokens[:, 0].cpu().numpy()
 
     def draw(self, model: nn.Module, batch: Batch) -> Draw:
-        """The step's M samples and, for SCST / XE+λCIDEr, the greedy captions."""
+        """The step's ``m`` samples and, for SCST / XE+λCIDEr, the greedy captions."""
         d = self.sample(model, batch)
         if self.reward in ("scst", "xe-cider"):
             d.greedy = self.greedy(model, batch)
         return d
 
+    def scores(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
+               ) -> tuple[Tensor, Tensor | None, np.ndarray | None]:
+        """The training reward's CIDEr-D (with the end token, ``TrainCider``) of the step's captions:
+        ``q`` (B, m) of the samples and ``g`` (B,) of the greedy captions (None without them), in one
+        scoring call; the samples' pairwise kernel ``K`` (B, m, m) where R-DPP or the logged
+        self-CIDEr needs it (else None)."""
+        B, m, T = samples.shape[0], self.m, samples.shape[-1]
+        want_kernel = self.reward == "dpp" or m > 1
+        if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
+            q, K = self.cider.score_and_pairwise(samples, refs)
+            return torch.from_numpy(q), None, K
+        hyps, ref_index = samples.reshape(B * m, T), np.repeat(np.arange(B), m)
+        if greedy is not None:  # samples and greedy captions in one scoring call
+            Tg = max(T, greedy.shape[1])
+            hyps = np.concatenate([np.pad(hyps, ((0, 0), (0, Tg - T))),
+                                   np.pad(greedy, ((0, 0), (0, Tg - greedy.shape[1])))])
+            ref_index = np.concatenate([ref_index, np.arange(B)])
+        scores = self.cider.score(hyps, refs, ref_index)
+        q = torch.from_numpy(scores[:B * m].reshape(B, m))
+        g = torch.from_numpy(scores[B * m:]) if greedy is not None else None
+        return q, g, self.cider.pairwise(samples) if want_kernel else None
+
     def weights(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
                 ) -> tuple[Tensor, dict[str, float]]:
-        """Per-sample weights (B, M) float32 and the numbers to log, from the captions alone
-        (training CIDEr-D with the end token, ``TrainCider``)."""
-        B, M, T = samples.shape
-        want_kernel = self.reward == "dpp" or (self.log_self_cider and M > 1)
-        K = None
-        if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
-            q_np, K = self.cider.score_and_pairwise(samples, refs)
-            q, g = torch.from_numpy(q_np), None
-        else:
-            hyps, ref_index = samples.reshape(B * M, T), np.repeat(np.arange(B), M)
-            if greedy is not None:  # samples and greedy captions in one scoring call
-                Tg = max(T, greedy.shape[1])
-                hyps = np.concatenate([np.pad(hyps, ((0, 0), (0, Tg - T))),
-                                       np.pad(greedy, ((0, 0), (0, Tg - greedy.shape[1])))])
-                ref_index = np.concatenate([ref_index, np.arange(B)])
-            scores = self.cider.score(hyps, refs, ref_index)
-            q = torch.from_numpy(scores[:B * M].reshape(B, M))
-            g = torch.from_numpy(scores[B * M:]) if greedy is not None else None
-            if want_kernel:
-                K = self.cider.pairwise(samples)
+        """Per-sample weights (B, m) float32 and the numbers to log, from the captions alone."""
+        q, g, K = self.scores(samples, greedy, refs)
         logs: dict[str, float] = {"sample_cider": float(q.mean())}
         if self.reward == "dpp":
             w = dpp_weights(q, torch.from_numpy(K))
@@ -205,54 +199,54 @@ class RewardStep:
             logs["reward"] = float(q.mean())
             logs["greedy_cider"] = float(g.mean())
             w = scst_advantage(q, g)
-        if self.log_self_cider and K is not None and M > 1:
+        if K is not None and self.m > 1:
             logs["self_cider"] = float(self_cider_from_kernel(K).mean())
         return w.to(torch.float32), logs
 
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
-        """Teacher-forced log-probs (B*M, T+1) of the sampled tokens and the mask of those the policy
+        """Teacher-forced log-probs (B*m, T+1) of the sampled tokens and the mask of those the policy
         drew (the EOS forced after a caption of ``max_len`` words is not among them)."""
-        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, d.samples,
+        token_logp, mask = call(net, "token_logprobs", batch.att, d.samples,
                                 att_mask=batch.att_mask, drop=d.drop)
         return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
     def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, float]]:
         """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
-        B, M = d.samples.shape[:2]
+        B, m = d.samples.shape[0], self.m
         w = w.reshape(-1).to(batch.att.device)
         if self.reward != "xe-cider":
             token_logp, mask = self.policy_logprobs(net, batch, d)
-            groups = M if self.reward == "dpp" else 1
+            groups = m if self.reward == "dpp" else 1
             loss = pg_loss(token_logp, mask, w, groups=groups, tokens=_step_tokens(mask, groups))
             return loss, {"pg_loss": float(loss.detach())}
         # XE + λ·SCST in one pass over the references and the samples of each image
         labels = batch.labels
         k = labels.shape[1]
         T = max(labels.shape[-1], d.samples.shape[-1])
-        seqs = torch.cat([_pad_to(labels, T), _pad_to(d.samples, T)], dim=1)  # (B, k + M, T)
+        seqs = torch.cat([_pad_to(labels, T), _pad_to(d.samples, T)], dim=1)  # (B, k + m, T)
         drop = self._with_reference_rows(net, batch, d, k)
-        token_logp, mask = call(net, "token_logprobs", batch.fc, batch.att, seqs, att_mask=batch.att_mask,
+        token_logp, mask = call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask,
                                 drop=drop)
-        token_logp, mask = token_logp.view(B, k + M, -1), mask.view(B, k + M, -1)
+        token_logp, mask = token_logp.view(B, k + m, -1), mask.view(B, k + m, -1)
         xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
-        s_logp = token_logp[:, k:].reshape(B * M, -1)
-        s_mask = sampled_mask(mask[:, k:].reshape(B * M, -1), d.lengths.reshape(-1), self.max_len)
+        s_logp = token_logp[:, k:].reshape(B * m, -1)
+        s_mask = sampled_mask(mask[:, k:].reshape(B * m, -1), d.lengths.reshape(-1), self.max_len)
         xe = -xe_logp.sum() / D.per_process_share(xe_mask.sum())
         sc = pg_loss(s_logp, s_mask, w, groups=1, tokens=_step_tokens(s_mask, 1))
         return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
 
     def _with_reference_rows(self, net: nn.Module, batch: Batch, d: Draw, k: int) -> DropoutMasks | None:
-        """xe-cider's masks for rows (image b: k references, then its M samples): fresh masks for the
+        """xe-cider's masks for rows (image b: k references, then its m samples): fresh masks for the
         references (their own generator position), the sampling masks replayed for the samples."""
         if d.drop is None:
             return None
-        B, M = d.samples.shape[:2]
+        B, m = d.samples.shape[0], self.m
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank, 1))
         fresh = unwrap(net).draw_dropout(B, B * k, d.drop.embed.shape[1], batch.att.shape[1], generator=gen)
 
         def rows(refs: Tensor, samples: Tensor) -> Tensor:
-            return torch.cat([refs.view(B, k, *refs.shape[1:]), samples.view(B, M, *samples.shape[1:])], 1).flatten(0, 1)
+            return torch.cat([refs.view(B, k, *refs.shape[1:]), samples.view(B, m, *samples.shape[1:])], 1).flatten(0, 1)
 
         return d.drop._replace(embed=rows(fresh.embed, d.drop.embed), out=rows(fresh.out, d.drop.out))
 
@@ -268,7 +262,7 @@ class RewardStep:
         (a fixed generator per batch, so epochs are compared on the same randomness)."""
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
-        dec = decode(model, batch.fc, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
+        dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
                      att_mask=batch.att_mask, generator=gen)
         q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
@@ -288,27 +282,6 @@ def run_name(reward: str, m: int, baseline: str, lam: float) -> str:
     return reward + suffix
 
 
-def check_options(reward: str, m: int, baseline: str, lam: float) -> None:
-    """RdppError with one clear line for option combinations that cannot work."""
-    if reward not in REWARDS:
-        raise RdppError(f"--reward {reward!r} is not a reward; use one of {', '.join(REWARDS)}")
-    if baseline not in BASELINES:
-        raise RdppError(f"--baseline {baseline!r} is not a baseline; use none or mean")
-    if baseline != "none" and reward != "dpp":
-        raise RdppError(f"--baseline {baseline} applies to --reward dpp only; for SCST with a mean baseline "
-                        "use --reward scst-mean")
-    if m < 1:
-        raise RdppError(f"--m must be at least 1 (got {m})")
-    if reward == "dpp" and m < 2:
-        raise RdppError(f"--m {m} with --reward dpp: a DPP over one caption has no diversity term; "
-                        "use --m 2 or more (the paper's default is 5)")
-    if reward == "scst-mean" and m < 2:
-        raise RdppError(f"--m {m} with --reward scst-mean: the mean baseline averages the other samples "
-                        "of the image; use --m 2 or more")
-    if reward == "xe-cider" and not 0 <= lam < float("inf"):
-        raise RdppError(f"--lam must be ≥ 0 and finite (got {lam})")
-
-
 def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
     """The XE model artifact to fine-tune; RdppError when it is not one."""
     art = resolve_input(model, workspace=workspace, groups=("xe",), kind="rdpp.model", what="XE model artifact",
@@ -320,112 +293,82 @@ def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, qui
     return art
 
 
-def finetune(
-    model: str | Path | None = None,
-    *,
-    data: str | Path | None = None,
-    reward: str = "dpp",
-    m: int = 5,
-    baseline: str = "none",
-    lam: float = 5.0,
-    preset: str = "toy",
-    sample_mode: str = "train",
-    epochs: int | None = None,
-    batch_size: int | None = None,
-    lr: float | None = None,
-    grad_clip: float = 0.1,
-    grad_clip_mode: str = "value",
-    lr_decay_every: int | None = None,
-    lr_decay_rate: float | None = None,
-    val_images: int | None = None,
-    val_batch_size: int = 100,
-    save_every_steps: int = 0,
-    checkpoint: str = "best",
-    device: str = "auto",
-    precision: str = DEFAULT_PRECISION,
-    workers: int = 0,
-    seed: int = 123,
-    resume: bool = True,
-    force: bool = False,
-    out: Path | str | None = None,
-    workspace: Path | str | None = None,
-    after_step: Callable[[int], None] | None = None,
-) -> Artifact:
+@dataclass
+class FinetuneInputs:
+    """What a finetune run reads: the XE model artifact and its checkpoint, the data artifact it was
+    trained on and that data's training reward."""
+
+    model: Artifact
+    data_artifact: Artifact
+    data: DataArtifact
+    checkpoint: dict
+    checkpoint_path: Path
+    cider: TrainCider
+
+
+def read_inputs(opts: FinetuneOptions, quiet: bool) -> FinetuneInputs:
+    """The inputs, checked (RdppError) before anything is written."""
+    model_art = resolve_xe_model(opts.model, opts.workspace, quiet=quiet)
+    data_art = resolve_data_for(model_art, opts.data, opts.workspace, quiet=quiet)
+    ds = DataArtifact(data_art)
+    ds.split_indices("train")
+    validation_images(ds, opts.val_images)
+    ckpt_path = model_art.file(f"checkpoints/{opts.checkpoint}.pt")
+    ckpt = load_checkpoint(ckpt_path)
+    check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
+    cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
+    return FinetuneInputs(model_art, data_art, ds, ckpt, ckpt_path, cider)
+
+
+def headline(opts: FinetuneOptions, inp: FinetuneInputs) -> dict[str, Any]:
+    """The manifest's summary beside the loop's: the reward, m, the preset, the XE model's score."""
+    summary: dict[str, Any] = {"reward": opts.reward, "m": opts.m, "preset": opts.preset}
+    if opts.reward == "dpp":
+        summary["baseline"] = opts.baseline
+    if opts.reward == "xe-cider":
+        summary["lam"] = opts.lam
+    if inp.checkpoint.get("val_cider") is not None:
+        summary["xe_val_cider"] = inp.checkpoint["val_cider"]
+    return summary
+
+
+@takes(FinetuneOptions)
+def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None = None) -> Artifact:
     """Fine-tune an XE model artifact with a sequence-level reward; returns the new model artifact.
 
-    ``model``: an XE model artifact folder or its name in the workspace (default: the newest).
-    ``data``: its data artifact (default: the one the model was trained on; another is refused).
-    ``reward``: dpp (R-DPP over ``m`` samples, ``baseline`` none|mean), scst (greedy baseline),
-    scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST). ``preset``: the
+    ``opts`` (or its fields as keyword arguments; ``rdpp_cli.training.options.FinetuneOptions``):
+    ``model`` is an XE model artifact folder or its name in the workspace (default: the newest);
+    ``data`` its data artifact (default: the one the model was trained on; another is refused);
+    ``reward`` dpp (R-DPP over ``m`` samples, ``baseline`` none|mean), scst (greedy baseline),
+    scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST); ``preset`` the
     defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
-    (``PRESETS``: toy, tuned on the bundled set, or paper, the authors' COCO settings); a value
-    given explicitly wins. ``sample_mode``: train (on-policy, the default) or eval (see
-    ``RewardStep.sample``). ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``):
-    sampling and the teacher-forced pass run under the same autocast, the reward outside it.
-    ``checkpoint``: which XE checkpoint to start from (best or last).
-    ``out``: default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
+    (toy, tuned on the bundled set, or paper, the authors' COCO settings; a value given wins);
+    ``sample_mode`` train (on-policy, the default) or eval (``RewardStep.sample``); ``precision``
+    fp32, bf16, fp16 or auto: sampling and the teacher-forced pass run under the same autocast,
+    the reward outside it; ``checkpoint`` the XE checkpoint to start from (best or last); ``out``
+    default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
-    check_options(reward, m, baseline, lam)
-    if checkpoint not in ("best", "last"):
-        raise RdppError(f"--checkpoint {checkpoint!r}: use best or last")
-    if sample_mode not in SAMPLE_MODES:
-        raise RdppError(f"--sample-mode {sample_mode!r}: use train (on-policy) or eval")
-    if preset not in PRESETS:
-        raise RdppError(f"--preset {preset!r}: use one of {', '.join(PRESETS)}")
-    given = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "lr_decay_every": lr_decay_every,
-             "lr_decay_rate": lr_decay_rate}
-    settings = {k: (v if v is not None else PRESETS[preset][k]) for k, v in given.items()}
-    epochs, batch_size, lr = settings["epochs"], settings["batch_size"], settings["lr"]
-    lr_decay_every, lr_decay_rate = settings["lr_decay_every"], settings["lr_decay_rate"]
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=5 if reward == "xe-cider" else 1, lr=lr,
-                      grad_clip=grad_clip, grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every,
-                      lr_decay_rate=lr_decay_rate, val_images=val_images, val_batch_size=val_batch_size,
-                      save_every_steps=save_every_steps, seed=seed, device=device, num_workers=workers,
-                      resume=resume, precision=precision)
-    cfg.check()
-    rt = D.setup(device)
-    prec = resolve_precision(precision, rt.device)
+    opts = opts.with_preset()
+    rt = D.setup(opts.device)
+    precision = resolve_precision(opts.precision, rt.device)
     try:
-        quiet = not rt.is_main
-        model_art = resolve_xe_model(model, workspace, quiet=quiet)
-        data_art = resolve_data_for(model_art, data, workspace, quiet=quiet)
-        ds = DataArtifact(data_art)
-        ds.split_indices("train")
-        validation_images(ds, val_images)
-        ckpt_path = model_art.file(f"checkpoints/{checkpoint}.pt")
-        ckpt = load_checkpoint(ckpt_path)
-        check_fits_data(ckpt, ds, str(ckpt_path), "fine-tune on the data the model was trained on")
-        cider = TrainCider.for_data(ds)  # refuses a data artifact whose df lacks the end token
-        seed_everything(seed)
-        net = model_from_checkpoint(ckpt, where=str(ckpt_path))
-
-        identity: dict[str, Any] = {
-            "stage": "finetune", "reward": reward, "m": m, "baseline": baseline,
-            "lam": lam if reward == "xe-cider" else None, "preset": preset, "sample_mode": sample_mode,
-            "train_reward": TRAIN_REWARD,
-            "model_sha256": model_art.manifest_sha256, "checkpoint": checkpoint,
-            "data_sha256": data_art.manifest_sha256,
-            "epochs": epochs, "batch_size": batch_size, "lr": lr, "grad_clip": grad_clip,
-            "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every, "lr_decay_rate": lr_decay_rate,
-            "val_images": val_images, "val_batch_size": val_batch_size, "seed": seed, "precision": prec,
-        }
-        config = {**identity, "model": ref_name(model_art), "data": ref_name(data_art), "lam": lam, "device": device,
-                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
-                  "processes": rt.world_size, "val_samples": VAL_SAMPLES}
-        out_dir = claim_output(out, workspace=workspace, group="finetune", name=run_name(reward, m, baseline, lam),
-                               kind="rdpp.model", config=identity, force=force)
-        step = RewardStep(data=ds, cider=cider, reward=reward, m=m, baseline=baseline, lam=lam,
-                          max_len=ds.seq_length, seed=seed, rank=rt.rank, sample_mode=sample_mode)
-        summary = {"reward": reward, "m": m, "preset": preset}
-        if reward == "dpp":
-            summary["baseline"] = baseline
-        if reward == "xe-cider":
-            summary["lam"] = lam
-        if ckpt.get("val_cider") is not None:
-            summary["xe_val_cider"] = ckpt["val_cider"]
-        return run_training(stage="finetune", model=net, data=ds, out_dir=out_dir, cfg=cfg, step_fn=step,
-                            inputs=[data_art, model_art], manifest_config=config,
-                            epoch_metrics_fn=step.val_metrics, summary=summary, after_step=after_step,
-                            cider=cider)
+        inp = read_inputs(opts, quiet=not rt.is_main)
+        seed_everything(opts.seed)
+        net = model_from_checkpoint(inp.checkpoint, where=str(inp.checkpoint_path))
+        identity, config = run_settings(
+            "finetune", opts, precision,
+            identity={"lam": opts.lam if opts.reward == "xe-cider" else None, "train_reward": TRAIN_REWARD,
+                      "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
+            recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES})
+        out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
+                               name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
+                               force=opts.force)
+        step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
+                          lam=opts.lam, max_len=inp.data.seq_length, seed=opts.seed, rank=rt.rank,
+                          sample_mode=opts.sample_mode)
+        return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
+                              inputs=[inp.data_artifact, inp.model], manifest_config=config,
+                              epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
     finally:
         D.teardown()

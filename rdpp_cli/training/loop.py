@@ -1,11 +1,12 @@
-"""The training engine shared by ``rdpp train-xe`` and ``rdpp finetune``.
+"""The training engine shared by ``rdpp train-xe`` and ``rdpp finetune``: a recipe.
 
-A stage builds its model, claims its output folder and hands the rest to ``run_training`` with a
-*step function* that turns one batch into a loss::
+A stage builds its model, claims its output folder (``claim_output``) and runs a ``TrainingRecipe``
+with its options (``rdpp_cli.training.options.TrainLoopOptions`` or a subclass) and a *step
+function* that turns one batch into a loss::
 
     def step_fn(model, batch: Batch) -> Tensor | tuple[Tensor, dict[str, float]]:
         # model: the network in train mode, DistributedDataParallel-wrapped under torchrun. Call it
-        #   (``model(fc, att, seqs)``, or ``call(model, "token_logprobs", fc, att, seqs)`` for another
+        #   (``model(att, seqs)``, or ``call(model, "token_logprobs", att, seqs)`` for another
         #   method) for everything that needs gradients; use ``unwrap(model)`` for no-grad work
         #   such as sampling captions with rdpp_cli.decoding.decode.
         # batch: rdpp_cli.data.loader.Batch on the training device (index, fc, att, att_mask,
@@ -14,10 +15,12 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
         #   numbers to log; "loss" is shown in the progress bar, every key is averaged per epoch
         #   (weighted by images) into metrics.csv.
 
-    artifact = run_training(stage="xe", model=model, data=data, out_dir=out_dir, cfg=TrainConfig(...),
-                            step_fn=step_fn, inputs=[data.artifact], manifest_config=config)
+    artifact = TrainingRecipe(stage="xe", model=model, data=data, out_dir=out_dir, opts=opts,
+                              step_fn=step_fn, inputs=[data.artifact], manifest_config=config).run()
 
-``run_training`` does the rest, identically for every stage:
+``run`` is ``setup`` (device, loader, optimizer, LR schedule, precision, seeds), ``resume``, then
+``train_epoch`` (``train_step`` for every batch) and ``end_epoch`` (``validate``, ``best.pt``,
+``save``) for every epoch, and ``finish``; identically for every stage:
 
 - epochs of seeded, resumable batches (``data.loader.CaptionBatches``), Adam, gradient clipping
   (by value, self-critical.pytorch's default, or by norm), step LR decay every k epochs;
@@ -32,9 +35,9 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   ``prepare_output``), training continues from it, restoring weights, optimizer, scheduler,
   loader position, running epoch sums and every process's RNG states, so a resumed CPU run ends
   with the weights an uninterrupted one would have;
-- the model's forward (and validation decoding) under ``cfg.precision`` (``rdpp_cli.precision``:
-  bf16/fp16 autocast, weights, optimizer state and checkpoints in float32, a gradient scaler for
-  fp16 whose state is in the resume state);
+- the model's forward (and validation decoding) under the options' ``precision``
+  (``rdpp_cli.precision``: bf16/fp16 autocast, weights, optimizer state and checkpoints in float32,
+  a gradient scaler for fp16 whose state is in the resume state);
 - DDP under torchrun: each process trains on its share of every batch; validation images are
   shared out and the scores summed; rank 0 alone writes files and prints;
 - divergence stops the run with one line (``Diverged``): the loss is checked every step (the
@@ -43,8 +46,18 @@ A stage builds its model, claims its output folder and hands the rest to ``run_t
   checkpoint, so no NaN/Inf weights are ever written to last.pt, best.pt or the resume state;
 - the output folder stays locked (``artifacts.lock``) for the whole run, released when the
   manifest is written or the run fails;
-- finally the manifest (kind ``rdpp.model``; config with ``stage`` and ``model_config``; the
-  inputs; summary ``val_cider``, ``epochs``) and a summary table.
+- finally the manifest (kind ``rdpp.model``; config with ``stage``, ``precision`` and
+  ``model_config``; the inputs; summary ``val_cider``, ``epochs``) and a summary table.
+
+Extension points:
+
+- ``loggers``: more ``Logger`` objects beside ``MetricsCsv`` (metrics.csv), called on rank 0 with
+  every step's numbers and every epoch's row, and adding rows to the closing table (e.g.
+  ``rdpp_cli.training.tensorboard.TensorBoardLogger``, which both stages pass);
+- ``compute_loss(batch)``: the one model call of a step (the step function under the run's
+  precision): the place a compiled or CUDA-graph step would replace;
+- ``position``: where the run is (``Position``: epoch, batch, step), current after every step;
+  ``current_position()`` gives the position of the run in progress, for an interrupt handler.
 
 The model must follow Att2in's interface (``config`` dataclass, ``forward`` for teacher forcing, the
 decoding methods ``rdpp_cli.decoding.decode`` uses) and be built identically on every process
@@ -54,11 +67,11 @@ claims the folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,15 +81,17 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import (Artifact, atomic_write_bytes, finish, prepare_output, read_artifact,
-                                released_on_error, write_manifest)
+from rdpp_cli.artifacts import (Artifact, atomic_write_bytes, prepare_output, read_artifact, released_on_error,
+                                write_manifest)
+from rdpp_cli.artifacts import finish as finish_output
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import save_checkpoint
-from rdpp_cli.precision import DEFAULT_PRECISION, autocast, check_precision, grad_scaler, resolve_precision
+from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
+from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 
 StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
@@ -84,52 +99,6 @@ EpochMetricsFn = Callable[[nn.Module, Batch], dict[str, Any]]
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.csv"
-
-
-@dataclass
-class TrainConfig:
-    """Settings of the shared loop (a stage adds its own, e.g. the reward, in its manifest config)."""
-
-    epochs: int = 30
-    batch_size: int = 50  # images per optimizer step, all processes together
-    seq_per_img: int = 5  # captions per image in a batch
-    lr: float = 4e-4
-    grad_clip: float = 0.1  # 0 = no clipping
-    grad_clip_mode: str = "value"  # "value" (self-critical.pytorch's clamp) or "norm" (global L2 norm)
-    lr_decay_every: int = 3  # epochs; 0 = constant LR
-    lr_decay_rate: float = 0.8
-    weight_decay: float = 0.0
-    val_images: int | None = None  # None = the whole val split; 0 = no validation
-    val_batch_size: int = 100
-    save_every_steps: int = 0  # also save last.pt + resume state every K steps (0 = per epoch only)
-    seed: int = 123
-    device: str = "auto"
-    num_workers: int = 0  # threads reading the next batches ahead (data.loader.read_ahead)
-    resume: bool = True  # continue from out_dir's resume state when there is one
-    precision: str = DEFAULT_PRECISION  # fp32 | bf16 | fp16 | auto: the model's arithmetic (rdpp_cli.precision)
-
-    def check(self) -> None:
-        """RdppError for settings that cannot work (before anything is written)."""
-        from rdpp_cli import checks
-
-        for name in ("epochs", "batch_size", "seq_per_img", "val_batch_size"):
-            if getattr(self, name) < 1:
-                raise RdppError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
-        checks.learning_rate(self.lr)
-        checks.seed(self.seed)
-        checks.finite("--grad-clip", self.grad_clip)
-        if self.grad_clip < 0:
-            raise RdppError(f"--grad-clip must be 0 (off) or positive (got {self.grad_clip})")
-        if self.grad_clip_mode not in ("value", "norm"):
-            raise RdppError(f"--grad-clip-mode must be 'value' or 'norm' (got {self.grad_clip_mode!r})")
-        if self.lr_decay_every < 0 or not 0 < self.lr_decay_rate <= 1:
-            raise RdppError("--lr-decay-every must be ≥ 0 and --lr-decay-rate in (0, 1] "
-                            f"(got {self.lr_decay_every}, {self.lr_decay_rate})")
-        if self.val_images is not None and self.val_images < 0:
-            raise RdppError(f"--val-images must be ≥ 0 (got {self.val_images})")
-        if self.save_every_steps < 0 or self.num_workers < 0:
-            raise RdppError("--save-every-steps and --workers must be ≥ 0")
-        check_precision(self.precision)
 
 
 class _Methods(nn.Module):
@@ -152,7 +121,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def call(net: nn.Module, method: str, *args, **kwargs):
     """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
-    (e.g. ``call(net, "token_logprobs", fc, att, seqs)``); gradients are synchronised under DDP."""
+    (e.g. ``call(net, "token_logprobs", att, seqs)``); gradients are synchronised under DDP."""
     if isinstance(net, nn.parallel.DistributedDataParallel):
         return net(*args, method=method, **kwargs)
     return getattr(net, method)(*args, **kwargs)
@@ -199,7 +168,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             for batch in batches.epoch(0):
                 batch = batch.to(device)
                 with torch.no_grad():
-                    dec = decode(m, batch.fc, batch.att, greedy, att_mask=batch.att_mask)
+                    dec = decode(m, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
                     sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
                     if epoch_metrics_fn is not None:
@@ -220,14 +189,14 @@ def _merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def _clip(model: nn.Module, cfg: TrainConfig) -> None:
-    if cfg.grad_clip <= 0:
+def _clip(model: nn.Module, opts: TrainLoopOptions) -> None:
+    if opts.grad_clip <= 0:
         return
     params = [p for p in model.parameters() if p.grad is not None]
-    if cfg.grad_clip_mode == "value":
-        torch.nn.utils.clip_grad_value_(params, cfg.grad_clip)
+    if opts.grad_clip_mode == "value":
+        torch.nn.utils.clip_grad_value_(params, opts.grad_clip)
     else:
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
 
 
 def _split_step(out) -> tuple[Tensor, dict[str, float]]:
@@ -243,12 +212,12 @@ class Diverged(RdppError):
     """Training produced a non-finite loss or non-finite weights; nothing non-finite was saved."""
 
 
-def _diverged(what: str, epoch: int, step: int, last_loss: float | None, cfg: TrainConfig) -> Diverged:
+def _diverged(what: str, epoch: int, step: int, last_loss: float | None, opts: TrainLoopOptions) -> Diverged:
     last = f"last finite loss {last_loss:.4g}" if last_loss is not None else "no finite loss yet"
-    clip = (f"clip gradients harder (--grad-clip, now {cfg.grad_clip:g} by {cfg.grad_clip_mode})" if cfg.grad_clip > 0
+    clip = (f"clip gradients harder (--grad-clip, now {opts.grad_clip:g} by {opts.grad_clip_mode})" if opts.grad_clip > 0
             else "clip gradients (--grad-clip 0.1)")
     return Diverged(f"training diverged at epoch {epoch}, step {step}: {what} ({last}); no checkpoint holds these "
-                    f"weights; lower --lr (now {cfg.lr:g}) or {clip} and rerun")
+                    f"weights; lower --lr (now {opts.lr:g}) or {clip} and rerun")
 
 
 def _non_finite_parameter(model: nn.Module) -> str | None:
@@ -261,241 +230,385 @@ def _non_finite_parameter(model: nn.Module) -> str | None:
     return tensors[int(bad[0])][0] if len(bad) else None
 
 
-def _releases_lock(fn):
-    """Release the output folder's lock when the run fails (``finish`` releases it on success)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, out_dir, **kwargs):
-        with released_on_error(out_dir):
-            return fn(*args, out_dir=out_dir, **kwargs)
-
-    return wrapper
-
-
-def _write_metrics(path: Path, history: list[dict]) -> None:
-    if history:
-        atomic_write_bytes(path, pd.DataFrame(history).to_csv(index=False).encode())
+def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity: dict[str, Any],
+                 recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A training run's identity (what decides its result, so a rerun with it resumes the unfinished
+    run: the options' ``identity``, ``precision`` resolved, and the stage's ``identity`` such as its
+    inputs' manifest hashes) and the manifest's config (that, the options' ``recorded`` settings,
+    what ``--precision`` asked, the number of processes and the stage's ``recorded`` values)."""
+    ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
+    config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
+              "processes": D.runtime().world_size, **recorded}
+    return ident, config
 
 
-@_releases_lock
-def run_training(
-    *,
-    stage: str,
-    model: nn.Module,
-    data: DataArtifact,
-    out_dir: Path,
-    cfg: TrainConfig,
-    step_fn: StepFn,
-    inputs: list[Artifact],
-    manifest_config: dict,
-    epoch_metrics_fn: EpochMetricsFn | None = None,
-    summary: dict[str, Any] | None = None,
-    after_step: Callable[[int], None] | None = None,
-    cider=None,
-) -> Artifact:
-    """Train ``model`` on ``data``'s train split into ``out_dir`` (claimed by ``claim_output``).
+@dataclass
+class Position:
+    """Where a run is: ``epoch`` epochs done (so the 0-based index of the one running), ``batch``
+    batches of it done, ``step`` optimizer steps done. The resume state stores it."""
 
-    ``manifest_config``: the stage's resolved options (recorded with ``stage`` and
-    ``model_config``). ``summary``: extra headline numbers for the manifest and the final table.
-    ``after_step(step)``: called after every optimizer step (and its checkpoint, when one is due);
-    tests raise from it to simulate a crash. ``cider``: the validation scorer (``TrainCider`` of
-    ``data``), when the stage has already loaded it. Returns the finished model artifact (on every rank).
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch + 1}, step {self.step}"
+
+
+_RUNNING: list["TrainingRecipe"] = []
+
+
+def current_position() -> Position | None:
+    """The position of the training run in progress in this process; None when none is."""
+    return _RUNNING[-1].position if _RUNNING else None
+
+
+class Logger:
+    """Receives a run's numbers on rank 0; subclasses override what they need."""
+
+    def start(self, history: list[dict[str, Any]]) -> None:
+        """The run begins; ``history``: the epoch rows of the interrupted run it continues (or [])."""
+
+    def log_step(self, step: int, logs: dict[str, float]) -> None:
+        """After every optimizer step: the step function's numbers ("loss", ...)."""
+
+    def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """After every epoch (its checkpoints saved): its row of metrics, and every row so far."""
+
+    def close(self) -> None:
+        """The run ended, finished or not."""
+
+    def summary_rows(self) -> list[tuple[str, Any]]:
+        """Rows for the stage's closing table (e.g. where the logger wrote)."""
+        return []
+
+
+class MetricsCsv(Logger):
+    """``metrics.csv``: one row per epoch, the whole file rewritten atomically after each."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def start(self, history: list[dict[str, Any]]) -> None:
+        if history:  # a resumed run: the file as its resume state has it
+            self._write(history)
+
+    def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self._write(history)
+
+    def _write(self, history: list[dict[str, Any]]) -> None:
+        atomic_write_bytes(self.path, pd.DataFrame(history).to_csv(index=False).encode())
+
+
+class TrainingRecipe:
+    """One training run of ``model`` on ``data``'s train split into ``out_dir`` (claimed by
+    ``claim_output``); ``run()`` returns the finished model artifact (on every rank).
+
+    ``manifest_config``: the stage's resolved settings (``run_settings``; recorded with ``stage``,
+    ``precision`` and ``model_config``). ``summary``: extra headline numbers for the manifest and the
+    final table. ``after_step(step)``: called after every optimizer step (and its checkpoint, when
+    one is due); tests raise from it to simulate a crash. ``cider``: the validation scorer
+    (``TrainCider`` of ``data``), when the stage has already loaded it. ``loggers``: more
+    ``Logger`` objects beside metrics.csv.
     """
-    cfg.check()
-    rt = D.setup(cfg.device)
-    out_dir = Path(out_dir)
-    ckpt_dir = out_dir / CHECKPOINTS
-    state_path = ckpt_dir / STATE_FILE
-    vocab = list(data.words)
-    core = model
-    core.to(rt.device)
-    loader = CaptionBatches(data, "train", batch_size=cfg.batch_size, seq_per_img=cfg.seq_per_img, seed=cfg.seed,
-                            rank=rt.rank, world_size=rt.world_size, num_workers=cfg.num_workers,
-                            pin_memory=rt.device.type == "cuda")
-    val_all = validation_images(data, cfg.val_images)
-    val_share = np.array_split(val_all, rt.world_size)[rt.rank]
-    if len(val_all) and cider is None:
-        from rdpp_cli.metrics.train_cider import TrainCider
 
-        cider = TrainCider.for_data(data)
+    def __init__(self, *, stage: str, model: nn.Module, data: DataArtifact, out_dir: Path, opts: TrainLoopOptions,
+                 step_fn: StepFn, inputs: list[Artifact], manifest_config: dict,
+                 epoch_metrics_fn: EpochMetricsFn | None = None, summary: dict[str, Any] | None = None,
+                 after_step: Callable[[int], None] | None = None, cider=None, loggers: list[Logger] = ()):
+        self.stage, self.model, self.data, self.opts, self.step_fn = stage, model, data, opts, step_fn
+        self.out_dir = Path(out_dir)
+        self.ckpt_dir = self.out_dir / CHECKPOINTS
+        self.state_path = self.ckpt_dir / STATE_FILE
+        self.inputs, self.manifest_config, self.summary = inputs, manifest_config, dict(summary or {})
+        self.epoch_metrics_fn, self.after_step, self.cider = epoch_metrics_fn, after_step, cider
+        self.loggers = [MetricsCsv(self.out_dir / METRICS), *loggers]
+        self.position = Position()
+        self.history: list[dict[str, Any]] = []
+        self.sums: dict[str, float] = {}  # this process's running sums of the current epoch's logs
+        self.best, self.best_epoch, self.last_val, self.last_loss = -math.inf, 0, None, None
+        self.elapsed0 = 0.0  # training seconds before this process took over (a resumed run)
 
-    optimizer = torch.optim.Adam(core.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    precision = resolve_precision(cfg.precision, rt.device)
-    scaler = grad_scaler(precision, rt.device)  # fp16 only
-    scheduler = (torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_decay_every, gamma=cfg.lr_decay_rate)
-                 if cfg.lr_decay_every > 0 else None)
-    # Training randomness (dropout, sampling) per process; the caller seeded the model's init.
-    seed_everything(cfg.seed + rt.rank)
+    def run(self) -> Artifact:
+        with released_on_error(self.out_dir), self._in_progress():
+            self.setup()
+            self.resume()
+            try:
+                with self.bar:
+                    while self.position.epoch < self.opts.epochs:
+                        self.train_epoch()
+                        self.end_epoch()
+            finally:
+                for lg in self.loggers:
+                    lg.close()
+            return self.finish()
 
-    epoch0, batch0, step, elapsed0 = 0, 0, 0, 0.0
-    history: list[dict] = []
-    sums: dict[str, float] = {}
-    best, best_epoch, last_val = -math.inf, 0, None
-    if state_path.exists() and cfg.resume:
-        st = load_state(state_path)
-        core.load_state_dict(st["model"])
-        optimizer.load_state_dict(st["optimizer"])
-        if scheduler is not None and st.get("scheduler") is not None:
-            scheduler.load_state_dict(st["scheduler"])
-        if scaler is not None and st.get("scaler") is not None:
-            scaler.load_state_dict(st["scaler"])
-        epoch0, batch0, step = int(st["epoch"]), int(st["batch"]), int(st["step"])
-        elapsed0 = float(st["elapsed"])
-        history, sums = list(st["history"]), dict(st["sums"])
-        best, best_epoch, last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
-        if len(st["rng"]) == rt.world_size:
-            set_rng_state(st["rng"][rt.rank])
-        elif rt.is_main:
-            note(f"resume state is from {len(st['rng'])} process(es), this run has {rt.world_size}: "
-                 "RNG streams restart (the result will not equal an uninterrupted run)")
-        if rt.is_main:
-            info(f"resuming {out_dir} at epoch {epoch0 + 1}, batch {batch0} (step {step})")
-            _write_metrics(out_dir / METRICS, history)
-    elif state_path.exists() and rt.is_main:
-        note(f"--no-resume: starting {out_dir} over; its earlier state will be overwritten")
+    @contextlib.contextmanager
+    def _in_progress(self) -> Iterator[None]:
+        _RUNNING.append(self)
+        try:
+            yield
+        finally:
+            _RUNNING.remove(self)
 
-    if rt.distributed:
-        net: nn.Module = nn.parallel.DistributedDataParallel(
-            _Methods(core), device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-    else:
-        net = core
-    t0 = time.perf_counter()
+    # -- setup and resume --------------------------------------------------------------------------
 
-    def elapsed() -> float:
-        return elapsed0 + time.perf_counter() - t0
+    def setup(self) -> None:
+        """Device, loader, validation images and scorer, Adam, the LR schedule, precision, seeds."""
+        o = self.opts
+        self.rt = rt = D.setup(o.device)
+        self.model.to(rt.device)
+        self.loader = CaptionBatches(self.data, "train", batch_size=o.batch_size, seq_per_img=o.seq_per_img,
+                                     seed=o.seed, rank=rt.rank, world_size=rt.world_size, num_workers=o.workers,
+                                     pin_memory=rt.device.type == "cuda")
+        self.val_all = validation_images(self.data, o.val_images)
+        self.val_share = np.array_split(self.val_all, rt.world_size)[rt.rank]
+        if len(self.val_all) and self.cider is None:
+            from rdpp_cli.metrics.train_cider import TrainCider
 
-    last_loss: float | None = None
-
-    def check_weights(epoch: int) -> None:
-        """Stop before non-finite weights are validated or saved (the same on every process: DDP
-        keeps the replicas equal)."""
-        name = _non_finite_parameter(core)
-        if name is not None:
-            raise _diverged(f"parameter {name} holds NaN or infinity although the loss was finite", epoch, step,
-                            last_loss, cfg)
-
-    def save_last(epoch: int, batch: int) -> None:
-        check_weights(epoch + (batch > 0))
-        rngs = D.all_gather_object(rng_state())  # every process's RNG streams (a collective)
+            self.cider = TrainCider.for_data(self.data)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=o.lr)
+        self.precision = resolve_precision(o.precision, rt.device)
+        self.scaler = grad_scaler(self.precision, rt.device)  # fp16 only
+        self.scheduler = (torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=o.lr_decay_every,
+                                                          gamma=o.lr_decay_rate) if o.lr_decay_every > 0 else None)
+        # Training randomness (dropout, sampling) per process; the stage seeded the model's init.
+        seed_everything(o.seed + rt.rank)
         if not rt.is_main:
-            return
-        save_state(state_path, {
-            "model": {k: v.detach().cpu() for k, v in core.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "epoch": epoch, "batch": batch, "step": step, "elapsed": elapsed(),
-            "history": history, "sums": sums, "best": best, "best_epoch": best_epoch, "last_val": last_val,
-            "rng": rngs, "world_size": rt.world_size, "stage": stage,
-        })
-        save_checkpoint(ckpt_dir / "last.pt", core, vocab, epoch=epoch, step=step, stage=stage,
-                        val_cider=last_val)
+            self.loggers = []
+        self.bar = progress("images")
+        self.bar.disable = self.bar.disable or not rt.is_main
 
-    if rt.is_main:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-    bar = progress("images")
-    bar.disable = bar.disable or not rt.is_main
-    with bar:
-        for epoch in range(epoch0, cfg.epochs):
-            lr_now = optimizer.param_groups[0]["lr"]
-            done = min(batch0 * cfg.batch_size, loader.images_per_epoch)
-            task = bar.add_task(f"{stage} epoch {epoch + 1}/{cfg.epochs}", total=loader.images_per_epoch,
-                                completed=done, info="")
-            t_epoch, images_run = time.perf_counter(), 0
-            for batch in loader.epoch(epoch, batch0):
-                net.train()
-                batch = batch.to(rt.device)
-                with autocast(precision, rt.device):  # the forward; backward follows its precisions
-                    loss, logs = _split_step(step_fn(net, batch))
-                bad = not math.isfinite(logs["loss"])  # read for the progress bar anyway: no extra sync
-                if rt.distributed:
-                    bad = D.any_true(bad)
-                if bad:
-                    raise _diverged(f"the loss is {logs['loss']}", epoch + 1, step + 1, last_loss, cfg)
-                last_loss = logs["loss"]
-                loss = loss * batch.weight if batch.weight != 1.0 else loss
-                if scaler is None:
-                    loss.backward()
-                    _clip(core, cfg)
-                    optimizer.step()
-                else:  # fp16: scaled loss, clipping on the true gradients, steps with inf/nan skipped
-                    scaler.scale(loss).backward()
-                    scaler.unscale_(optimizer)
-                    _clip(core, cfg)
-                    scaler.step(optimizer)
-                    scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                for k, v in logs.items():
-                    sums[k] = sums.get(k, 0.0) + v * batch.size
-                sums["_images"] = sums.get("_images", 0.0) + batch.size
-                images_run += batch.global_images
-                bar.update(task, advance=batch.global_images, info=f"loss {logs['loss']:.3f}")
-                if cfg.save_every_steps and step % cfg.save_every_steps == 0 and batch.batch + 1 < len(loader):
-                    save_last(epoch, batch.batch + 1)
-                if after_step is not None:
-                    after_step(step)
-            epoch_seconds = time.perf_counter() - t_epoch
-            total = _merge_sums(D.all_gather_object(sums))
-            n_img = total.pop("_images", 0.0) or 1.0
-            row: dict[str, Any] = {"epoch": epoch + 1, "step": step}
-            row.update({k: v / n_img for k, v in total.items()})
-            check_weights(epoch + 1)  # before validating or saving them
-            if len(val_all):
-                bar.update(task, info="validating")
-                with autocast(precision, rt.device):  # decoding in the run's precision, scoring in numpy
-                    sums_val = greedy_cider(core, data, val_share, batch_size=cfg.val_batch_size, device=rt.device,
-                                            cider=cider, epoch_metrics_fn=epoch_metrics_fn)
-                val = _merge_sums(D.all_gather_object(sums_val))
-                n_val = val.pop("_n")
-                row.update({k: v / n_val for k, v in val.items()})
-                last_val = row["val_cider"]
-            if scheduler is not None:
-                scheduler.step()
-            row.update({"lr": lr_now, "time": round(elapsed(), 3),
-                        "images_per_s": round(images_run / epoch_seconds, 3) if epoch_seconds > 0 else None})
-            history.append(row)
-            improved = last_val is not None and last_val > best
-            if improved or not len(val_all):
-                best, best_epoch = (last_val if last_val is not None else best), epoch + 1
-                if rt.is_main:
-                    save_checkpoint(ckpt_dir / "best.pt", core, vocab, epoch=epoch + 1, step=step, stage=stage,
-                                    val_cider=last_val)
-            bar.update(task, info=f"loss {row.get('loss', float('nan')):.3f}"
-                       + (f"  val CIDEr-D {last_val:.3f}" if last_val is not None else ""))
-            sums, batch0 = {}, 0
-            save_last(epoch + 1, 0)
+    def resume(self) -> None:
+        """Continue from ``out_dir``'s resume state when there is one (unless ``--no-resume``); then
+        wrap the model for DDP and start the clock."""
+        rt = self.rt
+        if self.state_path.exists() and self.opts.resume:
+            self.load_state_dict(load_state(self.state_path))
             if rt.is_main:
-                _write_metrics(out_dir / METRICS, history)
+                info(f"resuming {self.out_dir} at epoch {self.position.epoch + 1}, batch {self.position.batch} "
+                     f"(step {self.position.step})")
+        elif self.state_path.exists() and rt.is_main:
+            note(f"--no-resume: starting {self.out_dir} over; its earlier state will be overwritten")
+        for lg in self.loggers:
+            lg.start(self.history)
+        self.net = self.model
+        if rt.distributed:
+            self.net = nn.parallel.DistributedDataParallel(
+                _Methods(self.model), device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        self.t0 = time.perf_counter()
+        if rt.is_main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
 
-    if rt.is_main:
-        model_config = dataclasses.asdict(core.config) if dataclasses.is_dataclass(getattr(core, "config", None)) else {}
-        head: dict[str, Any] = {"epochs": cfg.epochs}
-        if best > -math.inf:
-            head["val_cider"] = best
-        head.update(summary or {})
-        write_manifest(out_dir, "rdpp.model",
-                       {**manifest_config, "stage": stage, "precision": precision, "model_config": model_config},
-                       inputs=inputs, summary=head)
-        finish(out_dir)
-        last = history[-1] if history else {}
+    def state_dict(self) -> dict[str, Any]:
+        """This process's resume state, but the RNG states (``save`` gathers every process's)."""
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step,
+            "elapsed": self.elapsed(), "history": self.history, "sums": self.sums, "best": self.best,
+            "best_epoch": self.best_epoch, "last_val": self.last_val, "world_size": self.rt.world_size,
+            "stage": self.stage,
+        }
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scheduler is not None and st.get("scheduler") is not None:
+            self.scheduler.load_state_dict(st["scheduler"])
+        if self.scaler is not None and st.get("scaler") is not None:
+            self.scaler.load_state_dict(st["scaler"])
+        self.position = Position(int(st["epoch"]), int(st["batch"]), int(st["step"]))
+        self.elapsed0 = float(st["elapsed"])
+        self.history, self.sums = list(st["history"]), dict(st["sums"])
+        self.best, self.best_epoch, self.last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
+        if len(st["rng"]) == self.rt.world_size:
+            set_rng_state(st["rng"][self.rt.rank])
+        elif self.rt.is_main:
+            note(f"resume state is from {len(st['rng'])} process(es), this run has {self.rt.world_size}: "
+                 "RNG streams restart (the result will not equal an uninterrupted run)")
+
+    def elapsed(self) -> float:
+        """Training seconds so far, those of the interrupted runs it continues included."""
+        return self.elapsed0 + time.perf_counter() - self.t0
+
+    # -- training ----------------------------------------------------------------------------------
+
+    def train_epoch(self) -> None:
+        """The batches of epoch ``position.epoch`` from ``position.batch`` on, with the mid-epoch
+        checkpoints ``save_every_steps`` asks for."""
+        o, pos = self.opts, self.position
+        self.lr_now = self.optimizer.param_groups[0]["lr"]
+        done = min(pos.batch * o.batch_size, self.loader.images_per_epoch)
+        self.task = self.bar.add_task(f"{self.stage} epoch {pos.epoch + 1}/{o.epochs}",
+                                      total=self.loader.images_per_epoch, completed=done, info="")
+        t_epoch, self.images_run = time.perf_counter(), 0
+        for batch in self.loader.epoch(pos.epoch, pos.batch):
+            logs = self.train_step(batch)
+            self.images_run += batch.global_images
+            self.bar.update(self.task, advance=batch.global_images, info=f"loss {logs['loss']:.3f}")
+            if o.save_every_steps and pos.step % o.save_every_steps == 0 and pos.batch < len(self.loader):
+                self.save()
+            if self.after_step is not None:
+                self.after_step(pos.step)
+        self.epoch_seconds = time.perf_counter() - t_epoch
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns the step function's numbers."""
+        self.net.train()
+        batch = batch.to(self.rt.device)
+        loss, logs = self.compute_loss(batch)
+        self.check_loss(logs["loss"])
+        self.last_loss = logs["loss"]
+        self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
+        self.position.step += 1
+        self.position.batch = batch.batch + 1
+        for k, v in logs.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v * batch.size
+        self.sums["_images"] = self.sums.get("_images", 0.0) + batch.size
+        for lg in self.loggers:
+            lg.log_step(self.position.step, logs)
+        return logs
+
+    def compute_loss(self, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        """The model call of a step: the step function under the run's precision (its backward
+        follows the forward's precisions)."""
+        with autocast(self.precision, self.rt.device):
+            return _split_step(self.step_fn(self.net, batch))
+
+    def check_loss(self, loss: float) -> None:
+        """Stop before a non-finite loss reaches the weights (under DDP every process stops)."""
+        bad = not math.isfinite(loss)  # read for the progress bar anyway: no extra sync
+        if self.rt.distributed:
+            bad = D.any_true(bad)
+        if bad:
+            raise _diverged(f"the loss is {loss}", self.position.epoch + 1, self.position.step + 1, self.last_loss,
+                            self.opts)
+
+    def apply_gradients(self, loss: Tensor) -> None:
+        """Backward, clipping and the Adam step (fp16: scaled loss, clipping on the true gradients,
+        steps with inf/nan skipped)."""
+        if self.scaler is None:
+            loss.backward()
+            _clip(self.model, self.opts)
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+            _clip(self.model, self.opts)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def check_weights(self, epoch: int) -> None:
+        """Stop before non-finite weights are validated or saved (the same on every process: DDP
+        keeps the replicas equal). ``epoch``: counted from 1, for the message."""
+        name = _non_finite_parameter(self.model)
+        if name is not None:
+            raise _diverged(f"parameter {name} holds NaN or infinity although the loss was finite", epoch,
+                            self.position.step, self.last_loss, self.opts)
+
+    # -- the end of an epoch -----------------------------------------------------------------------
+
+    def end_epoch(self) -> None:
+        """The epoch's row (mean logs over every process's images, validation, lr, time), best.pt,
+        last.pt and the resume state at the start of the next epoch, and the loggers."""
+        pos = self.position
+        total = _merge_sums(D.all_gather_object(self.sums))
+        n_img = total.pop("_images", 0.0) or 1.0
+        row: dict[str, Any] = {"epoch": pos.epoch + 1, "step": pos.step}
+        row.update({k: v / n_img for k, v in total.items()})
+        self.check_weights(pos.epoch + 1)  # before validating or saving them
+        if len(self.val_all):
+            row.update(self.validate())
+            self.last_val = row["val_cider"]
+        if self.scheduler is not None:
+            self.scheduler.step()
+        row.update({"lr": self.lr_now, "time": round(self.elapsed(), 3),
+                    "images_per_s": round(self.images_run / self.epoch_seconds, 3) if self.epoch_seconds > 0 else None})
+        self.history.append(row)
+        self.keep_best()
+        self.bar.update(self.task, info=f"loss {row.get('loss', float('nan')):.3f}"
+                        + (f"  val CIDEr-D {self.last_val:.3f}" if self.last_val is not None else ""))
+        self.sums = {}
+        pos.epoch, pos.batch = pos.epoch + 1, 0
+        self.save()
+        for lg in self.loggers:
+            lg.log_epoch(row, self.history)
+
+    def validate(self) -> dict[str, float]:
+        """Greedy val CIDEr-D (and ``epoch_metrics_fn``'s columns), means over every process's share."""
+        self.bar.update(self.task, info="validating")
+        with autocast(self.precision, self.rt.device):  # decoding in the run's precision, scoring in numpy
+            sums = greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
+                                device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn)
+        val = _merge_sums(D.all_gather_object(sums))
+        n_val = val.pop("_n")
+        return {k: v / n_val for k, v in val.items()}
+
+    def keep_best(self) -> None:
+        """best.pt when the epoch's val CIDEr-D is the best so far (every epoch without validation)."""
+        epoch = self.position.epoch + 1
+        if (self.last_val is not None and self.last_val > self.best) or not len(self.val_all):
+            self.best, self.best_epoch = (self.last_val if self.last_val is not None else self.best), epoch
+            if self.rt.is_main:
+                save_checkpoint(self.ckpt_dir / "best.pt", self.model, list(self.data.words), epoch=epoch,
+                                step=self.position.step, stage=self.stage, val_cider=self.last_val)
+
+    def save(self) -> None:
+        """last.pt and the resume state at ``position`` (a collective: every process's RNG states)."""
+        pos = self.position
+        self.check_weights(pos.epoch + (pos.batch > 0))
+        rngs = D.all_gather_object(rng_state())
+        if not self.rt.is_main:
+            return
+        save_state(self.state_path, {**self.state_dict(), "rng": rngs})
+        save_checkpoint(self.ckpt_dir / "last.pt", self.model, list(self.data.words), epoch=pos.epoch, step=pos.step,
+                        stage=self.stage, val_cider=self.last_val)
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    def finish(self) -> Artifact:
+        """The manifest, the summary table; the artifact, read back on every process."""
+        if self.rt.is_main:
+            model = self.model
+            model_config = dataclasses.asdict(model.config) if dataclasses.is_dataclass(getattr(model, "config", None)) else {}
+            head: dict[str, Any] = {"epochs": self.opts.epochs}
+            if self.best > -math.inf:
+                head["val_cider"] = self.best
+            head.update(self.summary)
+            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
+                                                        "precision": self.precision, "model_config": model_config},
+                           inputs=self.inputs, summary=head)
+            finish_output(self.out_dir)
+            console.print(summary_table(f"rdpp {self.stage}: done", self.summary_rows()))
+        D.barrier()
+        return read_artifact(self.out_dir, "rdpp.model")
+
+    def summary_rows(self) -> list[tuple[str, Any]]:
+        last = self.history[-1] if self.history else {}
         rows: list[tuple[str, Any]] = [
-            ("artifact", out_dir),
-            ("trained on", f"{data.path}  ({len(loader.images)} train images, {cfg.seq_per_img} captions each)"),
-            ("epochs / steps", f"{cfg.epochs} / {step}"),
+            ("artifact", self.out_dir),
+            ("trained on", f"{self.data.path}  ({len(self.loader.images)} train images, "
+                           f"{self.opts.seq_per_img} captions each)"),
+            ("epochs / steps", f"{self.opts.epochs} / {self.position.step}"),
             ("train loss (last epoch)", last.get("loss", "-")),
         ]
-        if best > -math.inf:
-            rows += [("val CIDEr-D (best)", f"{best:.4f} (epoch {best_epoch}, {len(val_all)} val images, greedy)"),
+        if self.best > -math.inf:
+            rows += [("val CIDEr-D (best)", f"{self.best:.4f} (epoch {self.best_epoch}, {len(self.val_all)} val "
+                                            "images, greedy)"),
                      ("val CIDEr-D (last)", last.get("val_cider", "-"))]
-        rows += [(k, v) for k, v in (summary or {}).items()]
-        ips = [r["images_per_s"] for r in history if r.get("images_per_s")]
-        rows += [("time", f"{elapsed():.1f} s"),
+        rows += list(self.summary.items())
+        ips = [r["images_per_s"] for r in self.history if r.get("images_per_s")]
+        rt = self.rt
+        rows += [("time", f"{self.elapsed():.1f} s"),
                  ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
                   + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
-                 ("precision", precision),
-                 ("checkpoints", f"{ckpt_dir}/best.pt, last.pt"),
-                 ("metrics", out_dir / METRICS)]
-        console.print(summary_table(f"rdpp {stage}: done", rows))
-    D.barrier()
-    return read_artifact(out_dir, "rdpp.model")
+                 ("precision", self.precision),
+                 ("checkpoints", f"{self.ckpt_dir}/best.pt, last.pt"),
+                 ("metrics", self.out_dir / METRICS)]
+        for lg in self.loggers:
+            rows += lg.summary_rows()
+        return rows

@@ -3,7 +3,7 @@
 Shapes: B images, M sampled captions per image, N = B*M caption rows (image-major: row
 ``b*M + i`` is sample ``i`` of image ``b``), T tokens.
 
-- :func:`dpp_weights` — the R-DPP weight of each sample (DESIGN §6, as the authors' code computes it)
+- :func:`dpp_weights` — the R-DPP weight of each sample (docs/rewards.md#r-dpp, as the authors' code computes it)
 - :func:`scst_advantage` — sample reward minus the greedy caption's reward (SCST)
 - :func:`mean_baseline_advantage` — reward minus the mean reward of the *other* samples of the image
 - :func:`subtract_mean` — weights minus their mean over the M samples (R-DPP ``--baseline mean``)

@@ -8,6 +8,7 @@ loop in ``rdpp_cli.training.loop``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,21 +21,23 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import PRESETS, Att2in, config_from_preset
+from rdpp_cli.models.att2in import Att2in, config_from_preset
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
-from rdpp_cli.precision import DEFAULT_PRECISION, resolve_precision
+from rdpp_cli.options import takes
+from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loop import TrainConfig, call, claim_output, run_training, validation_images
+from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, validation_images
+from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
+from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
 
 def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
-    captions: ``sequence_logprobs(model(fc, att, labels), labels)`` through the model's faster
+    captions: ``sequence_logprobs(model(att, labels), labels)`` through the model's faster
     ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
     over the whole step's tokens, all processes together, as one process would take it."""
-    token_logp, mask = call(model, "token_logprobs", batch.fc, batch.att, batch.labels, att_mask=batch.att_mask)
+    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask)
     return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
@@ -84,94 +87,81 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
     return ckpt, str(where)
 
 
-def train_xe(
-    data: str | Path | None = None,
-    *,
-    out: Path | str | None = None,
-    workspace: Path | str | None = None,
-    preset: str = "paper",
-    init_from: str | Path | None = None,
-    epochs: int = 30,
-    batch_size: int = 50,
-    seq_per_img: int = 5,
-    lr: float = 4e-4,
-    grad_clip: float = 0.1,
-    grad_clip_mode: str = "value",
-    lr_decay_every: int = 3,
-    lr_decay_rate: float = 0.8,
-    val_images: int | None = None,
-    val_batch_size: int = 100,
-    save_every_steps: int = 0,
-    device: str = "auto",
-    precision: str = DEFAULT_PRECISION,
-    workers: int = 0,
-    seed: int = 123,
-    resume: bool = True,
-    force: bool = False,
-    after_step: Callable[[int], None] | None = None,
-) -> Artifact:
+@dataclass
+class XEInputs:
+    """What a train-xe run reads: the data artifact, its validation images and scorer, and the
+    checkpoint ``--init-from`` names (with where it came from)."""
+
+    artifact: Artifact
+    data: DataArtifact
+    val_images: np.ndarray
+    cider: Any  # TrainCider of ``data`` when validating, else None
+    init: dict | None = None
+    init_where: str | None = None
+
+
+def read_inputs(opts: XEOptions, quiet: bool) -> XEInputs:
+    """The data artifact (RdppError for one that cannot be trained on) and the init checkpoint."""
+    art = resolve_input(opts.data, workspace=opts.workspace, groups=("data",), kind="rdpp.data",
+                        what="data artifact", make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=quiet)
+    ds = DataArtifact(art)
+    ds.split_indices("train")
+    val_idx = validation_images(ds, opts.val_images)
+    cider = None
+    if len(val_idx):  # validation scores with the training reward: refuse an outdated df now
+        from rdpp_cli.metrics.train_cider import TrainCider
+
+        cider = TrainCider.for_data(ds)
+    init, where = _init_checkpoint(opts.init_from, opts.workspace, ds) if opts.init_from else (None, None)
+    return XEInputs(art, ds, val_idx, cider, init, where)
+
+
+def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
+    """The model to train, seeded so that every process builds the same initial weights."""
+    seed_everything(opts.seed)
+    if inp.init is not None:
+        return model_from_checkpoint(inp.init, where=inp.init_where)
+    ds = inp.data
+    return Att2in(config_from_preset(opts.preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                     seq_length=ds.seq_length))
+
+
+def baseline_summary(inp: XEInputs) -> dict[str, Any]:
+    """``baseline_cider``: the trivial captioner's val CIDEr-D (printed once)."""
+    if not len(inp.val_images):
+        return {}
+    base, cap = D.on_main(lambda: baseline_cider(inp.data, inp.val_images, inp.cider))
+    if D.runtime().is_main:
+        info(f"trivial baseline: every val image captioned '{cap}' scores CIDEr-D {base:.4f}")
+    return {"baseline_cider": base}
+
+
+@takes(XEOptions)
+def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None) -> Artifact:
     """Train Att2in with cross-entropy on a data artifact; returns the model artifact.
 
-    ``data``: a data artifact folder or its name in the workspace (default: the newest). ``out``:
+    ``opts`` (or its fields as keyword arguments; ``rdpp_cli.training.options.XEOptions``):
+    ``data`` is a data artifact folder or its name in the workspace (default: the newest); ``out``
     the folder to write (default: a new version ``<workspace>/xe/att2in-<preset>-v<k>``; an
-    unfinished run with the same settings is resumed). ``precision``: fp32, bf16, fp16 or auto
+    unfinished run with the same settings is resumed); ``precision`` fp32, bf16, fp16 or auto
     (``rdpp_cli.precision``; the resolved one is recorded in the manifest and is part of the
     settings a rerun must share to resume). ``after_step`` is for tests.
     """
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, seq_per_img=seq_per_img, lr=lr, grad_clip=grad_clip,
-                      grad_clip_mode=grad_clip_mode, lr_decay_every=lr_decay_every, lr_decay_rate=lr_decay_rate,
-                      val_images=val_images, val_batch_size=val_batch_size, save_every_steps=save_every_steps,
-                      seed=seed, device=device, num_workers=workers, resume=resume,
-                      precision=precision)
-    cfg.check()
-    if preset not in PRESETS:
-        raise RdppError(f"--preset {preset!r} is not a preset; use one of {', '.join(PRESETS)}")
-    rt = D.setup(device)  # RdppError for --device cuda without a GPU, before anything is touched
-    prec = resolve_precision(precision, rt.device)
+    rt = D.setup(opts.device)  # RdppError for --device cuda without a GPU, before anything is touched
+    precision = resolve_precision(opts.precision, rt.device)
     try:
-        art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                            make_with="rdpp prepro toy` or `rdpp prepro coco", quiet=not rt.is_main)
-        ds = DataArtifact(art)
-        ds.split_indices("train")
-        val_idx = validation_images(ds, val_images)
-        cider = None
-        if len(val_idx):  # validation scores with the training reward: refuse an outdated df now
-            from rdpp_cli.metrics.train_cider import TrainCider
-
-            cider = TrainCider.for_data(ds)
-        init_ckpt, init_where = _init_checkpoint(init_from, workspace, ds) if init_from else (None, None)
-
-        seed_everything(seed)  # the same initial weights on every process
-        if init_ckpt is not None:
-            model = model_from_checkpoint(init_ckpt, where=init_where)
-        else:
-            model = Att2in(config_from_preset(preset, vocab_size=ds.vocab_size, fc_feat_size=ds.fc_dim,
-                                              att_feat_size=ds.att_dim, seq_length=ds.seq_length))
-        # what decides the result (a rerun with these resumes the unfinished run: content, not paths) ...
-        identity: dict[str, Any] = {
-            "stage": "xe", "data_sha256": art.manifest_sha256, "preset": preset if init_ckpt is None else None,
-            "init_sha256": sha256_file(Path(init_where)) if init_where else None, "epochs": epochs,
-            "batch_size": batch_size, "seq_per_img": seq_per_img,
-            "lr": lr, "grad_clip": grad_clip, "grad_clip_mode": grad_clip_mode, "lr_decay_every": lr_decay_every,
-            "lr_decay_rate": lr_decay_rate, "val_images": val_images, "val_batch_size": val_batch_size,
-            "seed": seed, "precision": prec,
-        }
-        # ... and what does not (recorded in the manifest too)
-        config = {**identity, "data": ref_name(art), "init_from": init_where, "preset": preset, "device": device,
-                  "precision_option": precision, "workers": workers, "save_every_steps": save_every_steps,
-                  "processes": rt.world_size}
-        name = f"att2in-{preset}" if init_ckpt is None else "att2in-init"
-        out_dir = claim_output(out, workspace=workspace, group="xe", name=name, kind="rdpp.model",
-                               config=identity, force=force)
-        summary: dict[str, Any] = {}
-        if len(val_idx):
-            base, cap = D.on_main(lambda: baseline_cider(ds, val_idx, cider))
-            summary["baseline_cider"] = base
-            if rt.is_main:
-                info(f"trivial baseline: every val image captioned '{cap}' scores CIDEr-D {base:.4f}")
-        return run_training(stage="xe", model=model, data=ds, out_dir=out_dir, cfg=cfg, step_fn=xe_loss,
-                            inputs=[art], manifest_config=config, summary=summary, after_step=after_step,
-                            cider=cider)
+        inp = read_inputs(opts, quiet=not rt.is_main)
+        model = build_model(opts, inp)
+        identity, config = run_settings(
+            "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where},
+            identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
+                      "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None})
+        name = f"att2in-{opts.preset}" if inp.init is None else "att2in-init"
+        out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
+                               config=identity, force=opts.force)
+        return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts, step_fn=xe_loss,
+                              inputs=[inp.artifact], manifest_config=config, summary=baseline_summary(inp),
+                              after_step=after_step, cider=inp.cider,
+                              loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
     finally:
         D.teardown()
-

@@ -3,7 +3,7 @@
 Why a file of its own: this is the part a reader checks against the paper and coco-caption; it
 needs nothing but postings (``postings.py``) and the idf of each n-gram (however that was found).
 
-The formula (DESIGN §4, pycocoevalcap's ``CiderScorer``): a caption's vector holds, for each
+The formula (docs/metrics.md#cider-d, pycocoevalcap's ``CiderScorer``): a caption's vector holds, for each
 n-gram g of order n, ``tf(g) * idf(g)``; between a hypothesis h and a reference r,
 ``val_n = sum_g min(h_g, r_g) * r_g / (|h_n| |r_n|)`` (the raw sum, 0, when a norm is 0), times
 ``exp(-(len_h - len_r)^2 / (2 sigma^2))`` with ``len`` the number of bigrams (tokens - 1, 0 for an

@@ -124,25 +124,33 @@ class CiderD:
         In corpus mode, document frequencies come from ``refs`` (one document per set), so scoring
         n captions per image with a ``ref_index`` equals n single-caption pycocoevalcap runs.
         """
+        each, counts = self._to_each_ref(hyps, refs, ref_index)
+        return each.sum(-1) / np.maximum(counts, 1)
+
+    def score_each(self, hyps: Any, refs: Any, ref_index: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """CIDEr-D of each hypothesis against each member of its reference set taken as the single
+        reference: ``(scores (H, k_max), counts (H,))``, where ``scores[h, j]`` is hypothesis h
+        against reference j of ``refs[ref_index[h]]`` for ``j < counts[h]`` and 0 after (the
+        set's size). Same arguments as :meth:`score`, which is ``scores.sum(1) / counts``: with
+        fixed document frequencies a score against a set is the mean of the scores against its
+        members. (In corpus mode the df still comes from whole sets, one document per set.)
+        """
+        return self._to_each_ref(hyps, refs, ref_index)
+
+    def _to_each_ref(self, hyps: Any, refs: Any, ref_index: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The work of :meth:`score` and :meth:`score_each`: each hypothesis against each reference
+        of its set, (H, k_max) with 0 past the set's size, and the set sizes (H,)."""
         strings = has_strings(hyps) or has_strings(refs)
         table = self._table(strings)
         rcaps, counts = sets_from(refs, table, "refs")
         hcaps = caps_from(hyps, table, "hyps")
         H, N = len(hcaps), len(counts)
-        if ref_index is None:
-            if H != N:
-                raise ValueError(f"{H} hypotheses but {N} reference sets; pass ref_index")
-            ref_index = np.arange(H)
-        ref_index = np.asarray(to_numpy(ref_index), np.int64).reshape(-1)
-        if len(ref_index) != H:
-            raise ValueError(f"ref_index has {len(ref_index)} entries for {H} hypotheses")
-        if H and (ref_index.min() < 0 or ref_index.max() >= N):
-            raise ValueError(f"ref_index out of range for {N} reference sets")
+        ref_index = _checked_index(ref_index, H, N)
         used = np.bincount(ref_index, minlength=N) > 0
         if (counts[used] == 0).any():
             raise ValueError("a reference set scored against is empty")
         if H == 0:
-            return np.zeros(0, np.float64)
+            return np.zeros((0, 0), np.float64), np.zeros(0, np.int64)
         base = self._base(rcaps, hcaps, table=table)
 
         # groups: (set, chunk of at most m_cap hypotheses); slots: k_max references, then hyps.
@@ -169,20 +177,20 @@ class CiderD:
         slot_index[grp, k_max + hslot] = len(rcaps) + order
         first = np.zeros(G, bool)
         first[goff] = True  # the first group of each set holds its document
-        out_g = np.zeros((G, m_cap))
+        out_g = np.zeros((G, m_cap, k_max))
         for rows, pair, _ in self._run(concat(rcaps, hcaps), slot_index, k_max, base, doc_slots=k_max,
                                        doc_groups=first, num_docs=N, clipped=True, vs_refs=True, vs_self=False):
-            out_g[rows] = pair.sum(-1)
-        out = np.empty(H)
-        out[order] = out_g[grp, hslot] / counts[sset]
-        return out
+            out_g[rows] = pair
+        out = np.empty((H, k_max))
+        out[order] = out_g[grp, hslot]
+        return out, counts[ref_index]
 
     def pairwise(self, caps: Any, kind: str = "cider-d") -> np.ndarray:
         """Similarity matrices of the m captions of each image: (B, M, M) float64.
 
         ``caps``: (B, M, T) int array or a list of B lists of M captions (strings or id lists).
         ``kind="cider-d"``: ``K[b,i,j]`` = CIDEr-D of caption i against the single reference j for
-        i <= j, mirrored to the lower triangle (DESIGN §4). ``kind="cider"``: plain CIDEr (cosine
+        i <= j, mirrored to the lower triangle (docs/metrics.md#self-cider). ``kind="cider"``: plain CIDEr (cosine
         of the tf-idf vectors, no clipping, no length penalty), which is symmetric.
         With ``df=None`` each image's M captions form one document.
         """
@@ -243,6 +251,20 @@ class CiderD:
             q[rows] = to_refs.sum(-1) / counts[rows, None]
             K[rows] = to_self
         return q, _mirror(K)
+
+
+def _checked_index(ref_index: Any, H: int, N: int) -> np.ndarray:
+    """``ref_index`` (None: the identity) as int64 (H,), every entry a set of the N."""
+    if ref_index is None:
+        if H != N:
+            raise ValueError(f"{H} hypotheses but {N} reference sets; pass ref_index")
+        return np.arange(H)
+    ref_index = np.asarray(to_numpy(ref_index), np.int64).reshape(-1)
+    if len(ref_index) != H:
+        raise ValueError(f"ref_index has {len(ref_index)} entries for {H} hypotheses")
+    if H and (ref_index.min() < 0 or ref_index.max() >= N):
+        raise ValueError(f"ref_index out of range for {N} reference sets")
+    return ref_index
 
 
 def _mirror(K: np.ndarray) -> np.ndarray:

@@ -1,0 +1,169 @@
+"""The options of `rdpp train-xe` and `rdpp finetune`, declared once (rdpp_cli.options).
+
+``TrainLoopOptions`` holds what the two stages share, the training loop's settings
+(rdpp_cli.training.loop reads them); ``XEOptions`` and ``FinetuneOptions`` add each stage's own. From
+these classes come the commands (``--help`` shows the loop's options in a panel of their own), the
+keys of ``--config`` and of ``<workspace>/rdpp.yaml``, the arguments of ``train_xe`` and
+``finetune``, the settings a rerun must share to resume (``identity``) and the manifest's config
+(``recorded``). No torch here: ``rdpp --help`` builds the commands from these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rdpp_cli.errors import RdppError
+from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
+                              learning_rate, one_of, option, out_option, precision_option, workspace_option)
+from rdpp_cli.options import seed as seed_check
+
+LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
+GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
+
+# `train-xe --preset`: the model sizes of rdpp_cli.models.att2in.PRESETS (a test keeps the two equal)
+MODEL_PRESETS = ("paper", "small")
+
+REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
+BASELINES = ("none", "mean")
+SAMPLE_MODES = ("train", "eval")
+CHECKPOINTS = ("best", "last")
+# `finetune --preset`: defaults of the optimisation settings (docs/rewards.md says where each comes from)
+FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
+    # tuned on the bundled synthetic set (docs/experiments.md): 6 epochs from `train-xe --preset small`
+    "toy": {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8},
+    # the authors' COCO run: train_dpp.sh (lr 5e-4, batch 128, decay x0.8 every 15 epochs from the
+    # start) and the paper's 100 fine-tuning epochs (Sec. 4)
+    "paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8},
+}
+
+
+def _decay_rate(flag: str, value: float | None) -> None:
+    if value is not None and not 0 < value <= 1:
+        raise RdppError(f"{flag} must be in (0, 1] (got {value})")
+
+
+def loop_option(default: Any, help: str, *flags: str, **kw: Any) -> Any:
+    """An option of the training loop, shown in ``--help``'s "Training loop" panel."""
+    return option(default, help, *flags, cli=LOOP_CLI, **kw)
+
+
+@dataclass
+class TrainLoopOptions(Options):
+    """The training loop's settings, shared by `rdpp train-xe` and `rdpp finetune`."""
+
+    epochs: int = loop_option(30, "Passes over the training images.", check=at_least(1))
+    batch_size: int = loop_option(50, "Images per optimizer step, all processes together.", check=at_least(1))
+    lr: float = loop_option(4e-4, "Adam learning rate.", check=learning_rate)
+    grad_clip: float = loop_option(0.1, "Gradient clipping threshold (0 = off).", check=all_of(finite, at_least(0)))
+    grad_clip_mode: str = loop_option(
+        "value", "value: clamp each gradient entry (self-critical.pytorch); norm: global L2.",
+        check=one_of(*GRAD_CLIP_MODES, what="a clipping mode"))
+    lr_decay_every: int = loop_option(3, "Multiply the LR by --lr-decay-rate every k epochs (0 = never).",
+                                      check=at_least(0))
+    lr_decay_rate: float = loop_option(0.8, "LR decay factor, in (0, 1].", check=_decay_rate)
+    val_images: int | None = loop_option(
+        None, "Validate on the first N val images (default: all; 0 = no validation).", check=at_least(0))
+    val_batch_size: int = loop_option(100, "Images per validation decoding batch.", check=at_least(1))
+    save_every_steps: int = loop_option(
+        0, "Also save last.pt and the resume state every K steps (0 = per epoch).", identity=False, check=at_least(0))
+    seed: int = loop_option(123, "Seed of everything random in the run: initial weights, batch order, sampling, "
+                            "dropout.", check=seed_check)
+    device: str = device_option(cli=LOOP_CLI)
+    precision: str = precision_option(cli=LOOP_CLI)
+    workers: int = loop_option(0, "Threads reading the next batches while a step runs (0: read in the loop; "
+                               "docs/data.md).", identity=False, check=at_least(0))
+    resume: bool = loop_option(True, "Continue an unfinished run with the same settings, or start it over.",
+                               "--resume/--no-resume", identity=False, record=False)
+
+    seq_per_img: ClassVar[int] = 5  # captions per image in a batch: an option of train-xe, finetune's follows its reward
+
+
+@dataclass
+class XEOptions(TrainLoopOptions):
+    """`rdpp train-xe`."""
+
+    section = "train_xe"
+
+    data: str | None = option(
+        None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
+        "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
+    preset: str = option("paper", "Model size: paper (512, dropout 0.5) or small (CPU).",
+                         check=one_of(*MODEL_PRESETS, what="a preset"))
+    init_from: str | None = option(
+        None, "Start from this model artifact's best.pt (or a .pt file); same vocabulary.", identity=False)
+    seq_per_img: int = loop_option(5, "Captions per image in a batch.", check=at_least(1))
+    out: Path | None = out_option("a new version <workspace>/xe/att2in-<preset>-v<k>")
+    force: bool = force_option()
+    workspace: Path | None = workspace_option()
+
+
+def _from_preset(name: str) -> Any:
+    """The loop's option ``name``, left unset (None) for finetune's ``--preset`` to fill."""
+    f = TrainLoopOptions.__dataclass_fields__[name]
+    help_ = f.metadata["help"].removesuffix(".") + " (default: the preset's)."
+    return loop_option(None, help_, check=f.metadata["check"])
+
+
+@dataclass
+class FinetuneOptions(TrainLoopOptions):
+    """`rdpp finetune`. ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
+    not given (None) take the values of ``preset`` (``with_preset``)."""
+
+    section = "finetune"
+
+    model: str | None = argument(
+        "XE model artifact folder, or its name in the workspace (default: the newest XE model).", from_alias=True)
+    data: str | None = option(
+        None, "Data artifact (default: the one the XE model was trained on; another is refused).", identity=False)
+    reward: str = option("dpp", "dpp (R-DPP), scst (greedy baseline), scst-mean (leave-one-out mean baseline) or "
+                         "xe-cider (XE + lam x SCST).", check=one_of(*REWARDS, what="a reward"))
+    m: int = option(5, "Captions sampled per image each step (R-DPP: the DPP's set size). Under torchrun write "
+                    "--samples: torchrun reads --m as an abbreviation of its own options.", "--m", "--samples",
+                    check=at_least(1))
+    baseline: str = option("none", "R-DPP only: none (as the published code) or mean (w minus its mean over the m "
+                           "samples).", check=one_of(*BASELINES, what="a baseline"))
+    lam: float = option(5.0, "xe-cider: weight of the SCST loss added to the XE loss.", check=finite)
+    preset: str = option(
+        "toy", "Defaults of --epochs, --batch-size, --lr, --lr-decay-every, --lr-decay-rate: toy (6, 50, 1e-4, 0, "
+        "0.8; tuned on the bundled set) or paper (100, 128, 5e-4, 15, 0.8; the authors' COCO run). Options given "
+        "explicitly win.", check=one_of(*FINETUNE_PRESETS, what="a preset"))
+    sample_mode: str = option(
+        "train", "train: sample with dropout on and replay the same dropout in the loss (on-policy, as the "
+        "published code); eval: sample without dropout and score with fresh dropout (off-policy).",
+        check=one_of(*SAMPLE_MODES, what="a sample mode"))
+    checkpoint: str = option("best", "Start from the XE model's best or last checkpoint.",
+                             check=one_of(*CHECKPOINTS, what="a checkpoint"))
+    epochs: int | None = _from_preset("epochs")
+    batch_size: int | None = _from_preset("batch_size")
+    lr: float | None = _from_preset("lr")
+    lr_decay_every: int | None = _from_preset("lr_decay_every")
+    lr_decay_rate: float | None = _from_preset("lr_decay_rate")
+    out: Path | None = out_option("a new version <workspace>/finetune/<reward>-v<k>")
+    force: bool = force_option()
+    workspace: Path | None = workspace_option()
+
+    @property
+    def seq_per_img(self) -> int:
+        """xe-cider's XE term reads the 5 references of each image; the other rewards none."""
+        return 5 if self.reward == "xe-cider" else 1
+
+    def with_preset(self) -> "FinetuneOptions":
+        """These options with the preset's values where none was given."""
+        preset = FINETUNE_PRESETS[self.preset]
+        return self.replace(**{k: v for k, v in preset.items() if getattr(self, k) is None})
+
+    def validate(self) -> None:
+        if self.baseline != "none" and self.reward != "dpp":
+            raise RdppError(f"--baseline {self.baseline} applies to --reward dpp only; for SCST with a mean baseline "
+                            "use --reward scst-mean")
+        if self.reward == "dpp" and self.m < 2:
+            raise RdppError(f"--m {self.m} with --reward dpp: a DPP over one caption has no diversity term; "
+                            "use --m 2 or more (the paper's default is 5)")
+        if self.reward == "scst-mean" and self.m < 2:
+            raise RdppError(f"--m {self.m} with --reward scst-mean: the mean baseline averages the other samples "
+                            "of the image; use --m 2 or more")
+        if self.reward == "xe-cider" and not 0 <= self.lam < float("inf"):
+            raise RdppError(f"--lam must be ≥ 0 and finite (got {self.lam})")
+

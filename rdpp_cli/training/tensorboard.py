@@ -1,0 +1,106 @@
+"""TensorBoard event files beside metrics.csv: ``TensorBoardLogger``, a ``loop.Logger``.
+
+Written when the ``tensorboard`` package is installed (``pip install tensorboard``, or rdpp's
+``tensorboard`` extra); without it nothing is written and one note says how to get them.
+metrics.csv stays the source of truth: the events show the same numbers, for
+``tensorboard --logdir <artifact>/tensorboard``.
+
+Two runs in the artifact's ``tensorboard/`` folder, both against the optimizer step:
+
+- ``step``: every number the step function logs (``loss``, ``reward``, ``pg_loss``, ...), every step;
+- ``epoch``: every column of metrics.csv but ``step`` (the epoch means of those numbers,
+  ``val_cider``, ``val_sample_cider``, ``val_self_cider``, ``lr``, ``images_per_s``, ``time``,
+  ``epoch``) at the step that ended the epoch.
+
+A tag in both runs (``loss``) draws the steps and their epoch means in one chart.
+
+Resume: a resumed run continues from its resume state at step S; the events the interrupted run
+wrote after S are orphans. The ``step`` writer opens with a restart marker at S + 1
+(``SummaryWriter(purge_step=S + 1)``), and its first event is at S + 1, so TensorBoard drops the
+orphans (its Python loader by the marker, its data server because the steps go back) and shows
+steps 1..S once each, then the new ones. The ``epoch`` writer marks a restart at 0 and writes the
+resume state's rows again, so the epoch run is metrics.csv whatever moment the run died at. Every
+step is flushed to disk as it is logged, so a killed run has written every step up to its resume
+state. A run that starts at step 0 (a new one, or ``--no-resume``) removes the folder's earlier
+events first.
+
+The manifest: the writers are closed when the run ends, before the manifest is written, so the
+event files are files of the artifact like any other, hashed and checked by ``rdpp verify``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rdpp_cli.console import note
+from rdpp_cli.training.loop import Logger, current_position
+
+TENSORBOARD = "tensorboard"
+INSTALL = "pip install tensorboard"
+
+
+def summary_writer_class():
+    """``torch.utils.tensorboard.SummaryWriter``, or None when the tensorboard package is missing."""
+    try:
+        import tensorboard  # noqa: F401  checked first: an already imported torch module would hide its absence
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter
+
+
+class TensorBoardLogger(Logger):
+    """The run's numbers as TensorBoard events in ``log_dir`` (the artifact's ``tensorboard/``)."""
+
+    def __init__(self, log_dir: Path | str):
+        self.log_dir = Path(log_dir)
+        self.steps = self.epochs = None  # the two writers while the run writes
+        self.written = False
+
+    def start(self, history: list[dict[str, Any]]) -> None:
+        writer = summary_writer_class()
+        if writer is None:
+            note(f"no TensorBoard events: the tensorboard package is not installed ({INSTALL}); "
+                 "metrics.csv has every number")
+            return
+        pos = current_position()
+        step = pos.step if pos is not None else 0
+        if step == 0 and self.log_dir.exists():  # a run from the start: earlier events are another run's
+            shutil.rmtree(self.log_dir)
+        self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None)
+        self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None)
+        for row in history:
+            self._add_row(row)
+        self.epochs.flush()
+        self.written = True
+        note(f"TensorBoard events in {self.log_dir}; open them with: tensorboard --logdir {self.log_dir}")
+
+    def log_step(self, step: int, logs: dict[str, float]) -> None:
+        if self.steps is None:
+            return
+        for name, value in logs.items():
+            self.steps.add_scalar(name, value, step)
+        self.steps.flush()
+
+    def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        if self.epochs is None:
+            return
+        self._add_row(row)
+        self.epochs.flush()
+
+    def _add_row(self, row: dict[str, Any]) -> None:
+        for name, value in row.items():
+            if name != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+                self.epochs.add_scalar(name, value, row["step"])
+
+    def close(self) -> None:
+        for w in (self.steps, self.epochs):
+            if w is not None:
+                w.close()
+        self.steps = self.epochs = None
+
+    def summary_rows(self) -> list[tuple[str, Any]]:
+        return [("tensorboard", self.log_dir)] if self.written else []

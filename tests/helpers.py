@@ -1,0 +1,211 @@
+"""Plain helpers the test modules share: a tiny learnable data artifact, a workspace with it (and an XE
+model), a small Att2in for a data artifact, CLI runners, and a stand-in for a user's weights file.
+
+Fixtures live in ``tests/conftest.py``; test modules import these with ``from helpers import ...``
+(pytest puts ``tests/`` on ``sys.path`` because it holds ``conftest.py``). No test module imports another.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from typer.testing import CliRunner
+
+from rdpp_cli.artifacts import finish, prepare_output, write_manifest
+from rdpp_cli.cli.app import app
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.models import Att2in, Att2inConfig, config_from_preset, save_checkpoint, sequence_logprobs
+
+COLOURS = ["red", "blue", "green", "yellow"]
+SHAPES = ["circle", "square", "triangle"]
+TEMPLATES = ["a {c} {s}", "a {s} that is {c}", "{c} {s}", "a {c} {s} on a plain background", "one {c} {s}"]
+
+
+class Crash(Exception):
+    """Raised from an ``after_step`` hook to stop a run as a crash would."""
+
+
+# -- data and workspaces ------------------------------------------------------------------------------
+
+def write_tiny_data(path: Path, n_train: int = 24, n_val: int = 8, n_test: int = 4, grid: int = 4,
+                    dim: int = 16, seed: int = 0, extra_captions: dict[int, int] | None = None,
+                    templates: list[str] | None = None) -> Path:
+    """A small data artifact whose captions follow from the features (colour, shape).
+
+    Image i shows ``COLOURS[i % 4]`` and ``SHAPES[(i // 4) % 3]``; its att grid has the colour's and
+    the shape's one-hot codes in a random cell plus noise; its references come from ``templates``
+    (default: the five ``TEMPLATES``; ``extra_captions[i] = k`` gives image i k more, repeats of the
+    first template). Written by :func:`write_data`.
+    """
+    rng = np.random.default_rng(seed)
+    n = n_train + n_val + n_test
+    words = sorted({w for t in TEMPLATES for w in t.replace("{c}", "").replace("{s}", "").split()}
+                   | set(COLOURS) | set(SHAPES)) + ["UNK"]
+    R = grid * grid
+    att = rng.normal(0, 0.1, size=(n, R, dim)).astype(np.float32)
+    captions = []
+    for i in range(n):
+        c, s = COLOURS[i % 4], SHAPES[(i // 4) % 3]
+        cell = rng.integers(R)
+        att[i, cell, COLOURS.index(c)] += 1.0
+        att[i, cell, 4 + SHAPES.index(s)] += 1.0
+        sents = [t.format(c=c, s=s) for t in (templates or TEMPLATES)]
+        captions.append(sents + [sents[0]] * (extra_captions or {}).get(i, 0))
+    split = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
+    return write_data(path, words, captions, split, att.mean(1), att, grid=grid)
+
+
+def write_data(path: Path, words: list[str], captions: list[list[str]], split: list[str], fc: np.ndarray,
+               att: np.ndarray, grid: int = 1, L: int = 8) -> Path:
+    """A data artifact of the given images, as docs/architecture.md describes: image i has the
+    reference ``captions[i]`` (words of ``words``, clipped to L in ``labels``), split ``split[i]``,
+    id 1000 + i and features ``fc[i]``, ``att[i]`` (stored as float16); ``cider_df.h5`` is counted
+    as self-critical.pytorch's prepro_ngrams.py does. Written with h5py and ``write_manifest``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    n = len(captions)
+    wid = {w: i + 1 for i, w in enumerate(words)}
+    labels, raw, starts, ends, lengths = [], [], [], [], []
+    for sents in captions:
+        starts.append(len(labels))
+        for sent in sents:
+            toks = sent.split()
+            row = np.zeros(L, dtype=np.int32)
+            row[:min(L, len(toks))] = [wid[w] for w in toks[:L]]
+            labels.append(row)
+            raw.append(sent)
+            lengths.append(min(L, len(toks)))
+        ends.append(len(labels))
+    image_ids = np.arange(1000, 1000 + n, dtype=np.int64)
+    (path / "vocab.json").write_text(json.dumps({"words": words}))
+    with h5py.File(path / "captions.h5", "w") as f:
+        f["labels"] = np.stack(labels)
+        f["lengths"] = np.array(lengths, dtype=np.int32)
+        f["label_start"] = np.array(starts, dtype=np.int64)
+        f["label_end"] = np.array(ends, dtype=np.int64)
+        f["image_ids"] = image_ids
+        f["split"] = np.array([s.encode() for s in split], dtype="S5")
+        f.create_dataset("raw", data=np.array(raw, dtype=object), dtype=h5py.string_dtype())
+    with h5py.File(path / "features.h5", "w") as f:
+        f["fc"] = np.asarray(fc).astype(np.float16)
+        f["att"] = np.asarray(att).astype(np.float16)
+        f["image_ids"] = image_ids
+        f.attrs["backbone"] = "synthetic"
+        f.attrs["att_size"] = grid
+        f.attrs["dtype"] = "float16"
+    # the training reward's df, counted as self-critical.pytorch's prepro_ngrams.py does: every
+    # reference's word ids, not clipped, plus the end token (id V + 1), each n-gram once per image
+    df: Counter = Counter()
+    eos = len(words) + 1
+    train = [i for i in range(n) if split[i] == "train"]
+    for i in train:
+        grams = set()
+        for sent in raw[starts[i]:ends[i]]:
+            toks = [wid[w] for w in sent.split()] + [eos]
+            for k in range(1, 5):
+                grams.update(tuple(toks[j:j + k]) for j in range(len(toks) - k + 1))
+        df.update(grams)
+    keys = sorted(df)
+    with h5py.File(path / "cider_df.h5", "w") as f:
+        f["ngrams"] = np.array([list(g) + [0] * (4 - len(g)) for g in keys], dtype=np.int32).reshape(-1, 4)
+        f["df"] = np.array([df[g] for g in keys], dtype=np.float64)
+        f.attrs["num_docs"] = len(train)
+    write_manifest(path, "rdpp.data", {"source": "tiny-test", "images": n}, summary={"images": n})
+    return path
+
+
+def tiny_workspace(ws: Path, xe_epochs: int = 0) -> Path:
+    """``ws`` with the tiny data artifact ``data/tiny-v1`` (16/6/2 images) and, for ``xe_epochs`` > 0,
+    the small preset XE-trained on it for that many epochs (``xe/att2in-small-v1``)."""
+    from rdpp_cli.training.xe import train_xe
+
+    data = write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
+    if xe_epochs:
+        train_xe(data, workspace=ws, preset="small", epochs=xe_epochs, batch_size=8, val_images=4, lr=2e-3,
+                 device="cpu", seed=1)
+    return ws
+
+
+# -- models -------------------------------------------------------------------------------------------
+
+def att2in_for(data: DataArtifact, size: int = 32, dropout: float = 0.0) -> Att2in:
+    """An untrained Att2in of width ``size`` that fits ``data`` (seed torch first for fixed weights)."""
+    return Att2in(Att2inConfig(vocab_size=data.vocab_size, input_encoding_size=size, rnn_size=size,
+                               att_hid_size=size, att_feat_size=data.att_dim,
+                               drop_prob_lm=dropout, seq_length=data.seq_length))
+
+
+def model_artifact(ws: Path, data, *, group: str = "xe", name: str = "att2in", seed: int = 0):
+    """A small untrained Att2in as a complete model artifact made from ``data`` (an Artifact)."""
+    ds = DataArtifact(data)
+    torch.manual_seed(seed)
+    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                    seq_length=ds.seq_length, rnn_size=32,
+                                    input_encoding_size=32, att_hid_size=32))
+    cfg = {"stage": "xe" if group == "xe" else "finetune", "seed": seed}
+    out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
+    save_checkpoint(out / "checkpoints" / "best.pt", net, ds.words)
+    art = write_manifest(out, "rdpp.model", cfg, inputs=[data])
+    finish(out)
+    return art
+
+
+def fit_captions(model: Att2in, att: torch.Tensor, seqs: torch.Tensor, steps: int, lr: float = 1e-2) -> torch.Tensor:
+    """``steps`` Adam steps of teacher-forced cross-entropy on (att, seqs); the last step's loss."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        tok, mask = sequence_logprobs(model(att, seqs), seqs)
+        loss = -tok.sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The weights saved in a checkpoint file."""
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def headless_mobilenet(path: Path) -> Path:
+    """A random-init MobileNetV2 saved without its classifier, like an ImageNet trunk a user downloads; its
+    batch-norm statistics are set on noise (at the initial ones, activations vanish in eval mode)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.mobilenet_v2(weights=None)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None  # a plain average over the batches seen
+    with torch.no_grad():
+        net.train()(torch.rand(8, 3, 64, 64))
+    state = net.state_dict()
+    torch.save({k: v for k, v in state.items() if not k.startswith("classifier.")}, path)
+    return path
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+def rdpp(*args, env: dict | None = None):
+    """``rdpp ARGS`` in this process (a wide terminal, no progress bars); ``env`` adds variables."""
+    return CliRunner().invoke(app, [str(a) for a in args],
+                              env={"COLUMNS": "300", "RDPP_NO_PROGRESS": "1", **(env or {})})
+
+
+def error_line(result) -> str:
+    """The refusal: exit code 2 and one `error:` line, the last thing printed (after `using ...` lines)."""
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    errors = [k for k, ln in enumerate(lines) if ln.startswith("error:")]
+    assert errors == [len(lines) - 1], result.output
+    return lines[-1]
+
+
+def listing(root: Path) -> list[str]:
+    """Every path under ``root`` (to show that a refused command wrote nothing)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []

@@ -1,0 +1,177 @@
+"""The documentation stands on its own, and there is one version number.
+
+- Nothing in the repository names the design note its authors worked from (a file a user's clone
+  does not have), and nothing points into the sibling folder ``../shared`` as a source of
+  definitions: only its data, weights and peer code may be named (tests and benchmarks use them,
+  and skip where they are absent). The definitions live in docs/ (docs/metrics.md,
+  docs/rewards.md, docs/workspace.md, docs/data.md).
+- Every relative link of README.md, CHANGELOG.md, benchmarks/README.md and docs/*.md leads to a
+  file that exists, and every ``#anchor`` to a heading of the page it names.
+- CHANGELOG.md's newest release is ``rdpp_cli.__version__``, which pyproject.toml reads, and
+  docs/workspace.md's schema table is the one ``artifacts.manifest`` writes and reads.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import rdpp_cli
+from rdpp_cli.artifacts import manifest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+# spelled in two parts so that this file does not hold the word it looks for
+NOTE = "DES" + "IGN"
+SHARED_OK = ("data", "weights", "peers")  # what of ../shared a test or a benchmark may name
+SHARED_REF = re.compile(r"\bshared/([A-Za-z0-9_.-]+)")
+TEXT = {".py", ".md", ".sh", ".toml", ".txt", ".yaml", ".yml", ".cfg", ".ini"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", "runs", "build", "dist", ".pytest_cache"}
+PAGES = ["README.md", "CHANGELOG.md", "benchmarks/README.md", *sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+
+
+def _text_files() -> list[Path]:
+    out = []
+    for p in ROOT.rglob("*"):
+        rel = p.relative_to(ROOT)
+        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        if p.is_file() and p.suffix in TEXT:
+            out.append(p)
+    return sorted(out)
+
+
+def test_the_repository_text_is_found():
+    names = {p.relative_to(ROOT).as_posix() for p in _text_files()}
+    assert {"README.md", "docs/metrics.md", "rdpp_cli/cli/score.py", "tests/test_docs.py"} <= names
+
+
+def offending_lines(text: str) -> list[str]:
+    """Lines that name the design note, or anything of ../shared but its data, weights and peers."""
+    return [line.strip() for line in text.splitlines()
+            if NOTE in line or any(m.group(1) not in SHARED_OK for m in SHARED_REF.finditer(line))]
+
+
+def test_no_file_refers_to_the_design_note_or_into_shared():
+    hits = [f"{p.relative_to(ROOT)}: {line}" for p in _text_files()
+            for line in offending_lines(p.read_text(encoding="utf-8", errors="replace"))]
+    assert not hits, ("../shared is not in a user's clone: point to the docs/ page that defines it "
+                      "instead:\n" + "\n".join(hits))
+
+
+def test_the_check_refuses_what_it_should_and_only_that():
+    shared = "../" + "shared/"
+    bad = [f"(see {NOTE} §4)", f"{shared}{NOTE}.md", f"{shared}paper/rdpp.tex", f"{shared}notes/x.md"]
+    good = [f"{shared}data/coco-real-390", f"{shared}weights/m.pth", f"{shared}peers/sc", "the design"]
+    assert offending_lines("\n".join(bad + good)) == bad
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation removed, spaces to -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # [text](url) -> text
+    text = text.replace("`", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", _without_code_blocks(page.read_text()), re.M):
+        s = slug(heading)
+        n = seen.get(s, 0)
+        out.add(s if n == 0 else f"{s}-{n}")
+        seen[s] = n + 1
+    return out
+
+
+def _without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+def links(page: Path) -> list[str]:
+    text = _without_code_blocks(page.read_text())
+    text = re.sub(r"`[^`\n]*`", "code", text)  # a link's text may be code; a code span is not a link
+    return re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text)
+
+
+def test_slug_follows_github():
+    assert slug("Choosing a set: `--select` (the DPP at inference)") == "choosing-a-set---select-the-dpp-at-inference"
+    assert slug("Data artifact (`kind: rdpp.data`)") == "data-artifact-kind-rdppdata"
+    assert slug("Real photos (CPU, about 1.5 hours)") == "real-photos-cpu-about-15-hours"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_leads_somewhere(page):
+    src = ROOT / page
+    broken = []
+    for target in links(src):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (src.parent / path).resolve() if path else src
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with that anchor in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page}:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_named_in_code_tests_and_help_exists_with_its_anchor():
+    """Code, tests, benchmarks and examples point to definitions as ``docs/<page>.md#<anchor>``."""
+    ref = re.compile(r"\bdocs/([A-Za-z0-9_-]+\.md)(?:#([\w-]+))?")
+    broken = []
+    for p in _text_files():
+        for page, anchor in ref.findall(p.read_text(encoding="utf-8", errors="replace")):
+            dest = ROOT / "docs" / page
+            if not dest.exists() or (anchor and anchor not in anchors(dest)):
+                broken.append(f"{p.relative_to(ROOT)}: docs/{page}" + (f"#{anchor}" if anchor else ""))
+    assert not broken, "\n".join(sorted(set(broken)))
+
+
+def test_the_link_check_finds_a_broken_link_and_a_wrong_anchor(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("# A page\n\n## Two words\n\n[ok](#two-words) [`b`](b.md) [x](#three) ![i](img.png)\n"
+                    "```\n[not a link](nowhere.md)\n```\n")
+    assert links(page) == ["#two-words", "b.md", "#three", "img.png"]
+    assert anchors(page) == {"a-page", "two-words"}
+
+
+def _releases(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", text, re.M)
+
+
+def test_the_changelog_newest_release_is_the_package_version():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    releases = _releases(text)
+    assert releases and releases[0][0] == rdpp_cli.__version__, (releases[:1], rdpp_cli.__version__)
+    numbers = [tuple(map(int, v.split("."))) for v, _ in releases]
+    assert numbers == sorted(numbers, reverse=True) and len(set(numbers)) == len(numbers)
+    assert [d for _, d in releases] == sorted((d for _, d in releases), reverse=True)
+    assert text.index("## [Unreleased]") < text.index(f"## [{releases[0][0]}]")
+    # Keep a Changelog: every release says what was added, changed and fixed
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    for sec in sections:
+        assert all(f"\n### {kind}\n" in sec for kind in ("Added", "Changed", "Fixed")), sec.splitlines()[0]
+
+
+def test_pyproject_takes_its_version_from_the_package():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in py["project"] and "version" in py["project"]["dynamic"]
+    assert py["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "rdpp_cli.__version__"}
+
+
+def test_workspace_doc_lists_the_schemas_the_code_writes_and_reads():
+    text = (ROOT / "docs" / "workspace.md").read_text()
+    rows = re.findall(r"^\| ((?:`rdpp\.\w+`(?:, )?)+) \| (\d+) \| ([\d, ]+) \|", text, re.M)
+    documented = {}
+    for kinds, written, read in rows:
+        for kind in re.findall(r"`(rdpp\.\w+)`", kinds):
+            documented[kind] = (int(written), [int(x) for x in read.split(",")])
+    assert documented == {k: (manifest.SCHEMAS[k], list(range(manifest.OLDEST_READ[k], manifest.SCHEMAS[k] + 1)))
+                          for k in manifest.SCHEMAS}
