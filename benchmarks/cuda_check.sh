@@ -8,10 +8,12 @@
 #   4. whole epochs over 10,000 COCO-shaped rows, loading included: XE at batch 50 fp32, 200 fp32 and
 #      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data.py --xe-epoch),
 #      then the paper recipe's projected GPU-hours (benchmarks/recipe_hours.py)
-#   not by default (STEPS="5 6 7 8"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
+#   not by default (STEPS="5 6 7 8 9"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
 #   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding and DPP
 #   selection on the GPU (benchmarks/sample.py); 8. the demo's training stages (without Java it
-#   stops at its first scoring step)
+#   stops at its first scoring step); 9. the training fast path (--fast on; about 8 minutes, most of
+#   it compiling): its GPU tests in tests/test_cuda.py, then benchmarks/fast_path.py, eager against
+#   fast (CUDA graphs) and fast without CUDA graphs, XE / R-DPP / SCST steps at the paper's shapes
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
@@ -59,10 +61,12 @@ fi
 if [[ "$DEVICE" == cuda ]]; then  # the measurement: the issue's shapes and counts
   B=50 BIG=200 NSTEPS=10 REPEATS=5 MM=4096 ROWS=10000 PRESET=paper WORKERS=${WORKERS:-4} THREADS=${THREADS:-8}
   XE_CONFIGS=50:fp32,200:fp32,200:bf16 CACHES=${CACHES:-warm,cold}
+  FAST_ARGS="--variants fast,fast-default --warmup 3"
   nvidia-smi -L
 else  # a check of the code paths on a CPU: tiny sizes, nothing worth reading in the times
   B=2 BIG=3 NSTEPS=1 REPEATS=1 MM=256 ROWS=${ROWS:-260} PRESET=small WORKERS=0 THREADS=2
   XE_CONFIGS=50:fp32,100:bf16 CACHES=warm SLOW=${SLOW:-10}  # time limits x10: a shared 2-core machine
+  FAST_ARGS="--variants fast --warmup 1 --backend aot_eager"  # the compiler's quick backend
 fi
 $PY -c "import torch, rdpp_cli; from rdpp_cli.precision import resolve_precision as r
 gpu = torch.cuda.is_available()
@@ -119,6 +123,13 @@ if want 8; then
   stamp "8. the demo's stages on $DEVICE"
   command -v java >/dev/null || echo "no java here: the demo stops at scoring (the PTB tokenizer needs Java)"
   TAIL=14 run demo.log 200 $PY -c "from rdpp_cli.demo import demo; demo(out='/tmp/rdpp-cuda-demo', device='$DEVICE')"
+fi
+
+if want 9; then
+  stamp "9. the training fast path: GPU tests, then eager against --fast on"
+  run cuda_fast_tests.log 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "fast or reward_on_cuda"
+  run cuda_fast_path.log 420 $PY benchmarks/fast_path.py --device "$DEVICE" --sections xe,dpp,scst --batch $B \
+    --steps $NSTEPS --matmul-size $MM --threads $THREADS $FAST_ARGS --json
 fi
 
 stamp "done"

@@ -36,10 +36,25 @@ kind over 256 images come first (CUDA's lazy start-up). ``benchmarks/recipe_hour
 JSON line into the paper recipe's GPU-hours. On a 16-core machine building the 8 GB of features
 takes about a minute.
 
+(d) ``--content-check``: what the content check on read (``Artifact.file``, ``artifacts.verified``)
+costs on a COCO-shaped ``features.h5`` of ``--rows`` images written by rdpp's ``FeatureWriter`` in
+blocks of 32 rows (``prepro coco``'s default batch). *First check* (nothing remembered: a copied
+workspace, or a file touched since): ``Artifact.file("features.h5")`` hashing every row block
+again (``content_hash.recompute``: ``os.pread`` on ``--check-threads`` threads); the same blocks
+read through h5py one after another (the path any other layout takes); and the physical
+reference, sha256 of the file's bytes read sequentially on one thread (``sha256sum``). *Cached
+check* (every later run): ``Artifact.file`` with the hash remembered — a ``stat`` and a small JSON
+read, as a new process does it. All three hashes are checked to be the manifest's first; passes
+are interleaved, medians of ``--rounds``, warm (page cache) and cold (dropped before every pass).
+Each time is projected to COCO (123,287 images × (196 + 1) × 2,048 fp16, by bytes) and set against
+an XE epoch over COCO's 113,287 training images: on a CPU at ``--cpu-step-s`` (2.4) s per
+50-image step, on a GPU ``--gpu-epoch-s`` (80) s.
+
     python benchmarks/data.py [--json] [--rows 10000] [--dir DIR] [--keep] [--no-text] [--no-loader]
     python benchmarks/data.py --xe-epoch --device cuda --rows 10000 --workers 0,1,2,4 [--json]
                               [--xe-configs 50:fp32,200:bf16] [--caches warm,cold] [--rl-epoch dpp,scst]
     python benchmarks/data.py --xe-epoch --device cpu --preset small --rows 300 --rl-epoch dpp   # the code path
+    python benchmarks/data.py --content-check --rows 10000 [--check-threads 8] [--rounds 3] [--json]
 
 Big files go to ``--dir`` (default: a folder under $TMPDIR) and are deleted at the end unless
 ``--keep``; a second run with ``--keep`` and the same ``--rows`` reuses them.
@@ -254,7 +269,8 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
         yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
 
 
-def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False) -> dict:
+def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
+                   block: int = 500) -> dict:
     """A data artifact of ``rows`` COCO-shaped images (train split), features by FeatureWriter;
     optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``. ``real_df``: the
     training document frequencies of its captions (the end token counted, as ``prepro`` makes
@@ -286,7 +302,6 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         with h5py.File(path / "cider_df.h5", "w") as f:
             f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
             f.attrs["num_docs"] = rows
-    block = 500
     w = FeatureWriter(path / "features.h5", ids, fc_dim=DIM, regions=REGIONS, block=block,
                       attrs={"backbone": "synthetic", "att_size": 14})
     mm_att = mm_fc = None
@@ -595,6 +610,92 @@ def bench_epochs(work: Path, rows: int, workers: list[int], device: str, preset:
 
 
 # ----------------------------------------------------------------------------------------------
+# (d) the content check on read
+# ----------------------------------------------------------------------------------------------
+
+COCO_IMAGES, COCO_TRAIN = 123_287, 113_287
+
+
+def h5py_row_blocks(path: Path, hash_of: str) -> str:
+    """The row-block hash read through h5py, one block after another (content_hash's slow path)."""
+    from rdpp_cli.artifacts import content_hash
+
+    names, block = content_hash.parse(hash_of)
+    with h5py.File(path, "r") as f:
+        n = f[names[0]].shape[0]
+        return content_hash.combine([content_hash.block_digest([f[d][s:s + block] for d in names])
+                                     for s in range(0, n, block)])
+
+
+def bench_content_check(work: Path, rows: int, rounds: int, threads: int | None, cached_calls: int = 200) -> dict:
+    from rdpp_cli.artifacts import content_hash, read_artifact, sha256_file, verified
+
+    art_dir, spec = work / "check-data", work / "check-spec.json"
+    if not (spec.is_file() and json.loads(spec.read_text()).get("rows") == rows):
+        shutil.rmtree(art_dir, ignore_errors=True)
+        spec.write_text(json.dumps(write_artifact(art_dir, rows, block=32)))
+    art = read_artifact(art_dir, "rdpp.data")
+    f, entry = art_dir / "features.h5", art.manifest["files"]["features.h5"]
+    if threads:
+        os.environ["RDPP_HASH_THREADS"] = str(threads)
+
+    def first_check() -> str:
+        (art_dir / verified.VERIFIED).unlink(missing_ok=True)
+        verified._SEEN.clear()  # nothing remembered, as in a copied workspace
+        art.file("features.h5")
+        return entry["sha256"]
+
+    ways = {"first": first_check, "h5py": lambda: h5py_row_blocks(f, entry["hash_of"]),
+            "sha256 file": lambda: sha256_file(f)}
+    assert ways["h5py"]() == entry["sha256"] and first_check() == entry["sha256"]
+    times: dict[str, list[float]] = {f"{c} {w}": [] for c in ("warm", "cold") for w in ways}
+    for _ in range(rounds):
+        for cache in ("warm", "cold"):
+            for name, fn in ways.items():
+                method = drop_cache([f]) if cache == "cold" else None
+                t = time.perf_counter()
+                fn()
+                times[f"{cache} {name}"].append(time.perf_counter() - t)
+    cached = []
+    for _ in range(rounds * cached_calls):
+        verified._SEEN.clear()  # a new process: stat + the remembered hashes' JSON
+        t = time.perf_counter()
+        art.file("features.h5")
+        cached.append(time.perf_counter() - t)
+    size = f.stat().st_size
+    res = {k: {"s": float(np.median(v)), "gb_per_s": size / float(np.median(v)) / 1e9} for k, v in times.items()}
+    res["cached"] = {"s": float(np.median(cached))}
+    return {"rows": rows, "bytes": size, "threads": content_hash.default_threads(), "cold_method": method,
+            "ways": res}
+
+
+def print_content_check(console, res: dict, cpu_step_s: float, gpu_epoch_s: float) -> None:
+    from rich.table import Table
+
+    cpu_epoch = -(-COCO_TRAIN // BATCH) * cpu_step_s
+    scale = COCO_IMAGES / res["rows"]
+    labels = {"first": f"first check: Artifact.file, row blocks by pread on {res['threads']} threads",
+              "h5py": "row blocks through h5py, one after another (other layouts)",
+              "sha256 file": "sha256 of the file's bytes, 1 thread (reference)"}
+    t = Table(title=f"content check of features.h5: {res['rows']:,} COCO-shaped images ({res['bytes'] / 1e9:.2f} GB), "
+                    f"projected to {COCO_IMAGES:,} images; XE epoch {cpu_epoch:,.0f} s on a CPU "
+                    f"({cpu_step_s} s/step), {gpu_epoch_s:g} s on a GPU; cold by {res['cold_method']}")
+    for c in ("way", "cache", "GB/s", "s here", "s at COCO", "% CPU epoch", "% GPU epoch"):
+        t.add_column(c, justify="right")
+    ref = res["ways"]
+    for key in ("first", "h5py", "sha256 file"):
+        for cache in ("warm", "cold"):
+            v = ref[f"{cache} {key}"]
+            coco = v["s"] * scale
+            t.add_row(labels[key], cache, f"{v['gb_per_s']:.2f}", f"{v['s']:.2f}", f"{coco:,.0f}",
+                      f"{100 * coco / cpu_epoch:.2f}", f"{100 * coco / gpu_epoch_s:.1f}")
+    c = ref["cached"]["s"]
+    t.add_row("cached check: Artifact.file, hash remembered", "-", "-", f"{c * 1e3:.3f} ms", f"{c * 1e3:.3f} ms",
+              f"{100 * c / cpu_epoch:.5f}", f"{100 * c / gpu_epoch_s:.4f}")
+    console.print(t)
+
+
+# ----------------------------------------------------------------------------------------------
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -618,6 +719,10 @@ def main() -> None:
     ap.add_argument("--rl-epoch", default="", help="for --xe-epoch: also RL epochs of these rewards (dpp,scst), "
                                                    "paper preset, from the first XE epoch's model")
     ap.add_argument("--m", type=int, default=5, help="samples per image of --rl-epoch")
+    ap.add_argument("--content-check", action="store_true", help="(d): the content check on read instead")
+    ap.add_argument("--check-threads", type=int, default=None, help="for --content-check (default: rdpp's)")
+    ap.add_argument("--cpu-step-s", type=float, default=2.4, help="for --content-check: CPU XE seconds per step")
+    ap.add_argument("--gpu-epoch-s", type=float, default=80.0, help="for --content-check: GPU XE epoch seconds")
     ap.add_argument("--_text-child", nargs=3, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._text_child:
@@ -637,6 +742,10 @@ def main() -> None:
     load = {"load_average_start": os.getloadavg(), "cpus": os.cpu_count()}
     result: dict = {"benchmark": "data", "rows": args.rows, **load}
     try:
+        if args.content_check:
+            result["content_check"] = bench_content_check(work, args.rows, args.rounds, args.check_threads)
+            print_content_check(console, result["content_check"], args.cpu_step_s, args.gpu_epoch_s)
+            args.no_text = args.no_loader = True
         if args.xe_epoch:
             xe = bench_epochs(work, args.rows, workers, args.device, args.preset, parse_configs(args.xe_configs),
                               [c for c in args.caches.split(",") if c], [r for r in args.rl_epoch.split(",") if r],

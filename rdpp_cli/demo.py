@@ -110,8 +110,8 @@ def _evaluate(label: str, model: Artifact, data: Artifact, plan: DemoPlan, ws: P
                                  workspace=ws))
     s_beam = _step(f"score {label} beam", ws, "scores", {"oracle": False, "metrics": ["CIDEr"]}, [beam],
                    lambda: score(beam.path, metrics="CIDEr", workspace=ws))
-    r = json.loads((s_rand.path / "scores.json").read_text())
-    b = json.loads((s_beam.path / "scores.json").read_text())
+    r = json.loads(s_rand.file("scores.json").read_text())  # reused ones are checked too
+    b = json.loads(s_beam.file("scores.json").read_text())
     row = {
         "beam_cider": b["accuracy"]["CIDEr"],
         "mean_cider": r["accuracy"]["CIDEr"],

@@ -207,5 +207,7 @@ def error_line(result) -> str:
 
 
 def listing(root: Path) -> list[str]:
-    """Every path under ``root`` (to show that a refused command wrote nothing)."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+    """Every path under ``root`` (to show that a refused command wrote nothing), but the hashes a
+    read remembers (``.rdpp-verified.json``, artifacts.verified): bookkeeping, never an artifact's file."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.name != ".rdpp-verified.json") if root.exists() else []

@@ -57,9 +57,10 @@ def test_manifest_round_trip(toy):
 def test_changed_byte_in_a_small_file_fails_verify(copy):
     flip_byte(copy / "vocab.json", 15)
     art = read_artifact(copy, "rdpp.data")
-    art.file("vocab.json")  # same size: the cheap check passes ...
+    with pytest.raises(RdppError, match=r"vocab\.json changed after its artifact was written: same size"):
+        art.file("vocab.json")  # the size is the manifest's, the sha256 is not
     with pytest.raises(RdppError, match=r"vocab\.json: sha256 .* does not match the manifest"):
-        art.verify()  # ... the full check does not
+        art.verify()
 
 
 def test_changed_feature_value_fails_verify(toy, copy):
@@ -68,7 +69,8 @@ def test_changed_feature_value_fails_verify(toy, copy):
     flip_byte(copy / "features.h5", offset + 5)
     with h5py.File(copy / "features.h5", "r") as f, h5py.File(toy / "features.h5", "r") as g:
         assert (f["att"][3] != g["att"][3]).sum() == 1 and (f["att"][4] == g["att"][4]).all()
-    read_artifact(copy, "rdpp.data").file("features.h5")  # same size
+    with pytest.raises(RdppError, match=r"features\.h5 changed after its artifact was written: same size"):
+        read_artifact(copy, "rdpp.data").file("features.h5")  # checked by its row blocks
     with pytest.raises(RdppError, match=r"features\.h5: sha256 .* does not match"):
         read_artifact(copy, "rdpp.data").verify()
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 from rdpp_cli.artifacts import atomic_write_json, read_artifact
@@ -174,3 +175,79 @@ def test_under_ddp_every_process_learns_that_one_diverged():
     mp.start_processes(_any_true_on, args=(2, port, results), nprocs=2, start_method="spawn")
     got = sorted(results.get() for _ in range(2))
     assert got == [(0, True, False), (1, True, False)]
+
+
+# -- NaN from a corrupt input or checkpoint: the message names the file and `rdpp verify`, not --lr -----------
+
+def _nan_features(path: Path, rows: list[int]) -> Path:
+    """A data artifact whose features.h5 holds NaN in ``rows``, with a manifest that matches its files
+    (as a data artifact made from broken features would have)."""
+    import h5py
+
+    from rdpp_cli.artifacts import write_manifest
+
+    with h5py.File(path / "features.h5", "r+") as f:
+        for r in rows:
+            f["att"][r, 0, 0] = np.nan
+    art = read_artifact(path)
+    write_manifest(path, "rdpp.data", art.config, summary=art.manifest.get("summary"))
+    return path
+
+
+@pytest.mark.integration
+def test_nan_features_in_training_name_the_file_not_the_learning_rate(tmp_path):
+    ws = tmp_path / "runs"
+    data = _nan_features(write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2), [5])
+    line = error_line(rdpp("train-xe", *TRAIN, "--workspace", ws))
+    assert f"{data / 'features.h5'} holds NaN or infinity in the features of image 1005 (row 5)" in line, line
+    assert f"run `rdpp verify {data}`" in line and "--lr" not in line and "bug in rdpp" not in line
+
+
+@pytest.mark.integration
+def test_nan_features_in_sampling_name_the_file(tmp_path):
+    ws = tmp_path / "runs"
+    data = _nan_features(write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=3), [11])  # test split
+    model_artifact(ws, read_artifact(data))
+    line = error_line(rdpp("sample", "--n", "2", "--device", "cpu", "--workspace", ws))
+    assert f"{data / 'features.h5'} holds NaN or infinity in the features of image 1011 (row 11)" in line, line
+    assert "rdpp verify" in line and "bug in rdpp" not in line
+    assert not list((ws / "samples").rglob("manifest.json"))
+
+
+def _nan_model(ws: Path, data) -> Path:
+    """A model artifact whose checkpoint holds NaN weights (its manifest matches the file)."""
+    from rdpp_cli.artifacts import finish, prepare_output, write_manifest
+    from rdpp_cli.models.checkpoint import save_checkpoint
+
+    ds = DataArtifact(data)
+    net = _model(ds)
+    with torch.no_grad():
+        net.logit.weight[3, 1] = float("nan")
+    out = prepare_output(None, workspace=ws, group="xe", name="nan", kind="rdpp.model", config={"stage": "xe"})
+    save_checkpoint(out / "checkpoints" / "best.pt", net, ds.words)
+    write_manifest(out, "rdpp.model", {"stage": "xe"}, inputs=[data])
+    finish(out)
+    return out / "checkpoints" / "best.pt"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["sample", "--n", "2"], ["finetune", "--epochs", "1", "--batch-size", "8",
+                                                              "--val-images", "0"]])
+def test_a_checkpoint_holding_nan_is_named_with_rdpp_verify(tmp_path, command):
+    ws = tmp_path / "runs"
+    data = read_artifact(write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=3))
+    ckpt = _nan_model(ws, data)
+    before = listing(ws)
+    line = error_line(rdpp(*command, "--from", "nan-v1", "--device", "cpu", "--workspace", ws))
+    assert f"checkpoint {ckpt} holds NaN or infinity in logit.weight" in line, line
+    assert "rdpp verify" in line and "--lr" not in line and "bug in rdpp" not in line
+    assert listing(ws) == before
+
+
+@pytest.mark.unit
+def test_a_resume_state_holding_nan_is_refused(tmp_path):
+    from rdpp_cli.training.state import load_state, save_state
+
+    save_state(tmp_path / "last_state.pt", {"model": {"w": torch.tensor([1.0, float("inf")])}})
+    with pytest.raises(RdppError, match=r"last_state\.pt holds NaN or infinity in w: the file is damaged .*--no-resume"):
+        load_state(tmp_path / "last_state.pt")

@@ -213,6 +213,16 @@ def test_out_folder_holding_another_artifact_is_refused_unless_force(coco, tmp_p
     assert art.config["source"] == "coco" and not (toy / "source").exists()
 
 
+def test_out_over_the_caption_file_or_the_images_is_refused_even_with_force(coco):
+    js, images, ws = coco
+    before = {p: p.read_bytes() for p in js.parent.rglob("*") if p.is_file()}
+    one_line_error(prepro(js, images, ws, "--out", js.parent, "--force"), f"--out {js.parent} holds {js}, which "
+                   "this stage reads", only=False)
+    one_line_error(prepro(js, images, ws, "--out", images / "val2014", "--force"), f"lies inside {images}",
+                   only=False)
+    assert {p: p.read_bytes() for p in js.parent.rglob("*") if p.is_file()} == before
+
+
 def test_bad_option_values(coco):
     js, images, ws = coco
     one_line_error(prepro(js, images, ws, "--max-length", "0"), "--max-length 0")

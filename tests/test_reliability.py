@@ -1,6 +1,7 @@
-"""docs/reliability.md lists every refused input and fault with the message it gives: the table is
+"""docs/reliability.md lists every refused input and fault with the message it gives: the tables are
 generated from the source (every ``RdppError(...)``, its subclasses, helpers annotated to return
-one, and the ``ValueError``s that ``check()`` methods raise for stages to pass on), so it cannot drift. When this test fails, rerun
+one, and the ``ValueError``s that ``check()`` methods raise for stages to pass on; and the command
+line's parse errors, as ``rdpp`` prints them), so they cannot drift. When this test fails, rerun
 
     python tests/test_reliability.py
 
@@ -96,10 +97,47 @@ def _cell(text: str) -> str:
             .replace("\n", " "))
 
 
+# One command line per kind of parse error Click raises; the table shows what rdpp prints for each.
+BAD_COMMAND_LINES = (
+    ("sample", "--n", "abc"),  # a value of the wrong type
+    ("sample", "--bogus"),  # an unknown option
+    ("sample", "--n"),  # an option without its value
+    ("caption",),  # a missing argument
+    ("ls", "extra"),  # an extra argument
+    ("nosuch",),  # an unknown command
+)
+
+
+@functools.lru_cache(maxsize=1)
+def parse_errors() -> list[tuple[str, str]]:
+    """(command line, the line rdpp prints) for each of ``BAD_COMMAND_LINES``, run for real."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from rdpp_cli.cli.app import app
+
+    rows = []
+    for args in BAD_COMMAND_LINES:
+        r = CliRunner().invoke(app, list(args), env={"COLUMNS": "300", "NO_COLOR": "1"})
+        out = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(out) == 1 and out[0].startswith("error: "), (args, r.output)
+        rows.append((" ".join(("rdpp",) + args), out[0]))
+    return rows
+
+
 def table() -> str:
-    lines = ["| module | function | message |", "|---|---|---|"]
-    for module, func, text in messages():
+    refusals, parsing = messages(), parse_errors()
+    lines = [f"{len(refusals) + len(parsing)} messages: {len(refusals)} refusals raised in `rdpp_cli/` (by module, "
+             f"below) and {len(parsing)} kinds of command-line error (the last table).", "",
+             "| module | function | message |", "|---|---|---|"]
+    for module, func, text in refusals:
         lines.append(f"| `{module}` | `{func}` | {_cell(text)} |")
+    lines += ["", "### Command-line errors", "",
+              "The command line is parsed by Click (through Typer); rdpp prints its errors in the same one-line form, "
+              "exit status 2 (`{...}` above stands for values; here each row is a real command line and its output):",
+              "", "| command line | what rdpp prints |", "|---|---|"]
+    lines += [f"| `{cmd}` | {_cell(out)} |" for cmd, out in parsing]
     return "\n".join(lines) + "\n"
 
 
@@ -130,4 +168,4 @@ def test_every_message_the_fault_table_quotes_exists():
 
 if __name__ == "__main__":
     DOC.write_text(render())
-    print(f"wrote {DOC} ({len(messages())} messages)", file=sys.stderr)
+    print(f"wrote {DOC} ({len(messages())} refusals, {len(parse_errors())} command-line errors)", file=sys.stderr)

@@ -34,6 +34,7 @@ VALUES = {
     "precision": "bf16", "workers": 1, "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
     "init_from": "xe/att2in-small-v1", "out": None, "force": True, "workspace": None, "model": "xe/a-v1",
     "reward": "scst", "m": 3, "baseline": "mean", "lam": 2.5, "sample_mode": "eval", "checkpoint": "last",
+    "fast": "on",
 }
 PRESET = {XEOptions: "small", FinetuneOptions: "paper"}
 STAGES = [("train-xe", XEOptions, "rdpp_cli.training.xe", "train_xe"),
@@ -158,7 +159,7 @@ XE_IDENTITY = {"stage", "data_sha256", "preset", "init_sha256", "epochs", "batch
 FT_IDENTITY = {"stage", "reward", "m", "baseline", "lam", "preset", "sample_mode", "train_reward", "model_sha256",
                "checkpoint", "data_sha256", "epochs", "batch_size", "lr", "grad_clip", "grad_clip_mode",
                "lr_decay_every", "lr_decay_rate", "val_images", "val_batch_size", "seed", "precision"}
-NOT_IDENTITY = {"device", "precision_option", "workers", "save_every_steps", "processes"}
+NOT_IDENTITY = {"device", "precision_option", "fast", "fast_option", "workers", "save_every_steps", "processes"}
 
 
 @pytest.mark.unit
@@ -169,6 +170,7 @@ def test_run_settings_keep_the_identity_and_config_keys():
     assert set(ident) == XE_IDENTITY and ident["precision"] == "bf16"
     assert set(config) == XE_IDENTITY | NOT_IDENTITY | {"data", "init_from"}
     assert (config["precision"], config["precision_option"], config["device"]) == ("bf16", "auto", "cpu")
+    assert (config["fast"], config["fast_option"]) == ("off", "auto")  # --fast auto: off on this CPU
     opts = FinetuneOptions(reward="dpp", lam=2.0).with_preset()
     ident, config = loop.run_settings("finetune", opts, "fp32",
                                       identity={"lam": None, "train_reward": "t", "model_sha256": "m",

@@ -15,6 +15,11 @@ was left by a run that died. Acquiring:
 ``finish`` (``artifacts.workspace``) releases the lock once the manifest is written; a stage that
 fails releases it through ``released_on_error`` (or ``release_all`` when a CLI command ends). Under torchrun only
 rank 0 claims the folder, so only rank 0 holds the lock.
+
+Choosing a new version folder is serialised by ``claiming``: a short-lived ``flock``ed claim file in
+the group folder, one per run identity, held from looking at the existing versions until the chosen
+folder is locked. Two identical commands started in the same instant thus see each other: the
+second finds the first one's folder locked and is refused, instead of both taking a new version.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 LOCK = ".rdpp-lock"
+CLAIM = ".rdpp-claim-"  # + a hash of the run's identity: in a group folder while a run picks its version
 
 _held: dict[str, tuple[int, int]] = {}  # resolved folder -> (fd, inode of the lock file)
 
@@ -87,21 +93,9 @@ def acquire(folder: Path | str) -> None:
     path = folder / LOCK
     if key in _held:  # claimed earlier by this process, whose stage then failed: stages run one at a time
         release(folder)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # BlockingIOError: a live process holds it
-                os.close(fd)
-                raise _busy(folder, _read(path)) from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder finished and removed the file between our open and flock: retry
+    fd = _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB if fcntl is not None else 0)
+    if fd is None:
+        raise _busy(folder, _read(path))
     prev = _read(path)
     if prev:
         if prev.get("host") != _host():
@@ -123,6 +117,41 @@ def acquire(folder: Path | str) -> None:
     os.pwrite(fd, data, 0)
     os.fsync(fd)
     _held[key] = (fd, os.fstat(fd).st_ino)
+
+
+def _open_locked(path: Path, flags: int) -> int | None:
+    """An fd of ``path`` (created if missing) holding ``flock(flags)``; None when ``LOCK_NB`` is in
+    ``flags`` and another process holds it. Retries when the file was removed between the open and
+    the flock (its holder finished), so the lock held is always on the file at ``path``."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, flags)
+            except OSError:  # BlockingIOError: a live process holds it
+                os.close(fd)
+                return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claiming(parent: Path | str, key: str) -> Iterator[None]:
+    """Hold ``<parent>/.rdpp-claim-<key>`` (an exclusive ``flock``, waited for: a claim lasts
+    milliseconds) for the block, then remove it. The kernel drops the flock of a process that dies
+    holding it, so a claim never outlives its run."""
+    path = Path(parent) / f"{CLAIM}{key}"
+    fd = _open_locked(path, fcntl.LOCK_EX if fcntl is not None else 0)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # before unlocking: a waiter then finds its file gone and opens a fresh one
+        _release_fd(fd)
 
 
 def _release_fd(fd: int) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from rdpp_cli import __version__
+from rdpp_cli.artifacts.interrupt import uninterrupted
 from rdpp_cli.errors import RdppError
 
 # The manifest schema each kind is written with, and the oldest schema this rdpp still reads. An
@@ -50,28 +51,33 @@ GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores", "captions")
 _CHUNK = 1 << 20
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str:
+    """sha256 of the file's bytes; ``advance(n)`` after each n bytes read (a progress bar)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
             h.update(block)
+            if advance:
+                advance(len(block))
     return h.hexdigest()
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
-    readers see the old file or the whole new one, never a half-written one."""
+    readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
+    for it to end (``artifacts.interrupt``)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with uninterrupted():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -114,6 +120,16 @@ def workspace_root(path: Path | str) -> Path | None:
     """The workspace an artifact folder lies in (``<root>/<group>/<name>``), or None."""
     p = Path(path).resolve()
     return p.parent.parent if p.parent.name in GROUP_NAMES else None
+
+
+def file_ref(path: Path | str, root: Path | str | None) -> str:
+    """How a manifest records a file a user passed (backbone weights): relative to the workspace
+    ``root`` when it lies inside it (it moves with the workspace), else absolute. The file's sha256
+    is recorded beside it; ``Artifact.resolve_path`` reads it back."""
+    p = Path(path).resolve()
+    if root is not None and p.is_relative_to(Path(root).resolve()):
+        return p.relative_to(Path(root).resolve()).as_posix()
+    return str(p)
 
 
 def input_ref(art: "Artifact", out_dir: Path | str) -> dict:
@@ -162,14 +178,22 @@ class Artifact:
     def input_path(self, entry: dict) -> Path:
         """Where an input entry says the input is: relative paths are relative to this artifact's
         workspace (older manifests hold absolute paths)."""
-        p = Path(entry.get("path", ""))
+        return self.resolve_path(entry.get("path", ""))
+
+    def resolve_path(self, recorded: str | Path) -> Path:
+        """A path this manifest records (``file_ref``): relative to the artifact's workspace (its
+        parent folder outside one), or absolute."""
+        p = Path(recorded)
         if p.is_absolute():
             return p
         root = workspace_root(self.path)
         return (root if root is not None else self.path.parent) / p
 
     def file(self, name: str) -> Path:
-        """Path of a listed file, after the cheap check that it exists with the recorded size."""
+        """Path of a listed file, after checking it is the file the manifest lists: its size, then
+        its sha256 (hashed once per version of the file on disk: ``artifacts.verified``)."""
+        from rdpp_cli.artifacts.verified import checked_hash
+
         entry = self.manifest.get("files", {}).get(name)
         p = self.path / name
         if entry is None:
@@ -181,27 +205,37 @@ class Artifact:
                 f"{p} has {p.stat().st_size} bytes but its manifest says {entry['bytes']}: "
                 "the file changed after the artifact was written; rebuild it"
             )
+        actual = checked_hash(self.path, name, entry.get("hash_of", "file"))
+        if actual != entry["sha256"]:
+            raise RdppError(
+                f"{p} changed after its artifact was written: same size ({entry['bytes']:,} bytes) but sha256 "
+                f"{actual[:12]}…, not the {entry['sha256'][:12]}… its manifest records; restore the file or remake "
+                f"{self.path.parent.name}/{self.name} (`rdpp verify` lists every changed file and what was made from it)"
+            )
         return p
 
     def problems(self, full: bool = True) -> list[str]:
-        """Every listed file that is missing, has another size, or (``full``: reads every byte) another
-        sha256 than the manifest records; one line each, empty when the artifact is intact."""
+        """Every listed file that is missing, has another size, or another sha256 than the manifest
+        records; one line each, empty when the artifact is intact. ``full``: every file is hashed
+        now (and the hash remembered); else only remembered hashes are compared, and a file changed
+        on disk since it was last hashed is reported as not checked."""
+        from rdpp_cli.artifacts.verified import checked_hash, remembered, stat_key
+
         out = []
         for name, entry in self.manifest.get("files", {}).items():
             p = self.path / name
+            hash_of = entry.get("hash_of", "file")
             if not p.is_file():
                 out.append(f"{name}: missing (listed in the manifest)")
             elif p.stat().st_size != entry["bytes"]:
                 out.append(f"{name}: {p.stat().st_size} bytes but the manifest says {entry['bytes']}")
-            elif full:
-                if entry.get("hash_of", "file") == "file":
-                    actual = sha256_file(p)
-                else:
-                    from rdpp_cli.artifacts import content_hash
-
-                    actual = content_hash.recompute(p, entry["hash_of"])
-                if actual != entry["sha256"]:
-                    out.append(f"{name}: sha256 {actual[:12]}… does not match the manifest ({entry['sha256'][:12]}…)")
+            elif (actual := checked_hash(self.path, name, hash_of, rehash=True) if full
+                    else remembered(self.path, name, stat_key(p), hash_of)) is None:
+                out.append(f"{name}: not checked since it last changed on disk (no hash remembered for its size, "
+                           "mtime and inode); `rdpp verify` without --quick hashes it")
+            elif actual != entry["sha256"]:
+                out.append(f"{name}: sha256 {actual[:12]}… does not match the manifest ({entry['sha256'][:12]}…), "
+                           "same size")
         return out
 
     def verify(self) -> None:
@@ -234,11 +268,14 @@ def write_manifest(
     they were written (large HDF5 files); every other regular file in ``out_dir`` (recursively,
     skipping hidden temp files) is hashed here. ``summary`` holds headline numbers for ``rdpp ls``.
     """
+    from rdpp_cli.artifacts.verified import remember, stat_key
+
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}")
     out_dir = Path(out_dir)
     precomputed = precomputed or {}
     files: dict[str, dict] = {}
+    seen: dict[str, tuple] = {}  # remembered as verified (artifacts.verified): just hashed
     for p in sorted(out_dir.rglob("*")):
         rel = p.relative_to(out_dir).as_posix()
         if not p.is_file() or rel == MANIFEST or any(part.startswith(".") for part in Path(rel).parts):
@@ -249,6 +286,7 @@ def write_manifest(
         else:
             entry = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
         files[rel] = entry
+        seen[rel] = (stat_key(p), entry.get("hash_of", "file"), entry["sha256"])
     manifest = {
         "kind": kind,
         "schema": SCHEMAS[kind],
@@ -260,6 +298,7 @@ def write_manifest(
     }
     if summary:
         manifest["summary"] = _jsonable(summary)
+    remember(out_dir, seen)
     atomic_write_json(out_dir / MANIFEST, manifest)
     return Artifact(out_dir, manifest)
 

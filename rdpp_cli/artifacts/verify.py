@@ -1,26 +1,39 @@
 """``rdpp verify``: check what manifests promise, for every artifact of the workspace or those named.
 
-For each artifact: every listed file exists with its recorded size and (unless ``quick``) its
-recorded sha256, and every recorded input still resolves to an artifact with the recorded manifest
-hash (``lineage.open_input``: at its recorded path, or found by hash where it moved). A folder whose
-manifest cannot be read is reported too. Unfinished runs (no manifest yet) are not artifacts and
-are skipped.
+For each artifact:
+
+- every listed file exists with its recorded size and its recorded sha256: hashed now, or with
+  ``quick`` the hash remembered when a stage or an earlier ``rdpp verify`` last hashed that version
+  of the file (``artifacts.verified``; a file changed on disk since is reported as not checked);
+- every recorded input still resolves to an artifact with the recorded manifest hash
+  (``lineage.open_input``: at its recorded path, or found by hash where it moved);
+- an artifact made, directly or through others, from an artifact with a problem is reported too,
+  naming that ancestor: what it was made from is no longer what its manifest says.
+
+Every folder under the workspace's groups is looked at: one without a manifest is reported as a
+problem, unless it holds ``.rdpp-partial.json`` (an unfinished run, listed as such); a manifest
+that cannot be read is a problem. ``stray_folders`` is the same survey for ``rdpp ls``.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
-from rdpp_cli.artifacts.workspace import GROUPS, workspace_dir
+from rdpp_cli.artifacts.verified import own_progress_bar
+from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, workspace_dir
 from rdpp_cli.errors import RdppError
+
+NO_MANIFEST = ("no manifest.json and no .rdpp-partial.json: not an artifact nor an unfinished run (its manifest "
+               "was deleted?); remake it, or delete the folder")
 
 
 @dataclass
 class Checked:
-    """One artifact's verdict: ``problems`` is empty when it is intact."""
+    """One folder's verdict: ``problems`` is empty when it is intact (or an unfinished run)."""
 
     path: Path
     kind: str = "?"
@@ -28,16 +41,37 @@ class Checked:
     bytes: int = 0
     inputs: int = 0
     problems: list[str] = field(default_factory=list)
+    made_from: list[Path] = field(default_factory=list)  # the inputs, resolved
+    unfinished: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
+def _group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
+    return sorted(p for g in groups if (root / g).is_dir() for p in (root / g).iterdir()
+                  if p.is_dir() and not p.name.startswith("."))
+
+
+def stray_folders(workspace: Path | str | None = None) -> list[tuple[Path, str]]:
+    """The folders under the workspace's groups that are not complete, readable artifacts of their
+    group's kind, each with why: ``unfinished run``, ``no manifest.json`` or the reading error."""
+    out = []
+    for p in _group_folders(workspace_dir(workspace)):
+        if (p / MANIFEST).is_file():
+            try:
+                read_artifact(p, GROUPS[p.parent.name])
+            except RdppError as e:
+                out.append((p, str(e)))
+        else:
+            out.append((p, "unfinished run" if (p / PARTIAL).is_file() else "no manifest.json"))
+    return out
+
+
 def _folders(names: list[str] | None, root: Path) -> list[Path]:
     if not names:
-        return sorted(p for g in GROUPS if (root / g).is_dir() for p in (root / g).iterdir()
-                      if p.is_dir() and (p / MANIFEST).is_file())
+        return _group_folders(root)
     out = []
     for name in names:
         candidates = [Path(name), root / name, *(root / g / name for g in GROUPS)]
@@ -49,11 +83,24 @@ def _folders(names: list[str] | None, root: Path) -> list[Path]:
     return out
 
 
-def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
-    """The verdict on one artifact folder."""
-    res = Checked(Path(path))
+def _unfinished_kind(path: Path) -> str:
     try:
-        art: Artifact = read_artifact(path)
+        return str(json.loads((path / PARTIAL).read_text()).get("kind", "?"))
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
+def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
+    """The verdict on one folder (its own files and inputs; ``verify`` adds its ancestors' problems)."""
+    res = Checked(Path(path))
+    if not (res.path / MANIFEST).is_file() and (res.path / PARTIAL).is_file():
+        res.unfinished, res.kind = True, _unfinished_kind(res.path)
+        return res
+    if not (res.path / MANIFEST).exists():
+        res.problems.append(NO_MANIFEST)
+        return res
+    try:
+        art: Artifact = read_artifact(path, GROUPS.get(res.path.parent.name))
     except RdppError as e:
         res.problems.append(str(e))
         return res
@@ -64,30 +111,72 @@ def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bo
     for entry in art.inputs:
         res.inputs += 1
         try:
-            open_input(art, entry, workspace=workspace, quiet=True)
+            res.made_from.append(open_input(art, entry, workspace=workspace, quiet=True).path.resolve())
         except RdppError as e:
             res.problems.append(f"input {entry_name(entry)}: {e}")
     return res
 
 
+def _label(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def _propagate(results: dict[Path, Checked]) -> None:
+    """Add to every verdict the ancestors (inputs, their inputs, ...) with problems of their own."""
+    own = {p: list(r.problems) for p, r in results.items()}
+
+    def changed(r: Checked, seen: set[Path]) -> list[Path]:
+        out = []
+        for q in r.made_from:
+            if q in seen or q not in results:
+                continue
+            seen.add(q)
+            out += ([q] if own[q] else []) + changed(results[q], seen)
+        return out
+
+    for r in results.values():
+        for q in changed(r, set()):
+            r.problems.append(f"made from {_label(q)}, which has a problem ({own[q][0]}); restore {_label(q)} "
+                              "or remake this artifact from an intact one")
+
+
+def check_all(folders: list[Path], *, workspace: Path | str | None, quick: bool, advance=None) -> list[Checked]:
+    """Verdicts on ``folders`` in order, each with its ancestors' problems (the ancestors are
+    checked too, once each, whether named or not)."""
+    results: dict[Path, Checked] = {}
+    named: dict[Path, Path] = {}  # resolved -> as given
+    for folder in folders:
+        named.setdefault(Path(folder).resolve(), Path(folder))
+    todo = list(named)
+    while todo:
+        p = todo.pop(0)
+        if p in results:
+            continue
+        results[p] = check_artifact(named.get(p, p), workspace=workspace, quick=quick)
+        todo += results[p].made_from
+        if advance and p in named:
+            advance()
+    _propagate(results)
+    return [results[p] for p in named]
+
+
 def verify(artifacts: list[str] | None = None, *, workspace: Path | str | None = None, quick: bool = False,
            show: bool = True) -> list[Checked]:
-    """Check the named artifacts (paths, names or group/name), or every artifact of the workspace;
-    prints a table of the verdicts (``show``) and returns them."""
+    """Check the named artifacts (paths, names or group/name), or every folder of the workspace's
+    groups; prints a table of the verdicts (``show``) and returns them."""
     from rdpp_cli.console import console, progress
 
     root = workspace_dir(workspace)
     folders = _folders(artifacts, root)
-    results = []
-    with progress("artifacts") as bar:
+    with progress("artifacts") as bar, own_progress_bar():
         task = bar.add_task("verify", total=len(folders), info="")
-        for p in folders:
-            results.append(check_artifact(p, workspace=workspace, quick=quick))
-            bar.advance(task)
+        results = check_all(folders, workspace=workspace, quick=quick, advance=lambda: bar.advance(task))
     if show:
         console.print(_table(results, quick))
         bad = sum(not r.ok for r in results)
-        console.print(f"{len(results)} artifact(s) checked in {root}, {bad} with problems")
+        unfinished = sum(r.unfinished for r in results)
+        console.print(f"{len(results) - unfinished} artifact(s) checked in {root}, {bad} with problems"
+                      + (f"; {unfinished} unfinished run(s) (rerun their command to resume)" if unfinished else ""))
     return results
 
 
@@ -95,12 +184,14 @@ def _table(results: list[Checked], quick: bool):
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"rdpp verify ({'sizes and lineage' if quick else 'sha256 of every file, and lineage'})",
-                  title_justify="left")
+    what = ("sizes, the hashes remembered when each file was last hashed, and lineage" if quick
+            else "sha256 of every file, and lineage")
+    table = Table(title=f"rdpp verify ({what})", title_justify="left")
     for col in ("artifact", "kind", "files", "inputs", "status"):
         table.add_column(col, overflow="fold")
     for r in results:
-        status = "[green]ok[/green]" if r.ok else "[red]" + escape("; ".join(r.problems)) + "[/red]"
-        table.add_row(f"{r.path.parent.name}/{r.path.name}", r.kind.removeprefix("rdpp."),
-                      f"{r.files} ({r.bytes:,} bytes)", str(r.inputs), status)
+        status = ("[yellow]unfinished run[/yellow]" if r.unfinished and r.ok else "[green]ok[/green]" if r.ok
+                  else "[red]" + escape("; ".join(r.problems)) + "[/red]")
+        table.add_row(_label(r.path), r.kind.removeprefix("rdpp."), f"{r.files} ({r.bytes:,} bytes)", str(r.inputs),
+                      status)
     return table

@@ -12,11 +12,13 @@ run writes it; rerunning the same command with the same settings resumes an unfi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from rdpp_cli.artifacts import lock as _lock
@@ -119,74 +121,126 @@ def prepare_output(
     kind: str,
     config: dict,
     force: bool = False,
+    reads: Iterable[Path | str | None] = (),
 ) -> Path:
     """Choose and claim the folder a stage writes to, and lock it for this run (``artifacts.lock``;
     ``finish`` releases it).
 
     - ``out`` not given: a new version ``<workspace>/<group>/<name>-v<k>``, unless the newest
-      version is an unfinished run of the same kind and config, which is resumed.
+      version is an unfinished run of the same kind and config, which is resumed. Looking at the
+      versions and claiming one is one step (``lock.claiming``): of two identical commands started
+      together, one runs and the other is refused because the first holds the folder.
     - ``out`` given: an empty or missing folder is used; an unfinished run of the same config is
-      resumed; anything else (another artifact, unrelated files) is refused unless ``force``.
+      resumed; an artifact of this ``kind`` (or an unfinished run of it with other settings) is
+      replaced only with ``force``; anything else (another kind, unrelated files) is refused.
+
+    ``reads``: the paths the stage reads (artifact folders, input files); an ``out`` equal to, inside
+    or above one of them is refused, ``force`` or not, before anything is touched.
 
     ``config`` is the run's identity: what decides its result (options and the manifest hashes of
     its inputs, never paths, so that a moved workspace still resumes). A folder another live run
     holds is refused with one line naming it.
     """
-    _identity(config)  # a NaN option is refused before any folder is made
+    ident = _identity(config)  # a NaN option is refused before any folder is made
     if out is None:
         parent = workspace_dir(workspace) / group
         parent.mkdir(parents=True, exist_ok=True)
-        versions = _versions(parent, name)
-        if versions:
-            k, newest = versions[-1]
-            if not is_complete(newest) and _partial_matches(newest, kind, config):
-                _lock.acquire(newest)
-                if is_complete(newest):  # finished while we looked
-                    _lock.release(newest)
-                else:
-                    info(f"resuming unfinished {newest}")
-                    return newest
-        k = versions[-1][0] + 1 if versions else 1
-        while True:
-            path = parent / version_name(name, k)
-            try:
-                path.mkdir()
-                break
-            except FileExistsError:
-                k += 1
-        _lock.acquire(path)
-        _mark_partial(path, kind, config)
-        return path
+        key = hashlib.sha256(json.dumps([kind, name, ident], sort_keys=True).encode()).hexdigest()[:16]
+        with _lock.claiming(parent, key):
+            return _new_or_resumed_version(parent, name, kind, config)
 
     path = Path(out)
+    refuse_overlap(path, reads)
     if path.exists() and not path.is_dir():
         raise RdppError(f"--out {path} is a file; give a folder path")
     path.mkdir(parents=True, exist_ok=True)
     _lock.acquire(path)  # refused while another run writes it; a dead run's lock is taken over
     with _lock.released_on_error(path):
         if any(p.name != _lock.LOCK for p in path.iterdir()):
-            if is_complete(path):
-                if not force:
-                    try:
-                        existing = read_artifact(path).kind
-                    except RdppError:
-                        existing = "an rdpp"
-                    raise RdppError(
-                        f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it"
-                    )
-                (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
-                _clear(path)
-            elif _partial_matches(path, kind, config):
+            if not is_complete(path) and _partial_matches(path, kind, config):
                 info(f"resuming unfinished {path}")
                 return path
-            elif not force:
-                what = ("an unfinished run with other settings" if (path / PARTIAL).exists()
-                        else "files that are not an rdpp artifact")
-                raise RdppError(f"{path} holds {what}; choose another --out or pass --force to overwrite it")
-            else:
-                _clear(path)
+            _make_room(path, kind, force)
         _mark_partial(path, kind, config)
     return path
+
+
+def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict) -> Path:
+    versions = _versions(parent, name)
+    if versions:
+        k, newest = versions[-1]
+        if not is_complete(newest) and _partial_matches(newest, kind, config):
+            _lock.acquire(newest)  # refused while the run that made it is alive
+            if is_complete(newest):  # finished while we looked
+                _lock.release(newest)
+            else:
+                info(f"resuming unfinished {newest}")
+                return newest
+    k = versions[-1][0] + 1 if versions else 1
+    while True:
+        path = parent / version_name(name, k)
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            k += 1
+    _lock.acquire(path)
+    _mark_partial(path, kind, config)
+    return path
+
+
+def refuse_overlap(out: Path | str | None, reads: Iterable[Path | str | None]) -> None:
+    """RdppError when ``out`` (``--out``; None: a new version folder, nothing to check) is, lies
+    inside or holds a path the stage reads. ``prepare_output`` checks it; a stage that works long
+    before claiming its folder checks it first too, so that the refusal comes at once."""
+    if out is None:
+        return
+    target = Path(out).resolve()
+    for given in reads:
+        if given is None:
+            continue
+        src = Path(given).resolve()
+        how = ("is" if target == src else "lies inside" if target.is_relative_to(src)
+               else "holds" if src.is_relative_to(target) else None)
+        if how:
+            raise RdppError(f"--out {out} {how} {given}, which this stage reads; choose another --out "
+                            "(not even --force writes over a stage's input)")
+
+
+def _make_room(path: Path, kind: str, force: bool) -> None:
+    """Empty ``path`` for a new run of ``kind`` (``force``), or refuse: only an artifact of the
+    same kind, or an unfinished run of it, is ever replaced."""
+    if is_complete(path):
+        try:
+            existing = read_artifact(path).kind
+        except RdppError:
+            existing = None
+        if existing != kind:
+            raise RdppError(f"{path} holds {existing or 'an unreadable'} artifact, not {kind}; choose another --out "
+                            "(--force replaces only an artifact of the same stage)")
+        if not force:
+            raise RdppError(f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it")
+        (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
+    elif (path / PARTIAL).exists():
+        started = _partial_kind(path)
+        if started != kind:
+            raise RdppError(f"{path} holds an unfinished {started or 'unknown'} run, not {kind}; choose another --out "
+                            "(--force replaces only an artifact of the same stage)")
+        if not force:
+            raise RdppError(f"{path} holds an unfinished run with other settings; choose another --out or pass "
+                            "--force to overwrite it")
+    else:
+        raise RdppError(f"{path} holds files that are not an rdpp artifact; choose another --out "
+                        "(--force replaces only an artifact of the same stage, never other files)")
+    _clear(path)
+
+
+def _partial_kind(path: Path) -> str | None:
+    try:
+        saved = json.loads((path / PARTIAL).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("kind") if isinstance(saved, dict) else None
 
 
 def _clear(path: Path) -> None:
@@ -221,12 +275,14 @@ def resolve_input(
     what: str,
     make_with: str,
     quiet: bool = False,
+    option: str = "--from",
 ) -> Artifact:
     """The artifact a stage reads: ``from_`` as a path, a name in the workspace (``dpp-m5-v1``) or a
     group/name as ``rdpp ls`` shows it (``finetune/dpp-m5-v1``); else the newest.
 
     ``groups`` are searched in order of preference (e.g. ``("finetune", "xe")``: the newest
-    fine-tuned model, else the newest XE model).
+    fine-tuned model, else the newest XE model). ``option``: the command's option that names this
+    input (the hint printed with the newest says so).
     """
     root = workspace_dir(workspace)
     if from_ is not None:
@@ -246,7 +302,7 @@ def resolve_input(
         if arts:
             chosen = arts[-1]
             if not quiet:
-                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; --from to pick another)")
+                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another)")
             return chosen
     raise RdppError(f"no {what} in workspace {root}; make one with `{make_with}`")
 

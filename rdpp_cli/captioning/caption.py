@@ -81,22 +81,22 @@ def image_ids(files: Sequence[Path]) -> list[int]:
 
 def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, str]:
     """The backbone the data artifact extracted its features with (and the feature dtype), rebuilt
-    from its manifest; ``weights`` stands in for a weights file that moved (same sha256 only)."""
+    from its manifest: the weights file at the recorded path (relative to the workspace, or
+    absolute), or ``weights`` where it moved; either must have the recorded sha256."""
     cfg = data.config
     name = cfg.get("backbone")
     if not name or name == "imported" or not cfg.get("att_size"):
         raise RdppError(f"data artifact {data.path} holds imported features ({cfg.get('features_from')}), not a CNN's; "
                         "rdpp caption needs a model trained on features rdpp extracted (prepro with --backbone)")
-    recorded = cfg.get("weights")
-    path = Path(weights) if weights is not None else (Path(recorded) if recorded else None)
+    recorded, want = cfg.get("weights"), cfg.get("weights_sha256")
+    path = Path(weights) if weights is not None else (data.resolve_path(recorded) if recorded else None)
+    needs = f"the file with sha256 {want}" if want else "the same file"
     if path is not None and not path.is_file():
-        raise RdppError(f"weights file {path} (recorded in {data.path / 'manifest.json'}) does not exist; "
-                        "pass --weights PATH to the same file"
-                        + (f" (sha256 {cfg['weights_sha256'][:12]}…)" if cfg.get("weights_sha256") else ""))
-    want = cfg.get("weights_sha256")
-    if path is not None and want and file_sha256(path) != want:
-        raise RdppError(f"weights file {path} is not the one data artifact {data.path} was made with (sha256 "
-                        f"{want[:12]}… expected); pass --weights PATH to that file")
+        where = "--weights" if weights is not None else f"(recorded in {data.path / 'manifest.json'})"
+        raise RdppError(f"weights file {path} {where} does not exist; pass --weights PATH to {needs}")
+    if path is not None and want and (got := file_sha256(path)) != want:
+        raise RdppError(f"weights file {path} is not the one data artifact {data.path} was made with (its sha256 is "
+                        f"{got[:12]}…, the manifest records {want[:12]}…); pass --weights PATH to {needs}")
     bb = build_backbone(name, att_size=int(cfg["att_size"]), image_size=cfg.get("image_size"), weights=path,
                         pretrained=bool(cfg.get("pretrained", False)))
     if want and bb.weights_sha256 and bb.weights_sha256 != want:  # ImageNet weights from the hub cache
@@ -148,7 +148,7 @@ def caption(
     for f in files:  # every photo readable before anything is written
         problem = image_problem(f, what="leave it out or replace it")
         if problem:
-            raise RdppError(problem)
+            raise problem
     dev = resolve_device(device)
     model_art = resolve_input(model, workspace=workspace, groups=("finetune", "xe"), kind="rdpp.model",
                               what="model", make_with="rdpp train-xe")
@@ -170,7 +170,7 @@ def caption(
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
     identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
     out_dir = prepare_output(out, workspace=workspace, group="captions", name=derived_name(model_art.name, run_name(cfg)),
-                             kind="rdpp.captions", config=identity, force=force)
+                             kind="rdpp.captions", config=identity, force=force, reads=[model_art.path, data_art.path, *paths, weights])
     info(f"captioning {len(files)} photo(s) with {model_art.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
          f"images, {bb.att_size}×{bb.att_size} grid, as {data_art.path}")
     gen = torch.Generator(device=dev).manual_seed(seed)

@@ -8,6 +8,7 @@ import functools
 import importlib
 import inspect
 import json
+import sys
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Optional
@@ -109,22 +110,45 @@ def parent_option(opts: dict, positional: str, what: str) -> str | None:
     return chosen or alias
 
 
+def _position() -> str | None:
+    """Where the stage is: ``at epoch 2, step 37`` in a training run (``training.loop.current_position``,
+    looked up only when the loop is loaded: no torch import here), else how far its progress bar got."""
+    from rdpp_cli.console import progress_position
+
+    loop = sys.modules.get("rdpp_cli.training.loop")
+    pos = loop.current_position() if loop is not None else None
+    return f"at {pos}" if pos is not None else progress_position()
+
+
+def interrupted_line(position: str | None) -> str:
+    """``interrupted at epoch 2, step 37; rerun the same command to resume``."""
+    return f"interrupted {position or 'before it finished'}; rerun the same command to resume"
+
+
 def stage(fn):
-    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2."""
+    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; Ctrl-C
+    (SIGINT) and SIGTERM one line saying how far the stage got (``console.position``), exit 130 and
+    143. Either way the locks the stage took are released and its unfinished folder resumes on a rerun."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from rdpp_cli.artifacts.interrupt import Interrupted, stopping_on_signals
         from rdpp_cli.artifacts.lock import held, release_all
+        from rdpp_cli.console import forget_progress
 
         before = held()
+        forget_progress()
         try:
-            return fn(*args, **kwargs)
+            with stopping_on_signals(where=_position):  # SIGINT/SIGTERM raise Interrupted, never inside a write
+                return fn(*args, **kwargs)
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("[red]interrupted[/red]: rerun the same command to resume", soft_wrap=True)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:
+            line = interrupted_line(e.position if isinstance(e, Interrupted) else _position())
+            err_console.print("[red]interrupted[/red]" + escape(line.removeprefix("interrupted")), soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(e.exit_code if isinstance(e, Interrupted) else 130) from None
         finally:
             release_all(keep=before)  # a failed stage leaves its folder unfinished but unlocked
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from rdpp_cli.artifacts import list_artifacts, workspace_dir
 from rdpp_cli.cli.common import WorkspaceOpt, stage
-from rdpp_cli.console import console
+from rdpp_cli.console import console, note
 
 # The settings worth a glance, per kind (everything is in each manifest's config).
 _KEY_SETTINGS = {
@@ -59,8 +59,14 @@ def command(workspace: Path = WorkspaceOpt) -> None:
 
     Example: rdpp ls --workspace runs
     """
+    from rdpp_cli.artifacts.verify import stray_folders
+
     table = ls(workspace)
     if table.row_count == 0:
         console.print(f"no artifacts in {workspace_dir(workspace)} yet; start with `rdpp prepro toy`")
     else:
         console.print(table)
+    stray = stray_folders(workspace)
+    if stray:  # one line: folders that are no complete artifact are said, never dropped silently
+        note(f"{len(stray)} folder(s) not listed, not complete artifacts: "
+             + "; ".join(f"{p.parent.name}/{p.name} ({why})" for p, why in stray) + "; `rdpp verify` checks them")

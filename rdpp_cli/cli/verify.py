@@ -14,12 +14,17 @@ from rdpp_cli.cli.common import WorkspaceOpt, stage
 def command(
     artifacts: Optional[list[str]] = typer.Argument(
         None, help="Artifacts to check (folders, names or group/name as `rdpp ls` shows; default: every one)."),
-    quick: bool = typer.Option(False, "--quick", help="Check sizes and lineage only, not the files' sha256."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Read no file's bytes: check sizes, lineage (inputs by manifest hash) and the hashes "
+        "remembered when each file was last hashed (by a stage or a full verify); a file changed on disk since "
+        "(another mtime or inode) is reported as not checked. Without --quick every file is hashed."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
     """Check artifacts against their manifests: missing or changed files, changed or missing inputs.
 
-    Exits with status 1 when any artifact has a problem (every problem is listed).
+    An artifact made (directly or through others) from one with a problem is reported too, naming
+    it; a folder of the workspace without a manifest is a problem (an unfinished run is listed as
+    such). Exits with status 1 when any artifact has a problem (every problem is listed).
 
     Example: rdpp verify
     """

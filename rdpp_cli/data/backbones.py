@@ -114,13 +114,6 @@ class PixelStats(nn.Module):
         return att.mean(dim=1), att
 
 
-def list_backbones() -> list[str]:
-    import torchvision
-
-    return ["pixstats"] + sorted(n for n in torchvision.models.list_models(module=torchvision.models)
-                                 if not n.startswith(_NOT_CONV))
-
-
 def build_backbone(
     name: str,
     *,

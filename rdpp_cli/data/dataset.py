@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rdpp_cli.artifacts import Artifact, read_artifact
+from rdpp_cli.artifacts.content_hash import row_extents
 from rdpp_cli.data.vocab import decode_ids
 from rdpp_cli.errors import RdppError
 
@@ -42,7 +43,7 @@ class DataArtifact:
         self.artifact = artifact
         self.path = artifact.path
         for name in ("vocab.json", "captions.h5", "features.h5", "cider_df.h5"):
-            artifact.file(name)  # cheap size check, clear error when missing
+            artifact.file(name)  # size and sha256 against the manifest (hashed once per file version)
         self.words: list[str] = json.loads((self.path / "vocab.json").read_text())["words"]
         with h5py.File(self.path / "captions.h5", "r") as f:
             self.image_ids = f["image_ids"][:].astype(np.int64)
@@ -120,10 +121,23 @@ class DataArtifact:
         return self._read("fc", np.asarray(idx, dtype=np.int64))
 
     def features(self, idx, device: torch.device | str = "cpu"):
-        """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``."""
+        """(fc (B, D), att (B, R, D), att_mask (B, R) or None) as float32 tensors for images ``idx``;
+        RdppError for features holding NaN or infinity (``check_finite``)."""
         fc, att, lens = self.feature_rows(idx)
-        return (torch.from_numpy(fc).to(device).float(), torch.from_numpy(att).to(device).float(),
-                att_mask(lens, att.shape[1], device))
+        fc, att = torch.from_numpy(fc).to(device).float(), torch.from_numpy(att).to(device).float()
+        self.check_finite(idx, fc, att)
+        return fc, att, att_mask(lens, att.shape[1], device)
+
+    def check_finite(self, idx, fc: torch.Tensor, att: torch.Tensor) -> None:
+        """RdppError naming ``features.h5`` and the first of images ``idx`` whose features ``fc``
+        (B, D) / ``att`` (B, R, D) hold NaN or infinity (a damaged file, or features imported so)."""
+        ok = torch.isfinite(fc).flatten(1).all(1) & torch.isfinite(att).flatten(1).all(1)
+        if bool(ok.all()):
+            return
+        row = int(np.asarray(idx, dtype=np.int64)[int((~ok).nonzero()[0])])
+        raise RdppError(f"{self.path / 'features.h5'} holds NaN or infinity in the features of image "
+                        f"{self.image_ids[row]} (row {row}): the file is damaged or was made from broken features; "
+                        f"run `rdpp verify {self.path}`, then restore the file or remake the data artifact")
 
     def references_ids(self, idx) -> list[np.ndarray]:
         """Encoded references (k_i, L) int32 of each image (what the training reward compares)."""
@@ -215,46 +229,12 @@ class RowReader:
         self._fd_pid = 0
         self._lock = threading.Lock()
         self._nowait = hasattr(os, "RWF_NOWAIT")
-        self.offsets = self._extents(ds)
-        if self.offsets is not None and self.n and not self._agrees(ds, [0, self.n - 1]):
-            self.offsets = None
-        self.close()
+        self.offsets = row_extents(ds, path)  # checked against h5py's read of the first and last row
 
     @property
     def direct(self) -> bool:
         """True when rows are read with ``os.preadv`` (the fast path)."""
         return self.offsets is not None
-
-    def _extents(self, ds: h5py.Dataset) -> np.ndarray | None:
-        """File offset of every row, or None when rows are not single uncompressed extents."""
-        if not self.n or not self.dtype.isnative or self.dtype.hasobject or self.row_bytes == 0:
-            return None
-        plist = ds.id.get_create_plist()
-        if plist.get_nfilters():
-            return None
-        layout = plist.get_layout()
-        if layout == h5py.h5d.CONTIGUOUS:
-            base = ds.id.get_offset()
-            return None if base is None else base + np.arange(self.n, dtype=np.int64) * self.row_bytes
-        if layout != h5py.h5d.CHUNKED or ds.chunks != (1, *self.row_shape):
-            return None
-        offsets = np.full(self.n, -1, dtype=np.int64)
-        if hasattr(ds.id, "chunk_iter"):  # HDF5 >= 1.12.3: every chunk's address in one pass
-            def visit(info):
-                if info.filter_mask == 0 and info.size == self.row_bytes:
-                    offsets[info.chunk_offset[0]] = info.byte_offset
-            ds.id.chunk_iter(visit)
-        else:
-            for k in range(ds.id.get_num_chunks()):
-                info = ds.id.get_chunk_info(k)
-                if info.filter_mask == 0 and info.size == self.row_bytes:
-                    offsets[info.chunk_offset[0]] = info.byte_offset
-        return None if (offsets < 0).any() else offsets  # an unwritten row: leave it to HDF5
-
-    def _agrees(self, ds: h5py.Dataset, rows) -> bool:
-        rows = np.asarray(rows, dtype=np.int64)
-        return np.array_equal(self._pread(rows).view(np.uint8),
-                              np.stack([ds[int(i)] for i in rows]).astype(self.dtype).view(np.uint8))
 
     def read(self, idx: np.ndarray, ds: h5py.Dataset | None, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``idx`` (any order, repeats allowed) as one (len(idx), *row) array of the file's

@@ -12,6 +12,7 @@ decode images; memory does not grow with the number of images).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from rdpp_cli.artifacts import content_hash
-from rdpp_cli.console import info, progress
+from rdpp_cli.console import info, note, progress
 from rdpp_cli.data.backbones import Backbone
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
@@ -174,8 +175,9 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
     Raises whatever PIL raises for a file it cannot decode (truncated, corrupt).
     """
-    from PIL import Image, ImageOps
+    from PIL import ImageOps
 
+    Image = _pil()
     with Image.open(path) as im:
         if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: not stored upright
             im = ImageOps.exif_transpose(im)
@@ -231,26 +233,44 @@ class ImageFiles(Dataset):
 _END_MARKERS = {"JPEG": (b"\xff\xd9",), "PNG": (b"IEND\xaeB`\x82",), "GIF": (b";",)}
 
 
-def image_problem(p: Path, what: str = "remove it from the caption file or replace it") -> str | None:
+@functools.cache
+def _pil():
+    """PIL's Image module, with its DecompressionBombWarning silenced in this process: rdpp says it
+    in its own words (``image_problem``), once per file, instead of a raw Python warning."""
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    return Image
+
+
+def image_problem(p: Path, what: str = "remove it from the caption file or replace it") -> RdppError | None:
     """Why ``p`` cannot be used as an image (None when it can), reading only its header and its
     last bytes: a JPEG/PNG/GIF that does not end with its end marker (a truncated download, a
     copy that stopped) is decoded in full to tell a truncated file from one with trailing bytes.
-    ``what``: what the user should do about it (the end of the message)."""
-    from PIL import Image, UnidentifiedImageError
+    ``what``: what the user should do about it (the end of the message). An image larger than
+    PIL's decompression-bomb limit (but under twice it, which PIL refuses) is used, with a note."""
+    from PIL import UnidentifiedImageError
 
+    Image = _pil()
     try:
         with Image.open(p) as im:
-            im.size  # header only
+            w, h = im.size  # header only
             markers = _END_MARKERS.get(im.format or "")
             if markers and not _ends_with(p, markers):
                 try:
                     im.load()
                 except (OSError, ValueError, SyntaxError) as e:
-                    return f"{p} cannot be decoded, it is truncated or damaged ({_why(e)}); {what}"
+                    return RdppError(f"{p} cannot be decoded, it is truncated or damaged ({_why(e)}); {what}")
     except Image.DecompressionBombError as e:
-        return f"{p} is too large to decode safely ({_why(e)}); {what}"
+        return RdppError(f"{p} is too large to decode safely ({_why(e)}); {what}")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        return f"{p} is not an image ({type(e).__name__}); {what}"
+        return RdppError(f"{p} is not an image ({type(e).__name__}); {what}")
+    if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:
+        limit = Image.MAX_IMAGE_PIXELS / 1e6
+        note(f"{p} is {w}×{h} ({w * h / 1e6:.3g} megapixels), over the {limit:.3g} megapixels PIL trusts not to be "
+             "a decompression bomb; reading it anyway (it takes memory and time)")
     return None
 
 
@@ -280,9 +300,9 @@ def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> 
     try:
         with progress("images") as bar:
             task = bar.add_task("check images", total=len(paths), info="")
-            for msg in pool.map(image_problem, paths):
-                if msg:
-                    raise RdppError(msg)
+            for problem in pool.map(image_problem, paths):
+                if problem:
+                    raise problem
                 bar.advance(task)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # on the first bad file, skip the rest

@@ -19,6 +19,8 @@ import h5py
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
+from rdpp_cli.artifacts.manifest import file_ref, workspace_root
+from rdpp_cli.artifacts.workspace import workspace_dir
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
@@ -194,7 +196,17 @@ def _raw(rec: ImageRecord, j: int) -> str:
     return rec.raws[j] if j < len(rec.raws) else " ".join(rec.captions[j])
 
 
-def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool) -> Path:
+def weights_ref(weights: Path | None, out: Path | None, workspace: Path | None) -> str | None:
+    """``--weights`` as the manifest records it (``artifacts.file_ref``): relative to the workspace
+    the artifact is written to when the file lies inside it, else absolute."""
+    if weights is None:
+        return None
+    root = workspace_root(out) if out is not None else workspace_dir(workspace)
+    return file_ref(weights, root)
+
+
+def claim_output(out: Path | None, *, workspace: Path | None, name: str, config: dict, force: bool,
+                 reads: list[Path | str | None] = ()) -> Path:
     """``prepare_output`` for a data artifact. An unfinished run with the same options (``workers`` and
     ``device`` aside) is resumed. Replacing a complete artifact (``--force``) starts from an empty
     folder: its old features are never taken for a resumable run of this one."""
@@ -202,7 +214,7 @@ def claim_output(out: Path | None, *, workspace: Path | None, name: str, config:
     # options that do not change a single byte of the output do not stop a rerun from resuming
     same_output = {k: v for k, v in config.items() if k not in RUNTIME_ONLY}
     out_dir = prepare_output(out, workspace=workspace, group="data", name=name, kind=KIND, config=same_output,
-                             force=force)
+                             force=force, reads=reads)
     if replacing:
         _drop_strangers(out_dir, set())
     return out_dir
@@ -322,14 +334,14 @@ def prepro_coco(
         "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
         "restval_to_train": restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
-        # absolute, so that `rdpp caption` finds the file from any folder
-        "image_size": bb.image_size if bb else None, "weights": str(Path(weights).resolve()) if weights else None,
-        # what `rdpp caption` checks to extract with the very same weights
+        # where `rdpp caption` finds the file from any folder, and what it checks to extract with the same weights
+        "image_size": bb.image_size if bb else None, "weights": weights_ref(weights, out, workspace),
         "weights_sha256": bb.weights_sha256 if bb else None,
         "weights_missing_head": bb.missing_head if bb else [],
         "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,
         "dtype": dtype, "features_from": str(features_from) if features_from else None,
     }
-    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force)
+    reads = [plan.karpathy_json, plan.images_root, features_from, weights]
+    out_dir = claim_output(out, workspace=workspace, name="coco", config=config, force=force, reads=reads)
     info(f"writing the data artifact to [bold]{out_dir}[/bold]")
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")

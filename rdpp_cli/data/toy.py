@@ -30,7 +30,7 @@ import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_bytes
 from rdpp_cli.console import info, progress
-from rdpp_cli.data.prepro import claim_output, plan_prepro, write_data_artifact
+from rdpp_cli.data.prepro import claim_output, plan_prepro, weights_ref, write_data_artifact
 from rdpp_cli.errors import RdppError
 
 GENERATOR = "toy-shapes-1"  # bump when the drawing or the grammar changes
@@ -240,11 +240,12 @@ def prepro_toy(
     image_size = image_size or (IMAGE_SIZE if backbone == "pixstats" else 2 * IMAGE_SIZE)
     from rdpp_cli.data.backbones import build_backbone
 
-    build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights, pretrained=False)
+    bb = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights, pretrained=False)
     config = {"source": "toy", "images": images, "seed": seed, "generator": GENERATOR, "backbone": backbone,
-              "att_size": att_size, "image_size": image_size, "weights": str(weights) if weights else None,
+              "att_size": att_size, "image_size": image_size, "weights": weights_ref(weights, out, workspace),
+              "weights_sha256": bb.weights_sha256,
               "word_count_threshold": 5, "max_length": 16, "dtype": "float16", "batch_size": batch_size}
-    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force)
+    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force, reads=[weights])
     info(f"writing the toy data artifact to [bold]{out_dir}[/bold]")
     src = out_dir / SOURCE_DIR
     json_path = src / JSON_NAME

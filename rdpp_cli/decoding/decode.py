@@ -116,7 +116,7 @@ class Decoded:
 
 @torch.no_grad()
 def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
-           generator: torch.Generator | None = None, drop=None) -> Decoded:
+           generator: torch.Generator | None = None, drop=None, static: bool = False) -> Decoded:
     """Decode ``cfg.n`` captions for each of the B images of ``att`` (B, R, D).
 
     The model's mode is left as it is (in train mode its dropout is active). ``generator`` (on the
@@ -125,6 +125,10 @@ def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None
     att mask and one embedding/output mask per caption row and step) used instead of fresh dropout,
     so that a teacher-forced pass with the same masks gives exactly the log-probs the captions were
     drawn with -- what on-policy RL sampling needs (rdpp_cli.training.finetune).
+    ``static`` (greedy and sampling methods): every one of the ``max_len + 1`` steps runs and the
+    outputs keep ``max_len`` tokens, so that nothing waits for the device and every shape is fixed
+    (the training fast path); the captions are the same (a step after every caption ended adds only
+    padding), the outputs just not trimmed.
     """
     cfg.check()
     if drop is not None and cfg.method not in ("random", "topk", "nucleus"):
@@ -136,9 +140,9 @@ def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None
         lam = cfg.diversity_lambda if cfg.method == "dbs" else 0.0
         return _beam_search(model, enc, B, cfg, groups, lam)
     if cfg.method == "greedy":  # every copy is the same caption: decode once, repeat
-        out = _sample(model, enc, B, 1, cfg, generator)
+        out = _sample(model, enc, B, 1, cfg, generator, static=static)
         return _repeat(out, cfg.n)
-    return _sample(model, model.expand(enc, cfg.n), B, cfg.n, cfg, generator, drop)
+    return _sample(model, model.expand(enc, cfg.n), B, cfg.n, cfg, generator, drop, static)
 
 
 def _device(model) -> torch.device:
@@ -217,7 +221,7 @@ def _suppress(lp: Tensor, word: int) -> Tensor:
     return lp
 
 
-def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None) -> Decoded:
+def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None, static: bool = False) -> Decoded:
     N = B * n
     device = _device(model)
     state = model.init_state(N)
@@ -237,15 +241,19 @@ def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None)
         if t < cfg.max_len:
             tokens[:, t] = it
         done = done | (it == 0)
-        if bool(done.all()):
+        if not static and bool(done.all()):
             break
     lengths = (tokens > 0).long().cumprod(1).sum(1)  # words before the first EOS
-    return _pack(tokens.view(B, n, -1), logps.view(B, n, -1), lengths.view(B, n))
+    return _pack(tokens.view(B, n, -1), logps.view(B, n, -1), lengths.view(B, n), static)
 
 
-def _pack(tokens: Tensor, logps: Tensor, lengths: Tensor) -> Decoded:
-    """Trim to the longest caption and zero everything after each caption's EOS."""
-    T = max(int(lengths.max()), 1) if lengths.numel() else 1
+def _pack(tokens: Tensor, logps: Tensor, lengths: Tensor, static: bool = False) -> Decoded:
+    """Trim to the longest caption (``static``: keep every column) and zero everything after each
+    caption's EOS."""
+    if static:
+        T = tokens.shape[-1]
+    else:
+        T = max(int(lengths.max()), 1) if lengths.numel() else 1
     pos = torch.arange(tokens.shape[-1], device=tokens.device)
     tokens = tokens * (pos < lengths.unsqueeze(-1))
     pos1 = torch.arange(logps.shape[-1], device=tokens.device)

@@ -145,7 +145,7 @@ def sample(
     config = {"model": ref_name(model_art), "data": ref_name(data_art), **settings}
     identity = {"model_sha256": model_art.manifest_sha256, "data_sha256": data_art.manifest_sha256, **settings}
     out_dir = prepare_output(out, workspace=workspace, group="samples", name=derived_name(model_art.name, run_name(cfg, sel, n)),
-                             kind="rdpp.samples", config=identity, force=force)
+                             kind="rdpp.samples", config=identity, force=force, reads=[model_art.path, data_art.path])
     gen = torch.Generator(device=dev).manual_seed(seed)
     records: list[dict] = []
     t0 = time.perf_counter()

@@ -231,6 +231,21 @@ class Att2in(nn.Module):
         out = tok.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)
 
+    def static_token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                              drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
+        """``token_logprobs`` with every shape fixed by the inputs' shapes: the LSTM runs all L+1
+        steps and the output layer every position (those past a caption's EOS are zeroed), and
+        nothing waits for the device -- the form a compiled step or a CUDA graph needs. The same
+        numbers: a step past the EOS never reaches an earlier position. ``drop`` (N, ≥ L+1 steps)."""
+        seqs = seqs.reshape(-1, seqs.shape[-1])
+        target, mask = _targets(seqs)
+        inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
+        h = self._hidden(att, inputs, att_mask, drop)  # (N, L+1, H)
+        h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
+        tok = token_logprob(self.logit(h).flatten(0, 1), target.flatten().long()).view(target.shape)
+        mask = mask.to(tok.dtype)
+        return tok * mask, mask
+
 
 def _targets(seqs: Tensor) -> tuple[Tensor, Tensor]:
     """Targets (N, L+1) = seqs then EOS, and the bool mask of tokens up to and including the first EOS."""

@@ -67,7 +67,20 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     if not isinstance(ckpt, dict) or not {"model_class", "model_config", "state_dict", "vocab"} <= ckpt.keys():
         raise RdppError(f"checkpoint {path} is not an rdpp model checkpoint (needs model_class, model_config, "
                         "state_dict, vocab)")
+    bad = non_finite_tensor(ckpt["state_dict"])
+    if bad is not None:
+        raise RdppError(f"checkpoint {path} holds NaN or infinity in {bad}: the file is damaged (rdpp never saves "
+                        "such weights); run `rdpp verify` to see what changed, then restore the file or retrain")
     return ckpt
+
+
+def non_finite_tensor(tensors: dict) -> str | None:
+    """The name of the first floating-point tensor in ``tensors`` holding NaN or infinity, else None."""
+    floats = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not floats:
+        return None
+    ok = torch.stack([torch.isfinite(v).all() for _, v in floats])
+    return None if bool(ok.all()) else floats[int((~ok).nonzero()[0])][0]
 
 
 def check_fits_data(ckpt: dict, data: Any, where: str, todo: str) -> None:

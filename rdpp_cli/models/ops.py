@@ -18,6 +18,10 @@ rounding); it exists only to be faster and to hold less memory than autograd wou
   logits' dtype. Under bf16 autocast it replaces the float32 copy of the logits, the log-softmax, the
   gather and their three backward passes.
 
+Under ``torch.compile`` (the training fast path, rdpp_cli/training/fast.py) both functions return
+the one-line expression instead: the compiler fuses it into its own kernels, which is what these
+two do by hand for eager execution.
+
 Tests: tests/test_ops.py checks both against the plain expressions (values, and gradients by
 ``torch.autograd.gradcheck`` in float64); tests/test_model.py checks the whole model against a
 literal step-by-step Att2in; tests/test_cuda.py repeats the checks on a GPU.
@@ -90,7 +94,10 @@ class AttScores(torch.autograd.Function):
 
 def attention_scores(k2: Tensor, q: Tensor, w: Tensor) -> Tensor:
     """Scores (B, n, R) ``w · tanh(k + q)`` for doubled keys k2 = 2k (B, R, A), queries q (B, n, A)
-    and w (A,); through :class:`AttScores` when a gradient is needed."""
+    and w (A,); through :class:`AttScores` when a gradient is needed. Under ``torch.compile`` the
+    plain expression, which the compiler fuses into one reduction (and its backward) by itself."""
+    if torch.compiler.is_compiling():
+        return (torch.tanh(0.5 * k2.unsqueeze(1) + q.unsqueeze(2)) * w).sum(-1)
     if torch.is_grad_enabled() and (q.requires_grad or k2.requires_grad or w.requires_grad):
         return AttScores.apply(k2, q, w)
     return _scores(k2, q, w)
@@ -125,5 +132,9 @@ class TokenLogProb(torch.autograd.Function):
 
 
 def token_logprob(logits: Tensor, target: Tensor) -> Tensor:
-    """Log-probability (N,) of each row's target token under ``log_softmax(logits)``."""
+    """Log-probability (N,) of each row's target token under ``log_softmax(logits)``. Under
+    ``torch.compile`` the plain expression (in float32 or float64), which the compiler fuses."""
+    if torch.compiler.is_compiling():
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        return torch.log_softmax(logits.to(acc), -1).gather(1, target.unsqueeze(1)).squeeze(1)
     return TokenLogProb.apply(logits, target)

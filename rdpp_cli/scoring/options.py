@@ -29,11 +29,11 @@ class ScoreOptions(Options):
     section = "score"
 
     samples: str | None = argument(
-        "Samples artifact (folder or workspace name; default: the newest), or a JSON file: "
+        "Samples artifact (folder, workspace name or its samples.json; default: the newest), or a JSON file: "
         '[{"image_id", "captions": [...]}] or coco-caption results [{"image_id", "caption"}].', from_alias=True)
     data: str | None = option(
-        None, "Data artifact whose split gives the references (default: the one the samples came from; "
-        "another is refused: use --refs for other references).", identity=False)
+        None, "Data artifact whose split gives the references (default: the one the samples were made from; "
+        "another is used with a warning line; for a JSON file: the newest).", identity=False)
     split: str | None = option(None, "Split of the data artifact (default: the samples' split, else test).")
     refs: Path | None = option(
         None, "COCO caption-annotation file (e.g. captions_val2014.json) instead of a data artifact.",

@@ -20,15 +20,19 @@ import numpy as np
 from rdpp_cli.artifacts import (
     Artifact,
     atomic_write_json,
+    entry_name,
     finish,
     follow_input,
+    is_complete,
     prepare_output,
+    read_artifact,
     ref_name,
     resolve_input,
     sha256_file,
     write_manifest,
 )
-from rdpp_cli.console import console, info, note, summary_table
+from rdpp_cli.artifacts.workspace import refuse_overlap
+from rdpp_cli.console import console, info, note, summary_table, warning
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
 from rdpp_cli.metrics import diversity as divstats
@@ -120,16 +124,32 @@ def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
 
 
 def load_samples(samples: str | Path | None, workspace: Path | str | None) -> Samples:
-    """A samples artifact (path or workspace name; default: the newest) or a JSON file."""
+    """A samples artifact (folder, workspace name or the ``samples.json`` inside it; default: the
+    newest) or a plain JSON file of captions."""
     if samples is not None and Path(samples).is_file():
         path = Path(samples)
-        ids, caps = parse_samples(_read_json(path, "samples file"), path)
-        return Samples(ids, caps, path)
-    art = resolve_input(samples, workspace=workspace, groups=("samples",), kind="rdpp.samples",
-                        what="samples", make_with=MAKE_SAMPLES)
+        art = _artifact_holding(path)
+        if art is None:
+            ids, caps = parse_samples(_read_json(path, "samples file"), path)
+            return Samples(ids, caps, path)
+    else:
+        art = resolve_input(samples, workspace=workspace, groups=("samples",), kind="rdpp.samples",
+                            what="samples", make_with=MAKE_SAMPLES)
     path = art.file("samples.json")
     ids, caps = parse_samples(_read_json(path, "samples file"), path)
     return Samples(ids, caps, path, art)
+
+
+def _artifact_holding(path: Path) -> Artifact | None:
+    """The samples artifact whose manifest lists the file ``path`` (its ``samples.json``), else None:
+    a samples.json inside a samples artifact is that artifact, with its lineage."""
+    folder = path.parent if path.parent != Path(".") else Path.cwd()
+    if not is_complete(folder):
+        return None
+    art = read_artifact(folder)
+    if art.kind == "rdpp.samples" and path.name == "samples.json" and path.name in art.manifest.get("files", {}):
+        return art
+    return None
 
 
 def load_coco_refs(path: Path) -> dict[int, list[str]]:
@@ -156,20 +176,20 @@ class References:
 
 
 def _data_artifact(data: str | Path | None, samples: Samples, workspace) -> Artifact:
-    """``--data`` (which must be the samples' own data artifact, by manifest hash), else the data
-    artifact the samples record, else (a JSON file) the newest one."""
-    if samples.artifact is not None:
-        art = follow_input(samples.artifact, "rdpp.data", data, workspace=workspace, what="data artifact",
-                           make_with="rdpp prepro toy",
-                           refused="its references are not the ones these captions were made for; drop --data "
-                                   "to score against their own, or pass --refs FILE to score against any references")
-        if art is not None:
-            return art
-    if data is not None:
-        return resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data",
-                             what="data artifact", make_with="rdpp prepro toy")
-    return resolve_input(None, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
-                         make_with="rdpp prepro toy (or pass --refs captions_val2014.json)")
+    """The data artifact the samples record (found by its manifest hash), or ``--data``: another
+    one than the samples' own is used with a warning line naming both; for a plain JSON file,
+    ``--data`` or else the newest."""
+    make = "rdpp prepro toy` or `rdpp prepro coco"
+    entry = samples.artifact.input_of_kind("rdpp.data") if samples.artifact is not None else None
+    if entry is not None and data is None:
+        return follow_input(samples.artifact, "rdpp.data", None, workspace=workspace, what="data artifact",
+                            make_with=make, refused="")
+    art = resolve_input(data, workspace=workspace, groups=("data",), kind="rdpp.data", what="data artifact",
+                        make_with=f"{make} (or pass --refs captions_val2014.json)", option="--data")
+    if entry is not None and art.manifest_sha256 != entry.get("manifest_sha256"):
+        warning(f"scoring {ref_name(samples.artifact)}, made from data artifact {entry_name(entry)}, against the "
+                f"references of --data {ref_name(art)}, another data artifact; the scores record {ref_name(art)}")
+    return art
 
 
 def load_references(samples: Samples, *, data, split: str, refs: Path | None, workspace) -> References:
@@ -245,6 +265,7 @@ def score(opts: ScoreOptions) -> Path:
     smp = load_samples(opts.samples, opts.workspace)
     split = opts.split or (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
     ref = load_references(smp, data=opts.data, split=split, refs=opts.refs, workspace=opts.workspace)
+    refuse_overlap(opts.out, _reads(smp, ref, opts))  # now, not after the evaluation
     coco_eval.java()  # one clear line before any work when Java is missing
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
@@ -258,6 +279,11 @@ def score(opts: ScoreOptions) -> Path:
     path = _write(opts, smp, ref, result, names, frame)
     _print(result, names, path, smp)
     return path
+
+
+def _reads(smp: Samples, ref: References, opts: ScoreOptions) -> list:
+    """What score reads, which --out may not overwrite: the samples and data artifacts, a samples file, --refs."""
+    return [*(a.path for a in (smp.artifact, ref.artifact) if a), smp.source, opts.refs]
 
 
 def _accuracy(ev, names: list[str], oracle: bool) -> tuple[dict, tuple[dict, dict]]:
@@ -357,7 +383,7 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
                 "data_sha256": ref.artifact.manifest_sha256 if ref.artifact is not None else None,
                 "refs": refs, **options}
     path = prepare_output(opts.out, workspace=opts.workspace, group="scores", name=smp.name, kind="rdpp.scores",
-                          config=identity, force=opts.force)
+                          config=identity, force=opts.force, reads=_reads(smp, ref, opts))
     atomic_write_json(path / "scores.json", result)
     frame.to_csv(path / "per_image.csv", index=False)
     div, accuracy = result["diversity"], result["accuracy"]

@@ -50,11 +50,16 @@ def setup(device: str | torch.device = "auto") -> Runtime:
     if _runtime is not None:
         return _runtime
     dev = resolve_device(device)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = _env_int("WORLD_SIZE", "1")
     if world <= 1:
         _runtime = Runtime(0, 1, 0, dev)
         return _runtime
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    missing = [v for v in LAUNCHER_ENV if not os.environ.get(v)]
+    if missing:
+        raise RdppError(f"WORLD_SIZE is {world} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                        "set: start several processes with `torchrun --nproc-per-node N -m rdpp_cli ...`, which sets "
+                        "them all (or unset WORLD_SIZE for one process)")
+    local_rank = _env_int("LOCAL_RANK", "0")
     if dev.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise RdppError(f"process {local_rank} of torchrun has no GPU ({torch.cuda.device_count()} visible); "
@@ -62,9 +67,28 @@ def setup(device: str | torch.device = "auto") -> Runtime:
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        try:
+            dist.init_process_group(backend=backend)
+        except (RuntimeError, ValueError) as e:  # rendezvous timeout, port taken, backend missing, ...
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise RdppError(f"process {os.environ['RANK']} could not join the {world} torchrun processes ({backend} at "
+                            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: {first}); check that every "
+                            "process was started by the same torchrun and that the port is free") from None
     _runtime = Runtime(dist.get_rank(), dist.get_world_size(), local_rank, dev)
     return _runtime
+
+
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets beside WORLD_SIZE
+
+
+def _env_int(name: str, default: str) -> int:
+    value = os.environ.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise RdppError(f"{name} is {value!r}, not a whole number: torchrun sets it; start several processes with "
+                        "`torchrun --nproc-per-node N -m rdpp_cli ...`") from None
 
 
 def runtime() -> Runtime:

@@ -25,7 +25,7 @@ metrics.csv shows the accuracy–diversity trade-off as it develops. See docs/re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +46,7 @@ from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_f
 from rdpp_cli.options import takes
 from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
+from rdpp_cli.training.fast import FastPath, fast_path
 from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
 from rdpp_cli.training.options import FinetuneOptions
 from rdpp_cli.training.rewards import (
@@ -94,12 +95,17 @@ class Draw:
     lengths: Tensor  # (B, m) words of each sample (EOS excluded)
     logprobs: Tensor  # (B, m, T + 1) the log-probability each token was drawn with (0 past the caption)
     drop: DropoutMasks | None  # the dropout masks they were drawn with (sample_mode "train")
-    greedy: np.ndarray | None = None  # (B, T') greedy captions, eval mode (scst, xe-cider)
+    greedy: Tensor | None = None  # (B, T') greedy captions, eval mode (scst, xe-cider)
 
 
 @dataclass
 class RewardStep:
-    """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``."""
+    """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``.
+
+    ``fast`` (``rdpp_cli.training.fast``): sample with compiled decoding steps and no host wait
+    (captions kept at ``max_len`` columns), score on the model's device (``DeviceTrainCider``), and
+    take the policy log-probs from the compiled fixed-shape pass: the same numbers, to float32
+    rounding (the reward to ~1e-15)."""
 
     data: DataArtifact | None  # references of the batch's images (None: pass refs to ``weights`` yourself)
     cider: TrainCider
@@ -111,6 +117,8 @@ class RewardStep:
     seed: int = 123
     rank: int = 0
     sample_mode: str = "train"
+    fast: FastPath | None = None
+    _device_scorer: Any = field(default=None, init=False, repr=False, compare=False)
 
     def _generator(self, batch: Batch) -> torch.Generator:
         gen = torch.Generator(device=batch.att.device)
@@ -137,21 +145,25 @@ class RewardStep:
                 model.train()
             else:
                 model.eval()
-            dec = decode(model, batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop)
+            dec = decode(self._decoder(model), batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop,
+                         static=self.fast is not None)
         finally:
             model.train(was)
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
 
-    def greedy(self, model: nn.Module, batch: Batch) -> np.ndarray:
+    def _decoder(self, model: nn.Module):
+        return self.fast.decoder(model) if self.fast is not None else model
+
+    def greedy(self, model: nn.Module, batch: Batch) -> Tensor:
         """The greedy captions (B, T) of SCST's baseline, decoded in eval mode (self-critical.pytorch)."""
         was = model.training
         model.eval()
         try:
-            dec = decode(model, batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
-                         att_mask=batch.att_mask)
+            dec = decode(self._decoder(model), batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
+                         att_mask=batch.att_mask, static=self.fast is not None)
         finally:
             model.train(was)
-        return dec.tokens[:, 0].cpu().numpy()
+        return dec.tokens[:, 0]
 
     def draw(self, model: nn.Module, batch: Batch) -> Draw:
         """The step's ``m`` samples and, for SCST / XE+λCIDEr, the greedy captions."""
@@ -182,35 +194,78 @@ class RewardStep:
         g = torch.from_numpy(scores[B * m:]) if greedy is not None else None
         return q, g, self.cider.pairwise(samples) if want_kernel else None
 
-    def weights(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
+    def weights(self, samples: np.ndarray, greedy: np.ndarray | Tensor | None, refs: list[np.ndarray]
                 ) -> tuple[Tensor, dict[str, float]]:
-        """Per-sample weights (B, m) float32 and the numbers to log, from the captions alone."""
+        """Per-sample weights (B, m) float32 and the numbers to log, from the captions alone (numpy
+        CIDEr-D)."""
+        if isinstance(greedy, Tensor):
+            greedy = greedy.cpu().numpy()
         q, g, K = self.scores(samples, greedy, refs)
-        logs: dict[str, float] = {"sample_cider": float(q.mean())}
+        w, logs = self._weights_from(q, g, torch.from_numpy(K) if K is not None else None,
+                                     lambda: torch.tensor(self_cider_from_kernel(K).mean()))
+        return w, {k: float(v) for k, v in logs.items()}
+
+    def _weights_from(self, q: Tensor, g: Tensor | None, K: Tensor | None,
+                      diversity) -> tuple[Tensor, dict[str, Tensor]]:
+        """The reward's weights (B, m) float32 from the scores ``q`` (B, m), ``g`` (B,) and kernel
+        ``K`` (B, m, m); ``diversity()``: the mean self-CIDEr to log."""
+        logs: dict[str, Tensor] = {"sample_cider": q.mean()}
         if self.reward == "dpp":
-            w = dpp_weights(q, torch.from_numpy(K))
-            logs["reward"] = float(w.mean())
+            w = dpp_weights(q, K)
+            logs["reward"] = w.mean()
             if self.baseline == "mean":
                 w = subtract_mean(w)
         elif self.reward == "scst-mean":
-            logs["reward"] = float(q.mean())
+            logs["reward"] = q.mean()
             w = mean_baseline_advantage(q)
         else:  # scst, xe-cider: greedy baseline
-            logs["reward"] = float(q.mean())
-            logs["greedy_cider"] = float(g.mean())
+            logs["reward"] = q.mean()
+            logs["greedy_cider"] = g.mean()
             w = scst_advantage(q, g)
         if K is not None and self.m > 1:
-            logs["self_cider"] = float(self_cider_from_kernel(K).mean())
+            logs["self_cider"] = diversity()
         return w.to(torch.float32), logs
+
+    def device_weights(self, d: Draw, refs: Tensor, counts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``weights`` where the captions are (``DeviceTrainCider``: torch, float64): the same
+        numbers to ~1e-15; ``refs`` (B, k, L) and ``counts`` (B,) from ``references_tensor``."""
+        from rdpp_cli.metrics.train_cider_torch import self_cider_from_kernel as device_self_cider
+
+        cider = self._device_cider(d.samples.device)
+        B, m, T = d.samples.shape
+        hyps, index = d.samples.reshape(B * m, T), torch.arange(B, device=d.samples.device).repeat_interleave(m)
+        if d.greedy is not None:  # samples and greedy captions in one scoring call
+            Tg = max(T, d.greedy.shape[1])
+            hyps, index = torch.cat([_pad_to(hyps, Tg), _pad_to(d.greedy, Tg)]), torch.cat([index, index[::m]])
+        scores = cider.score(hyps, refs, counts, index)
+        g = scores[B * m:] if d.greedy is not None else None
+        K = cider.pairwise(d.samples) if self.reward == "dpp" or m > 1 else None
+        return self._weights_from(scores[:B * m].view(B, m), g, K, lambda: device_self_cider(K).mean())
+
+    def _device_cider(self, device: torch.device):
+        if self._device_scorer is None:
+            from rdpp_cli.metrics.train_cider_torch import DeviceTrainCider
+
+            try:
+                self._device_scorer = DeviceTrainCider(self.cider, device)
+            except ValueError as e:
+                raise RdppError(f"--fast on: {e}; train with --fast off") from None
+        return self._device_scorer
+
+    def _teacher_forced(self, net: nn.Module, batch: Batch, seqs: Tensor, drop: DropoutMasks | None
+                        ) -> tuple[Tensor, Tensor]:
+        """``token_logprobs`` of ``seqs`` under ``net`` (the fast path's compiled fixed-shape pass)."""
+        if self.fast is not None:
+            return self.fast.token_logprobs(net, batch.att, seqs, batch.att_mask, drop)
+        return call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask, drop=drop)
 
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
         """Teacher-forced log-probs (B*m, T+1) of the sampled tokens and the mask of those the policy
         drew (the EOS forced after a caption of ``max_len`` words is not among them)."""
-        token_logp, mask = call(net, "token_logprobs", batch.att, d.samples,
-                                att_mask=batch.att_mask, drop=d.drop)
+        token_logp, mask = self._teacher_forced(net, batch, d.samples, d.drop)
         return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
-    def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
         B, m = d.samples.shape[0], self.m
         w = w.reshape(-1).to(batch.att.device)
@@ -218,22 +273,21 @@ class RewardStep:
             token_logp, mask = self.policy_logprobs(net, batch, d)
             groups = m if self.reward == "dpp" else 1
             loss = pg_loss(token_logp, mask, w, groups=groups, tokens=_step_tokens(mask, groups))
-            return loss, {"pg_loss": float(loss.detach())}
+            return loss, {"pg_loss": loss.detach()}
         # XE + λ·SCST in one pass over the references and the samples of each image
         labels = batch.labels
         k = labels.shape[1]
         T = max(labels.shape[-1], d.samples.shape[-1])
         seqs = torch.cat([_pad_to(labels, T), _pad_to(d.samples, T)], dim=1)  # (B, k + m, T)
         drop = self._with_reference_rows(net, batch, d, k)
-        token_logp, mask = call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask,
-                                drop=drop)
+        token_logp, mask = self._teacher_forced(net, batch, seqs, drop)
         token_logp, mask = token_logp.view(B, k + m, -1), mask.view(B, k + m, -1)
         xe_logp, xe_mask = token_logp[:, :k], mask[:, :k]
         s_logp = token_logp[:, k:].reshape(B * m, -1)
         s_mask = sampled_mask(mask[:, k:].reshape(B * m, -1), d.lengths.reshape(-1), self.max_len)
         xe = -xe_logp.sum() / D.per_process_share(xe_mask.sum())
         sc = pg_loss(s_logp, s_mask, w, groups=1, tokens=_step_tokens(s_mask, 1))
-        return xe + self.lam * sc, {"xe_loss": float(xe.detach()), "pg_loss": float(sc.detach())}
+        return xe + self.lam * sc, {"xe_loss": xe.detach(), "pg_loss": sc.detach()}
 
     def _with_reference_rows(self, net: nn.Module, batch: Batch, d: Draw, k: int) -> DropoutMasks | None:
         """xe-cider's masks for rows (image b: k references, then its m samples): fresh masks for the
@@ -250,10 +304,16 @@ class RewardStep:
 
         return d.drop._replace(embed=rows(fresh.embed, d.drop.embed), out=rows(fresh.out, d.drop.out))
 
-    def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+    def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.draw(unwrap(net), batch)
+        refs = self.data.references_ids(batch.index)
         with full_precision(batch.att.device):  # the reward never runs under autocast
-            w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, self.data.references_ids(batch.index))
+            if self.fast is not None:
+                from rdpp_cli.metrics.train_cider_torch import references_tensor
+
+                w, logs = self.device_weights(d, *references_tensor(refs, batch.att.device))
+            else:
+                w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, refs)
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -345,7 +405,8 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
     (toy, tuned on the bundled set, or paper, the authors' COCO settings; a value given wins);
     ``sample_mode`` train (on-policy, the default) or eval (``RewardStep.sample``); ``precision``
     fp32, bf16, fp16 or auto: sampling and the teacher-forced pass run under the same autocast,
-    the reward outside it; ``checkpoint`` the XE checkpoint to start from (best or last); ``out``
+    the reward outside it; ``fast`` auto, on or off (``RewardStep.fast``, ``rdpp_cli.training.fast``);
+    ``checkpoint`` the XE checkpoint to start from (best or last); ``out``
     default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
     opts = opts.with_preset()
@@ -362,13 +423,14 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES})
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
                                name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
-                               force=opts.force)
+                               force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=inp.data.seq_length, seed=opts.seed, rank=rt.rank,
-                          sample_mode=opts.sample_mode)
+                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device))
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
                               epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,
-                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)],
+                              fast=step.fast).run()
     finally:
         D.teardown()

@@ -42,8 +42,9 @@ function* that turns one batch into a loss::
   shared out and the scores summed; rank 0 alone writes files and prints;
 - divergence stops the run with one line (``Diverged``): the loss is checked every step (the
   value the progress bar shows anyway; under DDP one tiny all-reduce so that every process stops
-  at the same step) before it reaches the weights, and the parameters before every validation and
-  checkpoint, so no NaN/Inf weights are ever written to last.pt, best.pt or the resume state;
+  at the same step) before it reaches the weights -- with the fast path when it is read back, every
+  few steps (``flush``) -- and the parameters before every validation and checkpoint, so no NaN/Inf
+  weights are ever written to last.pt, best.pt or the resume state;
 - the output folder stays locked (``artifacts.lock``) for the whole run, released when the
   manifest is written or the run fails;
 - finally the manifest (kind ``rdpp.model``; config with ``stage``, ``precision`` and
@@ -55,7 +56,8 @@ Extension points:
   every step's numbers and every epoch's row, and adding rows to the closing table (e.g.
   ``rdpp_cli.training.tensorboard.TensorBoardLogger``, which both stages pass);
 - ``compute_loss(batch)``: the one model call of a step (the step function under the run's
-  precision): the place a compiled or CUDA-graph step would replace;
+  precision); the fast path (``rdpp_cli.training.fast``, ``fast=``) keeps it, with a compiled step
+  function from the stage, fused Adam and the step's numbers left on the device until ``flush``;
 - ``position``: where the run is (``Position``: epoch, batch, step), current after every step;
   ``current_position()`` gives the position of the run in progress, for an interrupt handler.
 
@@ -74,7 +76,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -88,11 +90,14 @@ from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.checkpoint import save_checkpoint
+from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
+
+if TYPE_CHECKING:
+    from rdpp_cli.training.fast import FastPath
 
 StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
 EpochMetricsFn = Callable[[nn.Module, Batch], dict[str, Any]]
@@ -167,6 +172,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
             batches = CaptionBatches(data, images=images, batch_size=batch_size, shuffle=False, seq_per_img=0)
             for batch in batches.epoch(0):
                 batch = batch.to(device)
+                data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
                     dec = decode(m, batch.att, greedy, att_mask=batch.att_mask)
                     hyps = dec.tokens[:, 0].cpu().numpy()
@@ -199,13 +205,40 @@ def _clip(model: nn.Module, opts: TrainLoopOptions) -> None:
         torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
 
 
-def _split_step(out) -> tuple[Tensor, dict[str, float]]:
-    if isinstance(out, Tensor):
-        return out, {"loss": float(out.detach())}
-    loss, logs = out
-    logs = {k: float(v) for k, v in logs.items()}
-    logs.setdefault("loss", float(loss.detach()))
-    return loss, logs
+def _split_step(out, on_device: bool = False) -> tuple[Tensor, dict[str, Any]]:
+    """The loss and the numbers to log of a step function's result: floats, or with ``on_device``
+    the tensors as they are (detached; read later by ``PendingLogs``)."""
+    loss, logs = (out, {}) if isinstance(out, Tensor) else out
+    logs = dict(logs)
+    logs.setdefault("loss", loss)
+    if on_device:
+        return loss, {k: v.detach() if isinstance(v, Tensor) else float(v) for k, v in logs.items()}
+    return loss, {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in logs.items()}
+
+
+class PendingLogs:
+    """Steps' numbers kept where they were computed (the device) and read back every ``every``
+    steps in one transfer, so that a step never waits for the device (the fast path)."""
+
+    def __init__(self, every: int):
+        self.every = max(1, int(every))
+        self.items: list[tuple[int, int, dict[str, Any]]] = []
+
+    def add(self, step: int, images: int, logs: dict[str, Any]) -> bool:
+        """Keep one step's numbers; True when ``every`` steps are waiting to be read."""
+        self.items.append((step, images, logs))
+        return len(self.items) >= self.every
+
+    def read(self) -> list[tuple[int, int, dict[str, float]]]:
+        """The waiting steps ``(step, images, {name: float})``, in order; empties the buffer."""
+        items, self.items = self.items, []
+        tensors = [v for _, _, logs in items for v in logs.values() if isinstance(v, Tensor)]
+        values = iter(())
+        if tensors:
+            dev = tensors[0].device
+            values = iter(torch.stack([t.reshape(()).to(dev, torch.float64) for t in tensors]).tolist())
+        return [(step, images, {k: next(values) if isinstance(v, Tensor) else v for k, v in logs.items()})
+                for step, images, logs in items]
 
 
 class Diverged(RdppError):
@@ -222,12 +255,7 @@ def _diverged(what: str, epoch: int, step: int, last_loss: float | None, opts: T
 
 def _non_finite_parameter(model: nn.Module) -> str | None:
     """The name of the first parameter or buffer holding NaN or infinity (one sync per call)."""
-    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_floating_point()]
-    if not tensors:
-        return None
-    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
-    bad = (~flags).nonzero()
-    return tensors[int(bad[0])][0] if len(bad) else None
+    return non_finite_tensor(dict(list(model.named_parameters()) + list(model.named_buffers())))
 
 
 def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity: dict[str, Any],
@@ -235,9 +263,13 @@ def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity
     """A training run's identity (what decides its result, so a rerun with it resumes the unfinished
     run: the options' ``identity``, ``precision`` resolved, and the stage's ``identity`` such as its
     inputs' manifest hashes) and the manifest's config (that, the options' ``recorded`` settings,
-    what ``--precision`` asked, the number of processes and the stage's ``recorded`` values)."""
+    what ``--precision`` asked, ``--fast`` resolved and asked, the number of processes and the
+    stage's ``recorded`` values)."""
+    from rdpp_cli.training.fast import resolve_fast
+
     ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
     config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
+              "fast": resolve_fast(opts.fast, D.runtime().device), "fast_option": opts.fast,
               "processes": D.runtime().world_size, **recorded}
     return ident, config
 
@@ -270,7 +302,8 @@ class Logger:
         """The run begins; ``history``: the epoch rows of the interrupted run it continues (or [])."""
 
     def log_step(self, step: int, logs: dict[str, float]) -> None:
-        """After every optimizer step: the step function's numbers ("loss", ...)."""
+        """After every optimizer step: the step function's numbers ("loss", ...). With the fast path
+        they come when they are read back from the device, every few steps, in step order."""
 
     def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """After every epoch (its checkpoints saved): its row of metrics, and every row so far."""
@@ -309,19 +342,25 @@ class TrainingRecipe:
     final table. ``after_step(step)``: called after every optimizer step (and its checkpoint, when
     one is due); tests raise from it to simulate a crash. ``cider``: the validation scorer
     (``TrainCider`` of ``data``), when the stage has already loaded it. ``loggers``: more
-    ``Logger`` objects beside metrics.csv.
+    ``Logger`` objects beside metrics.csv. ``fast``: the run's fast path
+    (``rdpp_cli.training.fast``; the stage builds its step function for it): Adam as it says, and
+    the step's numbers read every ``fast.log_every`` steps (``flush``).
     """
 
     def __init__(self, *, stage: str, model: nn.Module, data: DataArtifact, out_dir: Path, opts: TrainLoopOptions,
                  step_fn: StepFn, inputs: list[Artifact], manifest_config: dict,
                  epoch_metrics_fn: EpochMetricsFn | None = None, summary: dict[str, Any] | None = None,
-                 after_step: Callable[[int], None] | None = None, cider=None, loggers: list[Logger] = ()):
+                 after_step: Callable[[int], None] | None = None, cider=None, loggers: list[Logger] = (),
+                 fast: "FastPath | None" = None):
         self.stage, self.model, self.data, self.opts, self.step_fn = stage, model, data, opts, step_fn
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / CHECKPOINTS
         self.state_path = self.ckpt_dir / STATE_FILE
         self.inputs, self.manifest_config, self.summary = inputs, manifest_config, dict(summary or {})
         self.epoch_metrics_fn, self.after_step, self.cider = epoch_metrics_fn, after_step, cider
+        self.fast = fast
+        self.pending = PendingLogs(fast.log_every) if fast is not None else None
+        self.shown: dict[str, float] = {}  # the numbers of the last step read (the progress bar's)
         self.loggers = [MetricsCsv(self.out_dir / METRICS), *loggers]
         self.position = Position()
         self.history: list[dict[str, Any]] = []
@@ -367,7 +406,8 @@ class TrainingRecipe:
             from rdpp_cli.metrics.train_cider import TrainCider
 
             self.cider = TrainCider.for_data(self.data)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=o.lr)
+        self.optimizer = (self.fast.optimizer(self.model.parameters(), o.lr) if self.fast is not None
+                          else torch.optim.Adam(self.model.parameters(), lr=o.lr))
         self.precision = resolve_precision(o.precision, rt.device)
         self.scaler = grad_scaler(self.precision, rt.device)  # fp16 only
         self.scheduler = (torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=o.lr_decay_every,
@@ -448,7 +488,8 @@ class TrainingRecipe:
         for batch in self.loader.epoch(pos.epoch, pos.batch):
             logs = self.train_step(batch)
             self.images_run += batch.global_images
-            self.bar.update(self.task, advance=batch.global_images, info=f"loss {logs['loss']:.3f}")
+            self.bar.update(self.task, advance=batch.global_images,
+                            info=f"loss {logs['loss']:.3f}" if "loss" in logs else "")
             if o.save_every_steps and pos.step % o.save_every_steps == 0 and pos.batch < len(self.loader):
                 self.save()
             if self.after_step is not None:
@@ -456,36 +497,63 @@ class TrainingRecipe:
         self.epoch_seconds = time.perf_counter() - t_epoch
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns the step function's numbers."""
+        """One optimizer step on ``batch``; returns the step function's numbers (with the fast path
+        those of the last step read back, see ``flush``)."""
         self.net.train()
         batch = batch.to(self.rt.device)
         loss, logs = self.compute_loss(batch)
-        self.check_loss(logs["loss"])
-        self.last_loss = logs["loss"]
+        if self.pending is None:
+            self.check_loss(logs["loss"], self.position.step + 1, batch)
         self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
         self.position.step += 1
         self.position.batch = batch.batch + 1
+        if self.pending is None:
+            self.record(self.position.step, batch.size, logs)
+            return logs
+        if self.pending.add(self.position.step, batch.size, logs):
+            self.flush()
+        return self.shown
+
+    def record(self, step: int, images: int, logs: dict[str, float]) -> None:
+        """Account for one step's numbers: the epoch's sums, the loggers."""
+        self.last_loss = logs["loss"]
         for k, v in logs.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v * batch.size
-        self.sums["_images"] = self.sums.get("_images", 0.0) + batch.size
+            self.sums[k] = self.sums.get(k, 0.0) + v * images
+        self.sums["_images"] = self.sums.get("_images", 0.0) + images
         for lg in self.loggers:
-            lg.log_step(self.position.step, logs)
-        return logs
+            lg.log_step(step, logs)
+        self.shown = logs
 
-    def compute_loss(self, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+    def flush(self) -> None:
+        """Read the steps' numbers the fast path left on the device (one transfer), check each loss
+        in order (``Diverged`` names the first non-finite one's step) and ``record`` them."""
+        if self.pending is None:
+            return
+        for step, images, logs in self.pending.read():
+            self.check_loss(logs["loss"], step)
+            self.record(step, images, logs)
+
+    def compute_loss(self, batch: Batch) -> tuple[Tensor, dict[str, Any]]:
         """The model call of a step: the step function under the run's precision (its backward
-        follows the forward's precisions)."""
+        follows the forward's precisions). Its numbers as floats, or with the fast path as they are
+        on the device."""
+        if self.fast is not None:
+            self.fast.begin_step()
         with autocast(self.precision, self.rt.device):
-            return _split_step(self.step_fn(self.net, batch))
+            return _split_step(self.step_fn(self.net, batch), on_device=self.pending is not None)
 
-    def check_loss(self, loss: float) -> None:
-        """Stop before a non-finite loss reaches the weights (under DDP every process stops)."""
+    def check_loss(self, loss: float, step: int, batch: Batch | None = None) -> None:
+        """Stop at a non-finite loss of step ``step`` (under DDP every process stops): before it
+        reaches the weights, or with the fast path when it is read back (the weights are checked
+        again before anything is saved). When ``batch``'s features are not finite, that is a corrupt
+        input (``check_finite``), not divergence."""
         bad = not math.isfinite(loss)  # read for the progress bar anyway: no extra sync
         if self.rt.distributed:
             bad = D.any_true(bad)
         if bad:
-            raise _diverged(f"the loss is {loss}", self.position.epoch + 1, self.position.step + 1, self.last_loss,
-                            self.opts)
+            if batch is not None:
+                self.data.check_finite(batch.index, batch.fc, batch.att)
+            raise _diverged(f"the loss is {loss}", self.position.epoch + 1, step, self.last_loss, self.opts)
 
     def apply_gradients(self, loss: Tensor) -> None:
         """Backward, clipping and the Adam step (fp16: scaled loss, clipping on the true gradients,
@@ -516,6 +584,7 @@ class TrainingRecipe:
         """The epoch's row (mean logs over every process's images, validation, lr, time), best.pt,
         last.pt and the resume state at the start of the next epoch, and the loggers."""
         pos = self.position
+        self.flush()
         total = _merge_sums(D.all_gather_object(self.sums))
         n_img = total.pop("_images", 0.0) or 1.0
         row: dict[str, Any] = {"epoch": pos.epoch + 1, "step": pos.step}
@@ -560,6 +629,7 @@ class TrainingRecipe:
     def save(self) -> None:
         """last.pt and the resume state at ``position`` (a collective: every process's RNG states)."""
         pos = self.position
+        self.flush()
         self.check_weights(pos.epoch + (pos.batch > 0))
         rngs = D.all_gather_object(rng_state())
         if not self.rt.is_main:
@@ -607,6 +677,7 @@ class TrainingRecipe:
                  ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
                   + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
                  ("precision", self.precision),
+                 ("fast path", self.fast.describe() if self.fast is not None else "off"),
                  ("checkpoints", f"{self.ckpt_dir}/best.pt, last.pt"),
                  ("metrics", self.out_dir / METRICS)]
         for lg in self.loggers:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rdpp_cli.checks import DEFAULT_FAST, FAST_CHOICES
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
                               learning_rate, one_of, option, out_option, precision_option, workspace_option)
@@ -72,6 +73,11 @@ class TrainLoopOptions(Options):
                             "dropout.", check=seed_check)
     device: str = device_option(cli=LOOP_CLI)
     precision: str = precision_option(cli=LOOP_CLI)
+    fast: str = loop_option(
+        DEFAULT_FAST, "The fast path for GPUs: the teacher-forced pass compiled at fixed shapes with dropout drawn "
+        "before it, the reward on the model's device, fused Adam, the loss read every few steps; the same numbers "
+        "(docs/training.md). auto: on where measured faster and equal (so far nowhere), on, off.",
+        identity=False, check=one_of(*FAST_CHOICES, what="a --fast setting"))
     workers: int = loop_option(0, "Threads reading the next batches while a step runs (0: read in the loop; "
                                "docs/data.md).", identity=False, check=at_least(0))
     resume: bool = loop_option(True, "Continue an unfinished run with the same settings, or start it over.",

@@ -19,6 +19,7 @@ import torch
 
 from rdpp_cli.artifacts.manifest import atomic_write
 from rdpp_cli.errors import RdppError
+from rdpp_cli.models.checkpoint import non_finite_tensor
 
 STATE_FILE = "last_state.pt"
 STATE_VERSION = 1
@@ -77,4 +78,8 @@ def load_state(path: Path) -> dict:
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise RdppError(f"resume state {path} is not an rdpp resume state (version {STATE_VERSION}); "
                         "pass --no-resume to start this run over")
+    bad = non_finite_tensor(state.get("model") or {})
+    if bad is not None:
+        raise RdppError(f"resume state {path} holds NaN or infinity in {bad}: the file is damaged (rdpp never saves "
+                        "such weights); pass --no-resume to start this run over")
     return state

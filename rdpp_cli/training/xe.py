@@ -26,7 +26,8 @@ from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_f
 from rdpp_cli.options import takes
 from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, validation_images
+from rdpp_cli.training.fast import FastPath, fast_path
+from rdpp_cli.training.loop import StepFn, TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
 from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
@@ -39,6 +40,19 @@ def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     over the whole step's tokens, all processes together, as one process would take it."""
     token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask)
     return -token_logp.sum() / D.per_process_share(mask.sum())
+
+
+def fast_xe_loss(fast: FastPath) -> StepFn:
+    """``xe_loss`` through the fast path (``rdpp_cli.training.fast``): the step's dropout drawn
+    first (on a CPU the draws ``xe_loss`` makes), then the compiled fixed-shape teacher-forced pass;
+    the same loss and gradients to float32 rounding."""
+
+    def step(net: nn.Module, batch: Batch) -> Tensor:
+        drop = fast.xe_dropout(unwrap(net), batch.labels, batch.att.shape[1])
+        token_logp, mask = fast.token_logprobs(net, batch.att, batch.labels, batch.att_mask, drop)
+        return -token_logp.sum() / D.per_process_share(mask.sum())
+
+    return step
 
 
 def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
@@ -81,7 +95,7 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
     else:
         art = resolve_input(init_from, workspace=workspace, groups=("xe", "finetune"), kind="rdpp.model",
                             what="model artifact", make_with="rdpp train-xe", quiet=not D.runtime().is_main)
-        where = art.path / "checkpoints" / "best.pt"
+        where = art.file("checkpoints/best.pt")  # checked against the model's manifest
     ckpt = load_checkpoint(where)
     check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
     return ckpt, str(where)
@@ -145,7 +159,9 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
     the folder to write (default: a new version ``<workspace>/xe/att2in-<preset>-v<k>``; an
     unfinished run with the same settings is resumed); ``precision`` fp32, bf16, fp16 or auto
     (``rdpp_cli.precision``; the resolved one is recorded in the manifest and is part of the
-    settings a rerun must share to resume). ``after_step`` is for tests.
+    settings a rerun must share to resume); ``fast`` auto, on or off (the fast path,
+    ``rdpp_cli.training.fast``: the same numbers; recorded, not part of the resume identity).
+    ``after_step`` is for tests.
     """
     rt = D.setup(opts.device)  # RdppError for --device cuda without a GPU, before anything is touched
     precision = resolve_precision(opts.precision, rt.device)
@@ -158,10 +174,11 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None})
         name = f"att2in-{opts.preset}" if inp.init is None else "att2in-init"
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
-                               config=identity, force=opts.force)
-        return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts, step_fn=xe_loss,
-                              inputs=[inp.artifact], manifest_config=config, summary=baseline_summary(inp),
-                              after_step=after_step, cider=inp.cider,
-                              loggers=[TensorBoardLogger(out_dir / TENSORBOARD)]).run()
+                               config=identity, force=opts.force, reads=[inp.artifact.path, inp.init_where])
+        fast = fast_path(opts.fast, rt.device)
+        return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
+                              step_fn=fast_xe_loss(fast) if fast is not None else xe_loss, inputs=[inp.artifact],
+                              manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)], fast=fast).run()
     finally:
         D.teardown()

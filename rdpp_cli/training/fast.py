@@ -1,0 +1,196 @@
+"""The training fast path (``--fast on``): the same steps, shaped for a GPU's limits.
+
+A training step of Att2in at the paper's shapes is bound by kernel launches and host work (a Python
+loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
+run the same mathematics another way (docs/training.md, "The fast path"):
+
+- **one compiled teacher-forced pass.** ``Att2in.static_token_logprobs`` (every shape fixed by the
+  label width: the LSTM runs all L + 1 steps, the output layer every position, nothing waits for
+  the device) under ``torch.compile`` (``FastSettings.train_mode``; on CUDA ``"reduce-overhead"``,
+  i.e. CUDA graphs); under the compiler Att2in's two hand-written kernels give way to the plain
+  expressions, which it fuses itself (``models/ops.py``). One compiled function serves the XE
+  loss and the RL steps' policy log-probs (one graph per input shape).
+- **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
+  replay them): the XE step's masks are drawn first (``xe_dropout``; on a CPU the very draws eager
+  dropout makes, so the numbers are eager's), the RL step's are the sampling pass's, as always.
+- **the RL step's sampling without waiting**: every one of the ``max_len + 1`` decoding steps runs
+  (``decode(static=True)``) and each step is compiled (``FastSettings.sample_mode``); the reward
+  (CIDEr-D, the R-DPP weights, the logged self-CIDEr) is computed on the model's device in float64
+  (``metrics.train_cider_torch``), equal to the numpy path to ~1e-15.
+- **Adam fused** on CUDA (``fused=True``: one kernel for every parameter).
+- **the loss read every ``log_every`` steps**: the step's numbers stay on the device and are read
+  back in one transfer (``loop.PendingLogs``); the divergence check runs on each of them then, in
+  order, and before every validation and checkpoint, so no non-finite weights are ever saved.
+
+``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
+equal (benchmarks/fast_path.py): so far nowhere. It is recorded in the manifest (``fast``,
+``fast_option``) and is not part of the resume identity, like ``--device``: on a CPU it gives the
+eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
+the GPU's generator (the same distribution, another stream, as on another device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rdpp_cli.checks import FAST_CHOICES
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.att2in import DropoutMasks
+from rdpp_cli.training.loop import call
+
+# --fast auto: on where it was measured faster than the eager step *and* equal to it, per device
+# type (docs/training.md, "The fast path"; the GPU check is benchmarks/cuda_check.sh).
+ON_BY_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False}
+
+
+@dataclass(frozen=True)
+class FastSettings:
+    """How the fast path runs on one kind of device (benchmarks/fast_path.py compares variants).
+
+    ``backend``: torch.compile's backend; ``train_mode`` / ``sample_mode``: its mode for the
+    teacher-forced pass and for one decoding step (None: the default; "reduce-overhead": CUDA
+    graphs); ``compile_sampling``: compile the decoding step at all; ``fused_adam``;
+    ``log_every``: steps between reads of the losses on the host."""
+
+    backend: str = "inductor"
+    train_mode: str | None = None
+    sample_mode: str | None = None
+    compile_sampling: bool = True
+    fused_adam: bool = False
+    log_every: int = 25
+
+
+SETTINGS: dict[str, FastSettings] = {
+    "cpu": FastSettings(),
+    "cuda": FastSettings(train_mode="reduce-overhead", fused_adam=True),
+}
+
+
+def resolve_fast(option: str, device: torch.device | str) -> str:
+    """``--fast`` for a run on ``device``: "on" or "off" (``auto``: ``ON_BY_DEFAULT``)."""
+    if option not in FAST_CHOICES:
+        raise RdppError(f"--fast {option!r} is not a --fast setting; use one of {', '.join(FAST_CHOICES)}")
+    if option == "auto":
+        return "on" if ON_BY_DEFAULT.get(torch.device(device).type, False) else "off"
+    return option
+
+
+def fast_path(option: str, device: torch.device | str) -> "FastPath | None":
+    """The fast path of a run on ``device`` with ``--fast option``, or None when it is off."""
+    device = torch.device(device)
+    if resolve_fast(option, device) == "off":
+        return None
+    return FastPath(device, SETTINGS.get(device.type, FastSettings()))
+
+
+def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None,
+                    drop: DropoutMasks | None) -> tuple[Tensor, Tensor]:
+    return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop)
+
+
+def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple[Tensor, Tensor],
+                   drop: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    return model.step(it, enc, state, drop)
+
+
+class CompiledDecoder:
+    """``model`` as ``rdpp_cli.decoding.decode`` sees it, with its one decoding step compiled
+    (everything else is the model's own). The step holds no random numbers: the RL step's dropout
+    is drawn in advance, and greedy decoding runs in eval mode."""
+
+    def __init__(self, model: nn.Module, step) -> None:
+        self.model, self._step = model, step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def step(self, it: Tensor, enc: Any, state: tuple[Tensor, Tensor],
+             drop: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if drop is not None:  # a step's slice of the masks, as a tensor of its own
+            drop = (drop[0].contiguous(), drop[1].contiguous())
+        return self._step(self.model, it, enc, state, drop)
+
+
+@dataclass
+class FastPath:
+    """The compiled functions and settings of one run's fast path (see the module docstring)."""
+
+    device: torch.device
+    settings: FastSettings = field(default_factory=FastSettings)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self._tf = self._compile(_teacher_forced, s.train_mode)
+        self._step = self._compile(_decoding_step, s.sample_mode) if s.compile_sampling else _decoding_step
+        self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
+
+    def _compile(self, fn, mode: str | None):
+        kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
+        return torch.compile(fn, backend=self.settings.backend, dynamic=False, fullgraph=True, **kw)
+
+    @property
+    def log_every(self) -> int:
+        return self.settings.log_every
+
+    def describe(self) -> str:
+        """One line for the run's summary table."""
+        s = self.settings
+        parts = [f"torch.compile ({s.backend}, {s.train_mode or 'default'} mode)"]
+        parts += ["compiled sampling steps"] if s.compile_sampling else []
+        parts += ["fused Adam"] if s.fused_adam else []
+        return ", ".join(parts) + f", losses read every {s.log_every} steps"
+
+    def begin_step(self) -> None:
+        """Mark a new training step for CUDA graphs (the last step's outputs are no longer read)."""
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                       drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
+        """``static_token_logprobs`` of ``net`` (DDP-wrapped or not), compiled: (N, L+1) each."""
+        return self._tf(net, att, seqs, att_mask, drop)
+
+    def decoder(self, model: nn.Module) -> CompiledDecoder:
+        """``model`` for ``decode`` with its decoding step compiled."""
+        return CompiledDecoder(model, self._step)
+
+    def optimizer(self, params, lr: float) -> torch.optim.Adam:
+        """Adam as the eager loop builds it, fused where the settings say."""
+        fused = {"fused": True} if self.settings.fused_adam else {}
+        return torch.optim.Adam(params, lr=lr, **fused)
+
+    def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
+        """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass, laid
+        out at the label width (None in eval mode or without dropout).
+
+        On a CPU these are the draws eager dropout makes in ``token_logprobs`` -- the same global
+        generator, shapes and order: the att features (B, R, H), the word embeddings of the steps
+        the batch needs (N, T, E), the LSTM outputs of its tokens (tokens, H) -- so the fast step
+        gives the eager numbers. Elsewhere one draw each at the label width (no host wait)."""
+        c = model.config
+        if not model.training or c.drop_prob_lm == 0:
+            return None
+        seqs = labels.reshape(-1, labels.shape[-1])
+        N, L = seqs.shape
+        if self.device.type != "cpu":
+            return model.draw_dropout(labels.shape[0], N, L + 1, regions)
+        keep = 1.0 - c.drop_prob_lm
+        words = (seqs > 0).long().cumprod(1).sum(1)  # the tokens are the words and one EOS
+        T = int(words.max()) + 1
+        tokens = torch.arange(T) <= words.unsqueeze(1)  # (N, T)
+
+        w = model.h2h.weight
+
+        def draw(*shape: int) -> Tensor:
+            return w.new_empty(shape).bernoulli_(keep).div_(keep)
+
+        att = draw(labels.shape[0], regions, c.rnn_size)
+        embed = w.new_zeros(N, L + 1, c.input_encoding_size)
+        embed[:, :T] = draw(N, T, c.input_encoding_size)
+        out = w.new_zeros(N, L + 1, c.rnn_size)
+        out[:, :T][tokens] = draw(int(tokens.sum()), c.rnn_size)
+        return DropoutMasks(att, embed, out)

@@ -1,0 +1,295 @@
+"""The training fast path (``--fast``, rdpp_cli/training/fast.py): the same numbers as the eager path.
+
+On the CPU with torch.compile's ``aot_eager`` backend (dynamo's graph capture and AOT autograd, the
+mechanism the GPU runs, without inductor's C++ code generation, which takes minutes on 2 cores; the
+``slow`` test runs inductor itself): the fixed-shape teacher-forced pass, the dropout drawn before
+it, static decoding, the reward on tensors, the losses read every k steps, a whole toy run and
+its resume. CUDA graphs and fused Adam are checked in tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.loader import CaptionBatches
+from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.errors import RdppError
+from rdpp_cli.metrics.train_cider import TrainCider
+from rdpp_cli.metrics.train_cider_torch import references_tensor
+from rdpp_cli.training import fast as F
+from rdpp_cli.training.finetune import RewardStep, finetune
+from rdpp_cli.training.loop import PendingLogs, TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions, XEOptions
+from rdpp_cli.training.xe import fast_xe_loss, train_xe, xe_loss
+
+from helpers import Crash, att2in_for, state_dict, write_tiny_data
+
+os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = pytest.mark.usefixtures("one_thread", "dynamo")
+AOT = F.FastSettings(backend="aot_eager", log_every=2)
+
+
+@pytest.fixture(scope="module")
+def dynamo():
+    """Compiled code from a clean cache, and an error instead of a silent fall-back to eager."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> DataArtifact:
+    return DataArtifact.open(write_tiny_data(Path(tmp_path_factory.mktemp("d")) / "tiny", n_train=16, n_val=6,
+                                             n_test=2))
+
+
+def _model(d: DataArtifact, dropout: float = 0.5, seed: int = 0):
+    torch.manual_seed(seed)
+    return att2in_for(d, 16, dropout).train()
+
+
+def _batch(d: DataArtifact, seq_per_img: int = 5, batch_size: int = 8):
+    batches = CaptionBatches(d, "train", batch_size=batch_size, seq_per_img=seq_per_img, seed=0)
+    return next(iter(batches.epoch(0))).to("cpu")
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    out = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def _close_grads(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys() and len(a) > 5
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=rtol, atol=atol, msg=k)
+
+
+# -- the pieces, eager ------------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_static_token_logprobs_equal_token_logprobs(tiny):
+    model = _model(tiny)
+    labels = torch.nn.functional.pad(_batch(tiny).labels, (0, 4))  # a label width past the longest caption
+    att, L = _batch(tiny).att, labels.shape[-1]
+    drop = model.draw_dropout(8, 40, L + 1, att.shape[1])
+    for d in (drop, None):
+        model.train(d is not None)
+        tok, mask = model.token_logprobs(att, labels, drop=d)
+        (-tok.sum()).backward()
+        g_eager = _grads(model)
+        tok_s, mask_s = model.static_token_logprobs(att, labels, drop=d)
+        (-tok_s.sum()).backward()
+        assert tok_s.shape == tok.shape == (40, L + 1) and torch.equal(mask_s, mask)
+        torch.testing.assert_close(tok_s, tok, rtol=1e-5, atol=1e-6)
+        _close_grads(g_eager, _grads(model))
+
+
+@pytest.mark.unit
+def test_xe_dropout_on_the_cpu_is_what_eager_dropout_draws(tiny):
+    """The fast XE step's masks, drawn before the pass, are the very draws eager dropout makes in
+    ``xe_loss`` (same generator, shapes, order): the eager pass with them is bitwise the eager pass."""
+    model = _model(tiny)
+    batch = _batch(tiny)
+    fast = F.FastPath(torch.device("cpu"), AOT)
+    torch.manual_seed(7)
+    want = xe_loss(model, batch)
+    after = torch.get_rng_state()
+    torch.manual_seed(7)
+    drop = fast.xe_dropout(model, batch.labels, batch.att.shape[1])
+    assert torch.equal(torch.get_rng_state(), after)
+    tok, mask = model.token_logprobs(batch.att, batch.labels, drop=drop)
+    assert torch.equal(-tok.sum() / mask.sum(), want)
+    assert drop.embed.shape == (40, tiny.seq_length + 1, 16) and set(drop.out.unique().tolist()) == {0.0, 2.0}
+    assert fast.xe_dropout(model.eval(), batch.labels, batch.att.shape[1]) is None
+
+
+@pytest.mark.unit
+def test_static_decoding_keeps_the_captions(tiny):
+    model = _model(tiny)
+    batch = _batch(tiny, seq_per_img=1)
+    L = tiny.seq_length
+    drop = model.draw_dropout(8, 24, L + 1, batch.att.shape[1])
+    cfg = DecodeConfig(method="random", n=3, max_len=L)
+    a = decode(model, batch.att, cfg, generator=torch.Generator().manual_seed(3), drop=drop)
+    b = decode(model, batch.att, cfg, generator=torch.Generator().manual_seed(3), drop=drop, static=True)
+    T = a.tokens.shape[-1]
+    assert b.tokens.shape == (8, 3, L) and b.logprobs.shape == (8, 3, L + 1)
+    assert torch.equal(b.tokens[..., :T], a.tokens) and not b.tokens[..., T:].any()
+    assert torch.equal(b.logprobs[..., :T + 1], a.logprobs) and torch.equal(b.lengths, a.lengths)
+
+
+@pytest.mark.unit
+def test_pending_logs_are_read_in_order_in_one_transfer():
+    p = PendingLogs(every=2)
+    assert not p.add(1, 8, {"loss": torch.tensor(2.5), "reward": 0.25})
+    assert p.add(2, 4, {"loss": torch.tensor(float("nan")), "reward": torch.tensor(1.0, dtype=torch.float64)})
+    got = p.read()
+    assert got[0] == (1, 8, {"loss": 2.5, "reward": 0.25}) and got[1][:2] == (2, 4)
+    assert np.isnan(got[1][2]["loss"]) and got[1][2]["reward"] == 1.0 and p.read() == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("reward,kw", [("dpp", {}), ("dpp", {"baseline": "mean"}), ("scst", {}), ("scst-mean", {}),
+                                       ("xe-cider", {})])
+def test_the_reward_on_tensors_gives_the_numpy_weights(tiny, reward, kw):
+    model = _model(tiny)
+    batch = _batch(tiny, seq_per_img=5 if reward == "xe-cider" else 1)
+    step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward=reward, m=4, max_len=tiny.seq_length, **kw)
+    d = step.draw(model, batch)
+    refs = tiny.references_ids(batch.index)
+    w, logs = step.weights(d.samples.numpy(), d.greedy, refs)
+    w_t, logs_t = step.device_weights(d, *references_tensor(refs, "cpu"))
+    assert w_t.dtype == torch.float32 and logs.keys() == logs_t.keys() and "self_cider" in logs
+    torch.testing.assert_close(w_t, w, rtol=1e-6, atol=1e-7)
+    for k in logs:
+        assert float(logs_t[k]) == pytest.approx(logs[k], rel=1e-9, abs=1e-12), k
+
+
+@pytest.mark.unit
+def test_auto_is_on_only_where_measured(monkeypatch):
+    assert F.resolve_fast("auto", "cpu") == "off" and F.resolve_fast("auto", "cuda") == "off"
+    assert F.resolve_fast("on", "cpu") == "on" and F.fast_path("off", "cpu") is None
+    monkeypatch.setitem(F.ON_BY_DEFAULT, "cuda", True)
+    assert F.resolve_fast("auto", "cuda") == "on" and F.resolve_fast("auto", "cpu") == "off"
+    with pytest.raises(RdppError, match="--fast 'fast' is not a --fast setting; use one of auto, on, off"):
+        XEOptions(fast="fast")
+
+
+@pytest.mark.integration
+def test_a_nan_loss_is_caught_when_read_back_and_never_saved(tiny, tmp_path):
+    """With the losses read every 3 steps, a NaN at step 3 stops the run at the epoch's end, naming
+    step 3; the epoch's checkpoints are never written (last.pt is epoch 1's, finite)."""
+
+    def nan_at_step_3(net, batch):
+        loss = xe_loss(net, batch)
+        return loss * float("nan") if (batch.epoch, batch.batch) == (1, 0) else loss
+
+    opts = TrainLoopOptions(epochs=3, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
+    fast = F.FastPath(torch.device("cpu"), F.FastSettings(backend="aot_eager", log_every=3))
+    recipe = TrainingRecipe(stage="xe", model=_model(tiny), data=tiny, out_dir=tmp_path / "m", opts=opts,
+                            step_fn=nan_at_step_3, inputs=[tiny.artifact], manifest_config={}, fast=fast)
+    with pytest.raises(RdppError, match=r"^training diverged at epoch 2, step 3: the loss is nan \(last finite loss"):
+        recipe.run()
+    last = torch.load(tmp_path / "m" / "checkpoints" / "last.pt", weights_only=True)
+    assert last["epoch"] == 1 and all(torch.isfinite(t).all() for t in last["state_dict"].values())
+    assert recipe.position.step == 4  # the step after it ran before the read
+
+
+# -- compiled (aot_eager) --------------------------------------------------------------------------
+
+def _eager_and_fast_xe(model, fast, batch, seed: int = 11):
+    """``xe_loss`` and the fast XE loss from the same RNG state: (eager loss, fast loss, eager
+    gradients, fast gradients)."""
+    torch.manual_seed(seed)
+    want = xe_loss(model, batch)
+    want.backward()
+    g_want = _grads(model)
+    torch.manual_seed(seed)
+    got = fast_xe_loss(fast)(model, batch)
+    got.backward()
+    return want.detach(), got.detach(), g_want, _grads(model)
+
+
+@pytest.mark.integration
+def test_the_fast_xe_step_gives_the_eager_loss_and_gradients(tiny):
+    model = _model(tiny)
+    fast = F.FastPath(torch.device("cpu"), AOT)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for batch in (_batch(tiny), _batch(tiny, batch_size=6)):
+        want, got, g_want, g_got = _eager_and_fast_xe(model, fast, batch)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        _close_grads(g_want, g_got)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= graphs + 2  # really compiled, per shape
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("reward", ["dpp", "scst"])
+def test_the_fast_rl_step_gives_the_eager_loss_and_gradients(tiny, reward):
+    """The same samples (on-policy masks from the step's generator, compiled decoding steps), the
+    same reward on tensors, the same policy-gradient loss and gradients."""
+    model = _model(tiny)
+    batch = _batch(tiny, seq_per_img=1)
+    kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward=reward, m=4, max_len=tiny.seq_length)
+    eager, fast = RewardStep(**kw), RewardStep(**kw, fast=F.FastPath(torch.device("cpu"), AOT))
+    d_e, d_f = eager.draw(model, batch), fast.draw(model, batch)
+    T = d_e.samples.shape[-1]
+    assert torch.equal(d_f.samples[..., :T], d_e.samples) and d_f.samples.shape[-1] == tiny.seq_length
+    loss_e, logs_e = eager(model, batch)
+    loss_e.backward()
+    g = _grads(model)
+    assert abs(float(loss_e.detach())) > 1e-3 and g["logit.weight"].abs().max() > 1e-4  # non-zero weights
+    loss_f, logs_f = fast(model, batch)
+    loss_f.backward()
+    torch.testing.assert_close(loss_f, loss_e, rtol=1e-5, atol=1e-7)
+    assert logs_e.keys() == logs_f.keys()
+    for k in logs_e:
+        assert float(logs_f[k]) == pytest.approx(float(logs_e[k]), rel=1e-5, abs=1e-7), k
+    _close_grads(g, _grads(model))
+
+
+def _metrics(path: Path) -> pd.DataFrame:
+    m = pd.read_csv(path / "metrics.csv")
+    return m.drop(columns=["time", "images_per_s"])
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_toy_run_with_the_fast_path_has_the_eager_metrics(tiny, tmp_path, monkeypatch):
+    """XE then R-DPP, with --fast on and off: every metric the same within 1e-4 relative (float32
+    rounding through a few Adam steps), the manifest records the setting."""
+    monkeypatch.setitem(F.SETTINGS, "cpu", AOT)
+    kw = dict(preset="small", epochs=2, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
+    xe = {f: train_xe(tiny.path, out=tmp_path / f"xe-{f}", fast=f, **kw) for f in ("off", "on")}
+    ft = {f: finetune(xe["off"].path, data=tiny.path, out=tmp_path / f"dpp-{f}", reward="dpp", m=3, epochs=1,
+                      batch_size=8, val_images=4, device="cpu", seed=2, fast=f) for f in ("off", "on")}
+    for runs in (xe, ft):
+        a, b = _metrics(runs["off"].path), _metrics(runs["on"].path)
+        assert list(a.columns) == list(b.columns) and len(a) >= 1
+        np.testing.assert_allclose(b.to_numpy(float), a.to_numpy(float), rtol=1e-4, atol=1e-6)
+        cfg = runs["on"].manifest["config"]
+        assert (cfg["fast"], cfg["fast_option"], runs["off"].manifest["config"]["fast"]) == ("on", "on", "off")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_resume_with_the_fast_path_is_exact(tiny, tmp_path, monkeypatch):
+    """A fast run killed after step 5 and rerun ends bitwise where an uninterrupted fast run ends;
+    and --fast is not part of the run's identity: an eager run resumes with --fast on."""
+    monkeypatch.setitem(F.SETTINGS, "cpu", AOT)
+    kw = dict(preset="small", epochs=2, batch_size=6, save_every_steps=2, val_images=3, device="cpu", seed=5)
+    ref = train_xe(tiny.path, out=tmp_path / "ref", fast="on", **kw)
+
+    def crash(step):
+        if step == 5:
+            raise Crash("killed after step 5")
+
+    with pytest.raises(Crash):
+        train_xe(tiny.path, out=tmp_path / "run", fast="on", after_step=crash, **kw)
+    resumed = train_xe(tiny.path, out=tmp_path / "run", fast="on", **kw)
+    a, b = state_dict(ref.path / "checkpoints" / "last.pt"), state_dict(resumed.path / "checkpoints" / "last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    pd.testing.assert_frame_equal(_metrics(ref.path), _metrics(resumed.path))
+    with pytest.raises(Crash):
+        train_xe(tiny.path, out=tmp_path / "mixed", fast="off", after_step=crash, **kw)
+    mixed = train_xe(tiny.path, out=tmp_path / "mixed", fast="on", **kw)
+    assert mixed.manifest["config"]["fast"] == "on" and list(pd.read_csv(mixed.path / "metrics.csv")["step"]) == [3, 6]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_inductor_compiled_xe_step_gives_the_eager_loss_and_gradients(tiny):
+    """The fast XE step as ``--fast on`` runs it on a CPU (inductor, C++ kernels): minutes to compile
+    on 2 cores, hence slow."""
+    model = _model(tiny)
+    fast = F.FastPath(torch.device("cpu"), F.SETTINGS["cpu"])
+    want, got, g_want, g_got = _eager_and_fast_xe(model, fast, _batch(tiny))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    _close_grads(g_want, g_got, rtol=1e-4, atol=1e-6)
