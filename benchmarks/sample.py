@@ -1,60 +1,67 @@
 """Decoding speed (captions/s) of every method at the paper's shapes, against self-critical.pytorch's
-decoding code path, re-implemented here on the same weights.
+own decoding (its modules, unmodified, in the same process: benchmarks/peer.py) on the same weights.
 
 Shapes: Att2in paper preset (512/512/512), COCO's vocabulary (9,487 words -> 9,488 logits), 14x14 =
 196 att regions of 2,048 features, a batch of ``--batch`` images (10), captions of at most 16 words,
 ``--n`` (20) captions per image. Random weights: captions run to full length or close to it, which
 is the slow case.
 
-The reference (``Upstream`` below) is self-critical.pytorch's decoding as it is today
-(captioning/models/AttModel.py, CaptionModel.py, models/utils.py), written again on an rdpp Att2in's
-weights (its Att2in2Model has the same layers under the same names: docs/model.md):
+The reference is the peer's ``Att2in2Model`` (``captioning.models.setup``, ``--caption_model
+att2in2``; the same parameters as rdpp's ``Att2in`` under other names) holding rdpp's weights, in
+eval mode, called as its ``eval_utils.eval_split_n`` calls it, ``model(fc, att, None, opt=...,
+mode='sample')``:
 
-- greedy, random, top-k, nucleus: ``AttModel._sample``: batched over images; for n captions per
-  image the embedded att features and attention keys are copied n times (``repeat_tensors``); the
-  literal attention ``alpha_net(tanh(p_att + h2att(h)))``; the next word by ``sample_next_word``
-  (arg-max; otherwise ``torch.distributions.Categorical`` over the logits, top-k through a -inf
-  mask, nucleus through a full sort); the (rows, steps, V+1) log-prob table it returns is filled.
-- beam search (n beams, its ``sample_n_method bs``) and diverse beam search (G groups of K beams,
-  its ``sample_n_method dbs``: ``beam_size = G*K, group_size = G``): ``AttModel._sample_beam`` +
-  ``CaptionModel.beam_search``: one BOS step per image, the features copied to every beam
-  (``repeat_tensors``) and split into groups (``split_tensors``), all images in one batch; per group
-  and step a full sort of the candidates, the Hamming penalty counted word by word, the per-beam
-  log-prob tables grown by concatenation, finished beams moved to per-image lists (``done_beams``)
-  and their live copies pushed down by 1000. One repair: upstream's ``add_diversity`` calls
-  ``self.repeat_tensor(bdash, change)``, a method no model defines (DBS stops with an
-  AttributeError at the second step of its second group); here it is
-  ``repeat_tensors(bdash, change)``, what it means.
+- greedy, random, top-k, nucleus: ``AttModel._sample`` with ``sample_method`` ``greedy``, ``sample``,
+  ``top5`` (k = 5), ``top0.9`` (p = 0.9) and ``sample_n`` = n (``beam_size`` 1);
+- beam search (``sample_n_method bs``: ``beam_size`` = n) and diverse beam search (G groups of K
+  beams, ``sample_n_method dbs``: ``beam_size`` = G*K, ``group_size`` = G, ``diversity_lambda``):
+  ``_sample_beam`` + ``CaptionModel.beam_search``, ``sample_n`` 1; its captions are the model's
+  ``done_beams`` (K per group, each group's best first), where eval_split_n reads them.
 
-Checked before timing, on the timed inputs (untimed runs); a failed check stops the script:
+One repair, applied at run time to the peer's model instance only when its code needs it: the
+peer's ``add_diversity`` calls ``self.repeat_tensor(bdash, change)``, a method no model defines, so
+its DBS stops with an AttributeError at the second step of its second group. The script runs the
+peer's DBS once as written (one image, two groups); if it stops so, it sets the instance's
+``repeat_tensor`` to the peer's own ``captioning.models.utils.repeat_tensors``, what the call
+means (with one beam per group it returns ``change`` unchanged), and the table says so. Nothing
+else of the peer is changed, and its files are only read.
 
-- greedy: the same words for every image and the same log-prob for each (to 1e-4);
-- every other method, the arithmetic: the reference's teacher-forced forward (``AttModel._forward``)
-  gives rdpp's captions rdpp's log-probs, EOS included (to 1e-4); for sampling (different random
-  streams, so not the same draws) also rdpp's forward gives the reference's captions the log-probs
-  the reference recorded;
-- beam search and DBS, the algorithm: the reference's search, driven by rdpp's step (so that a
-  float-rounding difference cannot decide between two near-equal candidates), returns rdpp's
-  captions, per-word log-probs and (beam search) scores on every image where no beam ended before
-  the length limit and no two candidates tied at the cut. (Beam search is defined only up to the
-  order of equal candidates, and with random weights exact float ties do occur.) The note also says
-  on how many images the literal reference gave the very same captions.
+Checked before timing, on the timed inputs (untimed runs, which are also the warm-ups); a failed
+check stops the script:
 
-Where upstream's beam search differs from rdpp's, by design (docs/decoding.md), nothing is compared:
-upstream sets a finished caption aside and keeps ``beam_size`` live beams where rdpp keeps it in
-its beam with a frozen score; a caption that reaches the limit ends upstream without an EOS where
-rdpp forces the EOS and counts its log-prob (compared: the score less that EOS); and upstream's DBS
+- greedy: the peer's words are rdpp's on every image, with the same log-probs (to ``TOL``);
+- random, top-k, nucleus (the two sides draw from different random streams, so not the same
+  words): the first step's log-probs over the whole vocabulary, the peer's ``seqLogprobs[:, 0]``
+  against rdpp's ``Att2in.step`` from BOS, on every row; the peer's teacher-forced ``_forward``
+  gives rdpp's captions rdpp's log-probs (EOS included), and rdpp's forward gives the peer's
+  captions the log-probs the peer recorded;
+- beam search and DBS: the arithmetic as above (the peer's ``_forward`` on rdpp's beams); the
+  replica below (``Upstream``: the peer's ``_sample_beam`` + ``beam_search`` written again, with
+  the same repair) returns the peer's own ``done_beams`` bit for bit on every image; the replica
+  driven by rdpp's step (so that a float-rounding difference cannot decide between two near-equal
+  candidates) returns rdpp's captions, per-word log-probs and (beam search) scores on every image
+  where no beam ended before the length limit and no two candidates tied at the cut (beam search
+  is defined only up to the order of equal candidates, and with random weights exact float ties do
+  occur). The note also says on how many images the peer's own beams, and its best caption, are
+  rdpp's.
+
+Where the peer's beam search differs from rdpp's, by design (docs/decoding.md), nothing is compared:
+the peer sets a finished caption aside and keeps ``beam_size`` live beams where rdpp keeps it in
+its beam with a frozen score; a caption that reaches the limit ends in the peer without an EOS where
+rdpp forces the EOS and counts its log-prob (compared: the score less that EOS); and the peer's DBS
 staggers the groups (group g runs g steps behind group 0 and penalises the words at the same
 position of the earlier groups' beams as they stand *then*, after those beams were re-ranked), where
 rdpp penalises the words the earlier groups chose at the same step (Vijayakumar et al.'s
 Algorithm 1). The two agree when each group has one beam (rdpp's default, n groups of 1); with
 more beams per group only group 0 is compared.
 
-Both sides run ``--repeats`` times, interleaved (benchmarks/timing.py), after one untimed warm-up
-each; the table gives medians (bests beside) and the ratio of the medians.
+Both sides run ``--repeats`` times, interleaved (benchmarks/timing.py), after the untimed check run
+of each; the table gives medians (bests beside) and the ratio of the medians. The peer's checkout:
+``--peer-repo``, else ``$SCP_REPO``, else the project's copy (benchmarks/peer.py); ``--no-ref``
+times rdpp alone.
 
     python benchmarks/sample.py [--json] [--threads 2] [--batch 10] [--n 20] [--repeats 3] [--device cpu,cuda]
-                                [--clock wall|cpu] [--no-ref] [--sections decode,select]
+                                [--clock wall|cpu] [--peer-repo PATH] [--no-ref] [--sections decode,select]
                                 [--select-images 5000] [--candidates 50] [--keep 5] [--df cider_df.h5]
 
 Selection section (``rdpp sample --select``): choosing ``--keep`` (5) of ``--candidates`` (50) random
@@ -63,12 +70,13 @@ samples per image for ``--select-images`` (5,000) images, against drawing those 
 ``--repeats`` (at least 3); the selection runs on the drawn captions, with the CIDEr-D document
 frequencies of ``--df`` (default: a synthetic Zipf set of 20,000 images, ~2M n-grams, the size of
 COCO's). The greedy MAP step alone is also timed against a per-image numpy loop of Chen et al.'s
-algorithm, checked to choose the same items first.
+algorithm, checked to choose the same items first. It has no peer.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -78,6 +86,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer  # noqa: E402
 from timing import interleaved, machine  # noqa: E402
 
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
@@ -87,7 +96,61 @@ VOCAB, REGIONS, ATT_DIM, MAX_LEN = 9487, 196, 2048, 16
 EOS = PAD = BOS = 0  # self-critical.pytorch's defaults, and rdpp's
 
 
-# -- the reference: self-critical.pytorch's decoding, on an rdpp Att2in's weights ------------------
+# -- the reference: self-critical.pytorch's own decoding, on an rdpp Att2in's weights -------------
+
+REPAIR = ("add_diversity calls self.repeat_tensor, which no model defines: set on the instance to "
+          "the peer's utils.repeat_tensors")
+
+
+class PeerDecoding:
+    """The peer's own ``Att2in2Model`` (benchmarks/peer.py) with ``model``'s weights, in eval mode,
+    and its decoding calls; ``repair`` says whether its DBS needed the repair (the docstring)."""
+
+    def __init__(self, mods: peer.Modules, model: Att2in, att) -> None:
+        self.model = peer.Peer(mods, model, seq_per_img=1).model.eval()
+        self.fc = att.mean(1)  # Att2in2 never reads its fc features (fc_embed is the identity); _sample sizes by them
+        self.repair = self._repair_dbs(att)
+
+    def _repair_dbs(self, att) -> str | None:
+        """Run the peer's DBS as written (one image, two groups of one beam); if it stops at the
+        missing ``repeat_tensor``, give the instance that name for the peer's ``repeat_tensors``."""
+        try:
+            with torch.no_grad():
+                self.model(self.fc[:1], att[:1], None, opt={"beam_size": 2, "group_size": 2, "sample_n": 1},
+                           mode="sample")
+        except AttributeError as e:
+            if "repeat_tensor" not in str(e):
+                raise
+            self.model.repeat_tensor = importlib.import_module("captioning.models.utils").repeat_tensors
+            return REPAIR
+        return None
+
+    @staticmethod
+    def opt(cfg: DecodeConfig) -> dict:
+        """The peer's options for one case, as its eval_utils.eval_split_n sets them."""
+        if cfg.method in ("beam", "dbs"):
+            G = cfg.groups if cfg.method == "dbs" else 1
+            o = {"beam_size": cfg.beam * G, "group_size": G, "sample_n": 1}
+            return {**o, "diversity_lambda": cfg.diversity_lambda} if G > 1 else o
+        method = {"greedy": "greedy", "random": "sample", "topk": f"top{cfg.top_k}",
+                  "nucleus": f"top{cfg.top_p}"}[cfg.method]
+        return {"sample_method": method, "sample_n": cfg.n, "beam_size": 1, "temperature": cfg.temperature}
+
+    def call(self, att, cfg: DecodeConfig):
+        """The timed call: (seq, seqLogprobs); beam search's captions are in ``self.model.done_beams``."""
+        o = self.opt(cfg)
+        return lambda: self.model(self.fc, att, None, opt=o, mode="sample")
+
+    def describe(self, cfg: DecodeConfig) -> str:
+        fn = "_sample_beam + beam_search" if cfg.method in ("beam", "dbs") else "_sample"
+        return f"{fn}({', '.join(f'{k}={v!r}' for k, v in self.opt(cfg).items())})"
+
+    def forward(self, att, seq):
+        """The peer's teacher-forced ``_forward`` on word ids (N, L): log-probs (N, L+1, V+1)."""
+        return self.model(self.fc, att, torch.cat([seq.new_full((seq.shape[0], 1), BOS), seq], 1), mode="forward")
+
+
+# -- a replica of the peer's beam search: a correctness check only, never timed ---------------------
 
 def repeat_tensors(n: int, x):
     """models/utils.py: each row of (B, ...) n times -> (B*n, ...), a copy (expand, then reshape)."""
@@ -104,15 +167,18 @@ def split_tensors(n: int, x):
 
 
 class Upstream:
-    """self-critical.pytorch's Att2in2Model decoding (eval mode: dropout off) on ``model``'s weights."""
+    """self-critical.pytorch's ``_sample_beam`` + ``beam_search`` (Att2in2Model, eval mode) written
+    again on ``model``'s weights, the same operations in the same order (it returns the peer's
+    ``done_beams`` bit for bit; ``check`` verifies it), so that the checks can see what the peer
+    hides: which images had a beam end early, ties at the cut, and the search driven by rdpp's step."""
 
     def __init__(self, model: Att2in, seq_length: int, rdpp_step=None) -> None:
         self.m, self.L = model, seq_length
         self.H, self.V1 = model.config.rnn_size, model.config.vocab_size + 1
-        self.early_ends: list[int] = []  # beam search: captions that ended before the limit, per image
-        self.ties = None  # and (checks only) whether two candidates tied at the beam's cut, per image
-        # checks only: ``rdpp_step=att`` replaces the step's arithmetic by rdpp's ``Att2in.step`` on
-        # those images (rows image-major), to compare the search algorithms alone
+        self.early_ends: list[int] = []  # captions that ended before the limit, per image
+        self.ties = None  # and (``rdpp_step`` only) whether two candidates tied at the beam's cut, per image
+        # ``rdpp_step=att`` replaces the step's arithmetic by rdpp's ``Att2in.step`` on those images
+        # (rows image-major), to compare the search algorithms alone
         self.enc = None if rdpp_step is None else model.encode(rdpp_step)
 
     # AttModel._prepare_feature (Att2in2: fc_embed is the identity and unused)
@@ -146,86 +212,15 @@ class Upstream:
         h = gates.narrow(1, 2 * H, H) * torch.tanh(c)
         return F.log_softmax(m.logit(h), dim=1), (h.unsqueeze(0), c.unsqueeze(0))
 
-    # AttModel._forward (teacher forcing; used by the checks only)
-    def forward(self, att, seq):
-        n = seq.shape[0] // att.shape[0]
-        a, p = self.prepare(att)
-        if n > 1:
-            a, p = repeat_tensors(n, [a, p])
-        seq = torch.cat([seq.new_full((seq.shape[0], 1), BOS), seq], 1)
-        state = self.init_hidden(seq.shape[0])
-        out = a.new_zeros(seq.shape[0], seq.shape[1], self.V1)
-        for i in range(seq.shape[1]):
-            if i >= 1 and seq[:, i].sum() == 0:
-                break
-            out[:, i], state = self.get_logprobs_state(seq[:, i].clone(), a, p, state)
-        return out
-
-    # CaptionModel.sample_next_word
-    @staticmethod
-    def sample_next_word(logprobs, method: str, temperature: float, top: float | None):
-        if method == "greedy":
-            lp, it = torch.max(logprobs, 1)
-            return it.view(-1).long(), lp
-        logprobs = logprobs / temperature
-        if method == "nucleus":
-            probs = F.softmax(logprobs, dim=1)
-            sp, si = torch.sort(probs, descending=True, dim=1)
-            keep = sp.cumsum(1) < top
-            keep = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], 1)
-            sp = sp * keep.float()
-            logprobs.scatter_(1, si, (sp / sp.sum(1, keepdim=True)).log())
-        elif method == "topk":
-            vals, idx = torch.topk(logprobs, int(top), dim=1)
-            logprobs = torch.full_like(logprobs, float("-inf")).scatter(1, idx, vals)
-        it = torch.distributions.Categorical(logits=logprobs.detach()).sample()
-        return it, logprobs.gather(1, it.unsqueeze(1))
-
-    # AttModel._sample (greedy and sampling, sample_n captions per image)
-    def sample(self, att, method: str = "greedy", n: int = 1, temperature: float = 1.0, top=None):
-        N = att.shape[0] * n
-        a, p = self.prepare(att)
-        if n > 1:
-            a, p = repeat_tensors(n, [a, p])
-        state = self.init_hidden(N)
-        seq = att.new_full((N, self.L), PAD, dtype=torch.long)
-        seq_logprobs = att.new_zeros(N, self.L, self.V1)
-        it = att.new_full((N,), BOS, dtype=torch.long)
-        for t in range(self.L + 1):
-            logprobs, state = self.get_logprobs_state(it, a, p, state)
-            if t == self.L:
-                break
-            it, _ = self.sample_next_word(logprobs, method, temperature, top)
-            if t == 0:
-                unfinished = it != EOS
-            else:
-                it[~unfinished] = PAD
-                logprobs = logprobs * unfinished.unsqueeze(1).float()
-                unfinished = unfinished & (it != EOS)
-            seq[:, t] = it
-            seq_logprobs[:, t] = logprobs
-            if unfinished.sum() == 0:
-                break
-        return seq, seq_logprobs
-
-    # AttModel._sample_beam: every done beam of every image into (B * beams, L) tables
-    def sample_beam(self, att, beam_size: int, group_size: int = 1, diversity_lambda: float = 0.5):
+    # AttModel._sample_beam: one BOS step per image, then the search over beam_size copies
+    def sample_beam(self, att, beam_size: int, group_size: int = 1, diversity_lambda: float = 0.5) -> list:
         B = att.shape[0]
         a, p = self.prepare(att)
         state = self.init_hidden(B)
         logprobs, state = self.get_logprobs_state(att.new_full((B,), BOS, dtype=torch.long), a, p, state)
         a, p = repeat_tensors(beam_size, [a, p])
         self.done_beams = self.beam_search(state, logprobs, [a, p], beam_size, group_size, diversity_lambda)
-        n = len(self.done_beams[0])
-        seq = att.new_full((B * n, self.L), PAD, dtype=torch.long)
-        seq_logprobs = att.new_zeros(B * n, self.L, self.V1)
-        for k in range(B):
-            for j, beam in enumerate(self.done_beams[k]):
-                T = beam["seq"].shape[0]
-                seq[k * n + j, :T] = beam["seq"]
-                seq_logprobs[k * n + j, :T] = beam["logps"]
-        return seq, seq_logprobs
-
+        return self.done_beams
     # CaptionModel.beam_search (batched; diverse when group_size > 1; no length penalty)
     def beam_search(self, init_state, init_logprobs, args, beam_size: int, group_size: int, lam: float,
                     temperature: float = 1.0):
@@ -324,17 +319,8 @@ def cases(n: int) -> list[tuple[str, DecodeConfig]]:
 TOL = 1e-4  # log-probs: the two attention forms differ by float rounding (rdpp's tanh via sigmoid)
 
 
-def reference_call(up: Upstream, att, cfg: DecodeConfig):
-    """The reference's call for one case: what self-critical.pytorch runs for the same settings."""
-    if cfg.method in ("beam", "dbs"):
-        groups = cfg.groups if cfg.method == "dbs" else 1
-        return lambda: up.sample_beam(att, cfg.beam * groups, groups, cfg.diversity_lambda)
-    top = {"topk": cfg.top_k, "nucleus": cfg.top_p}.get(cfg.method)
-    return lambda: up.sample(att, cfg.method, cfg.n, cfg.temperature, top)
-
-
 def _mismatch(name: str, what: str) -> SystemExit:
-    return SystemExit(f"{name}: the reference and rdpp differ ({what}); not timed")
+    return SystemExit(f"{name}: self-critical.pytorch's code and rdpp differ ({what}); not timed")
 
 
 def _ref_word_logprobs(seq, seq_logprobs):
@@ -375,12 +361,34 @@ def compare_beams(up: Upstream, ours, G: int, K: int, groups: list[int]) -> tupl
     return compared, differ, d
 
 
-def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, theirs) -> str:
-    """Raise SystemExit unless rdpp's output ``ours`` and the reference's ``theirs`` (the last call
-    of ``up``) agree where the two algorithms are the same; return a note of what was compared."""
+def first_step_logprobs(model: Att2in, att, n: int):
+    """rdpp's log-probs (B*n, V+1) of the first word, ``Att2in.step`` from BOS as ``decode`` starts."""
+    N = att.shape[0] * n
+    lp, _ = model.step(torch.full((N,), BOS, dtype=torch.long, device=att.device),
+                       model.expand(model.encode(att), n), model.init_state(N))
+    return lp.float()
+
+
+def same_beams(a: list, b: list) -> bool:
+    """Two ``done_beams`` (per image, a list of {'seq', 'logps', 'p', ...}) equal bit for bit."""
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(torch.equal(u["seq"], v["seq"]) and torch.equal(u["logps"], v["logps"])
+                                 and u["p"] == v["p"] for u, v in zip(x, y)) for x, y in zip(a, b))
+
+
+def _words(seq) -> list[int]:
+    """A caption's words, up to its first EOS."""
+    words = seq.tolist()
+    return words[:words.index(EOS)] if EOS in words else words
+
+
+def check(name: str, model: Att2in, ref: PeerDecoding, att, cfg: DecodeConfig, ours, theirs) -> str:
+    """Raise SystemExit unless rdpp's output ``ours`` and the peer's ``theirs`` (its call's
+    (seq, seqLogprobs); beam search: also its model's ``done_beams``) agree where the two algorithms
+    are the same; return a note of what was compared."""
     B, n, T = ours.tokens.shape
     seq, seq_lp = theirs
-    L = up.L
+    L = MAX_LEN
     tok = F.pad(ours.tokens, (0, L - T)).view(B * n, L)  # rdpp's words, padded to the limit
     ours_lp = F.pad(ours.logprobs, (0, L - T)).view(B * n, L + 1)  # and their log-probs (EOS included)
     if cfg.method == "greedy":
@@ -391,26 +399,46 @@ def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, 
         if not d <= TOL:
             raise _mismatch(name, f"greedy log-probs by {d:.1e}")
         return f"same words, log-probs within {d:.0e}"
-    # the arithmetic: the reference's forward on rdpp's captions gives rdpp's log-probs (EOS included)
-    lp, mask = sequence_logprobs(up.forward(att, tok), tok)
+    # the arithmetic: the peer's teacher-forced _forward gives rdpp's captions rdpp's log-probs (EOS included)
+    lp, mask = sequence_logprobs(ref.forward(att, tok), tok)
     d = ((lp - ours_lp) * mask).abs().max().item()
     if cfg.method in ("random", "topk", "nucleus"):
-        # and rdpp's forward on the reference's captions gives the log-probs the reference recorded
-        lp_r, mask_r = _ref_word_logprobs(seq, seq_lp)
-        tf_lp, _ = sequence_logprobs(model(att, seq.view(B, n, L)), seq)
-        d = max(d, (lp_r - tf_lp[:, :L])[mask_r].abs().max().item())
-        if not d <= TOL:
-            raise _mismatch(name, f"log-probs of the same captions by {d:.1e}")
-        return f"same log-probs of the same captions (within {d:.0e})"
+        return _check_sampling(name, model, att, n, seq, seq_lp, d)
     if not d <= TOL:
         raise _mismatch(name, f"log-probs of rdpp's beams by {d:.1e}")
-    # the algorithm: upstream's beam search driven by rdpp's step (the same arithmetic, so that
-    # float-rounding near-ties cannot flip a beam) returns rdpp's beams
+    return _check_beams(name, model, ref, att, cfg, ours, d)
+
+
+def _check_sampling(name: str, model: Att2in, att, n: int, seq, seq_lp, d: float) -> str:
+    """Sampling (different random streams on the two sides): the first step's whole log-prob table,
+    and rdpp's forward on the peer's captions against the log-probs the peer recorded."""
+    B, L = att.shape[0], MAX_LEN
+    d0 = (seq_lp[:, 0] - first_step_logprobs(model, att, n)).abs().max().item()
+    if not d0 <= TOL:
+        raise _mismatch(name, f"the first step's log-probs by {d0:.1e}")
+    lp_r, mask_r = _ref_word_logprobs(seq, seq_lp)
+    tf_lp, _ = sequence_logprobs(model(att, seq.view(B, n, L)), seq)
+    d = max(d, (lp_r - tf_lp[:, :L])[mask_r].abs().max().item())
+    if not d <= TOL:
+        raise _mismatch(name, f"log-probs of the same captions by {d:.1e}")
+    return (f"first step's log-probs ({seq_lp.shape[0]} rows x {seq_lp.shape[2]} words) within {d0:.0e}; "
+            f"each side's captions get the same log-probs from the other (within {d:.0e})")
+
+
+def _check_beams(name: str, model: Att2in, ref: PeerDecoding, att, cfg: DecodeConfig, ours, d: float) -> str:
+    """Beam search and DBS: the replica returns the peer's own beams; the replica's search driven by
+    rdpp's step (the same arithmetic, so that float-rounding near-ties cannot flip a beam) returns
+    rdpp's beams wherever the two algorithms are the same (see the docstring)."""
+    B = ours.tokens.shape[0]
     G = cfg.groups if cfg.method == "dbs" else 1
     K = cfg.beam
     groups = list(range(G)) if G == 1 or K == 1 else [0]  # see the docstring: DBS with K > 1 is staggered upstream
-    literal = compare_beams(up, ours, G, K, groups)
-    alg = Upstream(model, L, rdpp_step=att)
+    up = Upstream(model, MAX_LEN)
+    if not same_beams(up.sample_beam(att, K * G, G, cfg.diversity_lambda), ref.model.done_beams):
+        raise SystemExit(f"{name}: the replica (Upstream) no longer returns the peer's own beams; not timed")
+    literal = compare_beams(up, ours, G, K, groups)  # the peer's own beams (the replica's early ends)
+    best = sum(_words(ref.model.done_beams[b][0]["seq"]) == _words(ours.tokens[b, 0]) for b in range(B))
+    alg = Upstream(model, MAX_LEN, rdpp_step=att)
     alg.sample_beam(att, K * G, G, cfg.diversity_lambda)
     compared, differ, d2 = compare_beams(alg, ours, G, K, groups)
     if compared == 0:
@@ -421,15 +449,17 @@ def check(name: str, model: Att2in, up: Upstream, att, cfg: DecodeConfig, ours, 
     if not max(d, d2) <= TOL:
         raise _mismatch(name, f"log-probs or scores by {max(d, d2):.1e} (see compare_beams)")
     which = "" if groups == list(range(G)) else ", group 0"
-    return (f"{compared}/{B} images (no early end, no tie){which}: same captions, log-probs within "
-            f"{max(d, d2):.0e}; literal arithmetic: {literal[0] - len(literal[1])}/{literal[0]} the same")
+    return (f"{compared}/{B} images (no early end, no tie){which}: the search on rdpp's step gives rdpp's "
+            f"captions, log-probs within {max(d, d2):.0e}; the peer's own beams: "
+            f"{literal[0] - len(literal[1])}/{literal[0]} the same set, {best}/{B} the same first caption"
+            + (" (the peer ranks a caption cut at the limit without the EOS rdpp counts)" if best < B else ""))
 
 
-def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool, clock) -> list[dict]:
+def run(device: torch.device, batch: int, n: int, repeats: int, mods: peer.Modules | None, clock) -> list[dict]:
     torch.manual_seed(0)
     model = Att2in(config_from_preset("paper", VOCAB, ATT_DIM, MAX_LEN)).to(device).eval()
     att = torch.randn(batch, REGIONS, ATT_DIM, device=device).relu_()
-    up = Upstream(model, MAX_LEN)
+    ref = None if mods is None else PeerDecoding(mods, model, att)
 
     def synced(fn):
         if device.type != "cuda":
@@ -443,16 +473,20 @@ def run(device: torch.device, batch: int, n: int, repeats: int, with_ref: bool, 
             ours = synced(lambda: decode(model, att, cfg, generator=gen))
             row = {"device": device.type, "method": name, "images": batch, "captions": batch * cfg.n}
             fns = {"rdpp": ours}
-            if with_ref:
-                theirs = synced(reference_call(up, att, cfg))
-                row["check"] = check(name, model, up, att, cfg, ours(), theirs())  # also the warm-up
+            if ref is not None:
+                theirs = synced(ref.call(att, cfg))
+                torch.manual_seed(0)  # the peer samples from torch's global generator
+                row["peer_call"] = ref.describe(cfg)
+                if cfg.method == "dbs" and ref.repair:
+                    row["peer_repair"] = ref.repair
+                row["check"] = check(name, model, ref, att, cfg, ours(), theirs())  # also the warm-ups
                 fns["reference"] = theirs
             else:
                 ours()  # warm-up
             t = interleaved(fns, repeats, clock=clock)
             row.update(seconds=round(t["rdpp"].median, 4), best=round(t["rdpp"].best, 4),
                        captions_per_s=round(row["captions"] / t["rdpp"].median, 1))
-            if with_ref:
+            if ref is not None:
                 r = t["reference"]
                 row.update(ref_seconds=round(r.median, 4), ref_best=round(r.best, 4),
                            ref_captions_per_s=round(row["captions"] / r.median, 1),
@@ -574,7 +608,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="captions per image (sampling, beam search, DBS)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each side (selection: at least 3)")
     ap.add_argument("--device", default="cpu,cuda", help="comma list; cuda is skipped without a GPU")
-    ap.add_argument("--no-ref", action="store_true", help="skip the references")
+    ap.add_argument("--no-ref", "--no-reference", dest="no_ref", action="store_true",
+                    help="time rdpp alone (no peer; the selection section's numpy reference still runs)")
+    ap.add_argument("--peer-repo", default=None,
+                    help="self-critical.pytorch checkout (default: $SCP_REPO, then the project's copy of 4c48a33)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: process CPU time (all threads), steadier than wall time on a shared machine")
     ap.add_argument("--sections", default="decode,select", help="comma list of: decode, select")
@@ -594,11 +631,14 @@ def main() -> None:
 
         df_dir = tempfile.TemporaryDirectory(prefix="rdpp-bench-df-")
         args.df = _zipf_df(Path(df_dir.name) / "cider_df.h5")
+    mods = None
+    if "decode" in sections and not args.no_ref:
+        mods = peer.modules(peer.find_repo(args.peer_repo))
     for dev in args.device.split(","):
         if dev == "cuda" and not torch.cuda.is_available():
             continue
         if "decode" in sections:
-            rows += run(torch.device(dev), args.batch, args.n, args.repeats, not args.no_ref, CLOCK)
+            rows += run(torch.device(dev), args.batch, args.n, args.repeats, mods, CLOCK)
         if "select" in sections:
             sel_rows += run_select(torch.device(dev), args.select_images, args.candidates, args.keep,
                                    max(args.repeats, 3), args.df)
@@ -625,27 +665,44 @@ def main() -> None:
                               "select_rows": sel_rows}))
         return
 
-    table = Table(title=f"rdpp decoding vs self-critical.pytorch's decoding (re-implemented, same weights): "
-                        f"paper preset, vocab {VOCAB}, {REGIONS}x{ATT_DIM} att, {args.batch} images, "
-                        f"{args.repeats} interleaved runs each, medians (bests), CPU threads {args.threads}, "
-                        f"{args.clock} clock", title_justify="left")
-    for col in ("device", "method", "captions", "rdpp s", "rdpp captions/s", "reference s", "ref captions/s",
-                "speed-up (medians)", "(bests)", "checked before timing"):
-        table.add_column(col, justify="left" if col in ("device", "method", "checked before timing") else "right")
+    print_decode_table(rows, args, mods)
+    if args.json:
+        print(json.dumps({"benchmark": "sample", "threads": args.threads, "batch": args.batch, "clock": args.clock,
+                          "repeats": args.repeats, "machine": machine(),
+                          "reference": None if mods is None else f"self-critical.pytorch's own code at {mods.repo}",
+                          "rows": rows, "select_rows": sel_rows}))
+
+
+def print_decode_table(rows: list[dict], args, mods) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ref = "self-critical.pytorch's own decoding (its Att2in2Model, same weights)" if mods else "no reference"
+    table = Table(title=f"rdpp decoding vs {ref}: paper preset, vocab {VOCAB}, {REGIONS}x{ATT_DIM} att, "
+                        f"{args.batch} images, {args.repeats} interleaved runs each, medians (bests), "
+                        f"CPU threads {args.threads}, {args.clock} clock", title_justify="left")
+    for col in ("device", "method", "captions", "rdpp s", "rdpp captions/s", "peer s", "peer captions/s",
+                "speed-up (medians)", "(bests)", "the peer's call", "checked before timing"):
+        table.add_column(col, justify="left" if col in ("device", "method", "the peer's call",
+                                                        "checked before timing") else "right")
     for r in rows:
-        ref = "reference" if "ref_seconds" in r else None
+        ref = "ref_seconds" in r
         table.add_row(r["device"], r["method"], str(r["captions"]), f"{r['seconds']:.3f} ({r['best']:.3f})",
                       f"{r['captions_per_s']:,.1f}",
                       f"{r['ref_seconds']:.3f} ({r['ref_best']:.3f})" if ref else "-",
                       f"{r['ref_captions_per_s']:,.1f}" if ref else "-",
                       f"{r['speedup']:.2f}x" if ref else "-", f"{r['speedup_best']:.2f}x" if ref else "-",
-                      r.get("check", "-"))
-    Console(width=220).print(table)
+                      r.get("peer_call", "-") + (" [repaired*]" if "peer_repair" in r else ""), r.get("check", "-"))
+    con = Console(width=260)
+    con.print(table)
+    repaired = next((r["peer_repair"] for r in rows if "peer_repair" in r), None)
+    if repaired:
+        con.print(f"* the peer's DBS stops as written ({repaired}); nothing else of the peer is changed")
+    if mods:
+        con.print(f"peer: {mods.repo}")
     print(machine())
-    if args.json:
-        print(json.dumps({"benchmark": "sample", "threads": args.threads, "batch": args.batch, "clock": args.clock,
-                          "repeats": args.repeats, "machine": machine(), "rows": rows, "select_rows": sel_rows}))
 
 
 if __name__ == "__main__":
     main()
+
