@@ -12,8 +12,9 @@
 #   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding on the GPU
 #   against the peer's own decoding, and DPP selection (benchmarks/sample.py); 8. the demo's training
 #   stages (without Java it stops at its first scoring step); 9. the training fast path (--fast on;
-#   about 8 minutes, most of it compiling): its GPU tests in tests/test_cuda.py, then benchmarks/fast_path.py, eager against
-#   fast (CUDA graphs) and fast without CUDA graphs, XE / R-DPP / SCST steps at the paper's shapes
+#   about 8 minutes, most of it compiling): its GPU tests in tests/test_cuda.py, then
+#   benchmarks/fast_path.py, eager against fast (CUDA graphs) and fast without CUDA graphs, XE /
+#   R-DPP / SCST steps at the paper's shapes
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
