@@ -24,13 +24,17 @@ when writable) before every pass. images/s counts from the first batch delivered
 (steady state; the time to the first batch, which includes starting the workers, is reported
 apart).
 
-(c) ``--xe-epoch`` (where a GPU is at hand): one epoch of ``rdpp train-xe`` at the paper's shapes
-(paper preset, V = 9,487, batch 50) over a synthetic artifact of ``--rows`` images built on the
-spot, data loading included, as the run's own ``metrics.csv`` reports it (images/s from the first
-step to the last, the loader's workers and pinned memory as ``rdpp train-xe --workers W`` uses
-them), warm and cold, after an untimed epoch over 100 images (CUDA's lazy start-up). On a 16-core
-machine the whole run (building 8 GB of features, 8 epochs of 10,000 images) should take 2–3
-minutes.
+(c) ``--xe-epoch`` (where a GPU is at hand): whole epochs over a synthetic artifact of ``--rows``
+images built on the spot (its training df made from its captions, the end token counted, when RL
+epochs are asked for), data loading included, as the runs' own ``metrics.csv`` reports them
+(images/s from the first step to the last, the loader's workers and pinned memory as ``--workers
+W`` uses them), for each cache state (``--caches``: warm, cold) and worker count: one ``rdpp
+train-xe`` epoch (paper preset, V = 9,487) for each ``--xe-configs`` batch size and precision
+(``50:fp32`` by default), and, with ``--rl-epoch dpp,scst``, one ``rdpp finetune --preset paper
+--m 5`` epoch of each reward (batch 128) from the first XE epoch's model. Untimed epochs of each
+kind over 256 images come first (CUDA's lazy start-up). ``benchmarks/recipe_hours.py`` turns the
+JSON line into the paper recipe's GPU-hours. On a 16-core machine building the 8 GB of features
+takes about a minute.
 
 (d) ``--content-check``: what the content check on read (``Artifact.file``, ``artifacts.verified``)
 costs on a COCO-shaped ``features.h5`` of ``--rows`` images written by rdpp's ``FeatureWriter`` in
@@ -48,7 +52,8 @@ an XE epoch over COCO's 113,287 training images: on a CPU at ``--cpu-step-s`` (2
 
     python benchmarks/data.py [--json] [--rows 10000] [--dir DIR] [--keep] [--no-text] [--no-loader]
     python benchmarks/data.py --xe-epoch --device cuda --rows 10000 --workers 0,1,2,4 [--json]
-    python benchmarks/data.py --xe-epoch --device cpu --preset small --rows 100   # checks the code path
+                              [--xe-configs 50:fp32,200:bf16] [--caches warm,cold] [--rl-epoch dpp,scst]
+    python benchmarks/data.py --xe-epoch --device cpu --preset small --rows 300 --rl-epoch dpp   # the code path
     python benchmarks/data.py --content-check --rows 10000 [--check-threads 8] [--rounds 3] [--json]
 
 Big files go to ``--dir`` (default: a folder under $TMPDIR) and are deleted at the end unless
@@ -264,9 +269,12 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
         yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
 
 
-def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, block: int = 500) -> dict:
+def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
+                   block: int = 500) -> dict:
     """A data artifact of ``rows`` COCO-shaped images (train split), features by FeatureWriter;
-    optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``."""
+    optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``. ``real_df``: the
+    training document frequencies of its captions (the end token counted, as ``prepro`` makes
+    them: what the RL reward looks up) instead of an empty table."""
     from rdpp_cli.artifacts import write_manifest
     from rdpp_cli.data.features import FeatureWriter
 
@@ -285,9 +293,15 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         f["image_ids"] = ids
         f["split"] = np.array([b"train"] * rows, dtype="S5")
         f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
-    with h5py.File(path / "cider_df.h5", "w") as f:
-        f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
-        f.attrs["num_docs"] = rows
+    if real_df:
+        from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
+
+        caps = [[c[c > 0].tolist() for c in labels[5 * i:5 * i + 5]] for i in range(rows)]
+        doc_freq_with_eos(caps, eos_id(VOCAB)).save_h5(path / "cider_df.h5")
+    else:
+        with h5py.File(path / "cider_df.h5", "w") as f:
+            f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
+            f.attrs["num_docs"] = rows
     w = FeatureWriter(path / "features.h5", ids, fc_dim=DIM, regions=REGIONS, block=block,
                       attrs={"backbone": "synthetic", "att_size": 14})
     mm_att = mm_fc = None
@@ -511,40 +525,87 @@ def bench_bounds(art: Path, batches: int = 20, rounds: int = 3, seed: int = 1) -
 # (c) one XE epoch with data loading, on a GPU
 # ----------------------------------------------------------------------------------------------
 
-def bench_xe_epoch(work: Path, rows: int, workers: list[int], device: str, preset: str = "paper") -> dict:
+def parse_configs(spec: str) -> list[tuple[int, str]]:
+    """``50:fp32,200:bf16`` -> [(50, "fp32"), (200, "bf16")]: XE epochs' batch size and precision."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        b, _, prec = item.partition(":")
+        if not b.isdigit() or prec not in ("fp32", "bf16", "fp16"):
+            raise SystemExit(f"--xe-configs {spec}: give BATCH:PRECISION items, e.g. 50:fp32,200:bf16")
+        out.append((int(b), prec))
+    return out
+
+
+def _epoch_row(out: Path, wall: float) -> dict:
     import csv
 
+    with open(out / "metrics.csv") as f:
+        row = list(csv.DictReader(f))[-1]
+    return {"images_per_s": float(row["images_per_s"]), "epoch_s": float(row["time"]), "call_s": wall}
+
+
+def _warm_up(work: Path, device: str, preset: str, rl_rewards: list[str], m: int) -> None:
+    """Untimed epochs over 256 images of every kind timed later (CUDA's lazy start-up, kernels
+    chosen on first use), so that no timed epoch pays for them."""
+    from rdpp_cli.training.finetune import finetune
+    from rdpp_cli.training.xe import train_xe
+
+    data, xe = work / "warmup-data", work / "warmup-xe"
+    write_artifact(data, 256, real_df=bool(rl_rewards))
+    train_xe(data, out=xe, preset=preset, epochs=1, batch_size=BATCH, val_images=0, device=device, workers=0,
+             force=True, resume=False)
+    for reward in rl_rewards:
+        finetune(xe, data=data, reward=reward, m=m, preset="paper", epochs=1, val_images=0, device=device,
+                 workers=0, force=True, resume=False, out=work / f"warmup-{reward}")
+    for d in (data, xe, *(work / f"warmup-{r}" for r in rl_rewards)):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def bench_epochs(work: Path, rows: int, workers: list[int], device: str, preset: str = "paper",
+                 configs=((BATCH, "fp32"),), caches=("warm", "cold"), rl_rewards=(), m: int = 5) -> dict:
+    """Whole epochs through ``train_xe`` (each of ``configs``: batch size, precision) and, from the
+    first XE run's model, through ``finetune`` (each of ``rl_rewards`` at ``m`` samples, the paper
+    preset: batch 128), data loading included, for each worker count and cache state; the rates are
+    the runs' own ``metrics.csv`` rows."""
+    from rdpp_cli.training.finetune import finetune
     from rdpp_cli.training.xe import train_xe
 
     import torch
 
-    res: dict = {"rows": rows, "device": device, "preset": preset}
+    res: dict = {"rows": rows, "device": device, "preset": preset, "epochs": []}
     art = work / "xe-data"
     t = time.perf_counter()
-    res.update(write_artifact(art, rows))
+    res.update(write_artifact(art, rows, real_df=bool(rl_rewards)))
     res["build_s"] = time.perf_counter() - t
-
     if device.startswith("cuda"):
         res["gpu"] = torch.cuda.get_device_name()
-    # one untimed epoch over a few images first: CUDA's lazy start-up is not in the first figure
-    write_artifact(work / "xe-warmup", 2 * BATCH)
-    train_xe(work / "xe-warmup", out=work / "xe-warmup-run", preset=preset, epochs=1, batch_size=BATCH,
-             val_images=0, device=device, workers=0, force=True, resume=False)
-    shutil.rmtree(work / "xe-warmup", ignore_errors=True), shutil.rmtree(work / "xe-warmup-run", ignore_errors=True)
-    for cache in ("warm", "cold"):
+    _warm_up(work, device, preset, list(rl_rewards), m)
+    init = work / "xe-init"  # the model the RL epochs start from: the first XE epoch's
+    for cache in caches:
         for w in workers:
-            if cache == "cold":
-                res["cold_method"] = drop_cache([art / "features.h5"])
-            out = work / f"xe-{cache}-w{w}"
-            t = time.perf_counter()
-            train_xe(art, out=out, preset=preset, epochs=1, batch_size=BATCH, val_images=0, device=device,
-                     workers=w, force=True, resume=False)
-            wall = time.perf_counter() - t
-            with open(out / "metrics.csv") as f:
-                row = list(csv.DictReader(f))[-1]
-            res[f"{cache} w{w}"] = {"images_per_s": float(row["images_per_s"]), "epoch_s": float(row["time"]),
-                                    "call_s": wall}
-            shutil.rmtree(out, ignore_errors=True)
+            for k, (batch, prec) in enumerate(configs):
+                if cache == "cold":
+                    res["cold_method"] = drop_cache([art / "features.h5"])
+                out = init if k == 0 and not init.exists() else work / "xe-run"
+                t = time.perf_counter()
+                train_xe(art, out=out, preset=preset, epochs=1, batch_size=batch, val_images=0, device=device,
+                         workers=w, precision=prec, force=True, resume=False)
+                row = _epoch_row(out, time.perf_counter() - t)
+                res["epochs"].append({"stage": "xe", "batch": batch, "precision": prec, "cache": cache, "workers": w,
+                                      **row})
+                if out != init:
+                    shutil.rmtree(out, ignore_errors=True)
+            for reward in rl_rewards:
+                if cache == "cold":
+                    res["cold_method"] = drop_cache([art / "features.h5"])
+                out = work / f"rl-{reward}"
+                t = time.perf_counter()
+                finetune(init, data=art, reward=reward, m=m, preset="paper", epochs=1, val_images=0, device=device,
+                         workers=w, force=True, resume=False, out=out)
+                row = _epoch_row(out, time.perf_counter() - t)
+                res["epochs"].append({"stage": reward, "m": m, "batch": 128, "precision": "fp32", "cache": cache,
+                                      "workers": w, **row})
+                shutil.rmtree(out, ignore_errors=True)
     return res
 
 
@@ -650,9 +711,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved passes per configuration (median)")
     ap.add_argument("--old-batches", type=int, default=4, help="batches per pass of rdpp 0.1.0's loader (≥ 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of this process")
-    ap.add_argument("--xe-epoch", action="store_true", help="(c): one XE epoch over --rows images instead")
+    ap.add_argument("--xe-epoch", action="store_true", help="(c): whole epochs over --rows images instead")
     ap.add_argument("--device", default="cuda", help="for --xe-epoch")
     ap.add_argument("--preset", default="paper", help="for --xe-epoch (small: a CPU check of the code path)")
+    ap.add_argument("--xe-configs", default=f"{BATCH}:fp32", help="for --xe-epoch: BATCH:PRECISION,... of the XE epochs")
+    ap.add_argument("--caches", default="warm,cold", help="for --xe-epoch: warm, cold or both")
+    ap.add_argument("--rl-epoch", default="", help="for --xe-epoch: also RL epochs of these rewards (dpp,scst), "
+                                                   "paper preset, from the first XE epoch's model")
+    ap.add_argument("--m", type=int, default=5, help="samples per image of --rl-epoch")
     ap.add_argument("--content-check", action="store_true", help="(d): the content check on read instead")
     ap.add_argument("--check-threads", type=int, default=None, help="for --content-check (default: rdpp's)")
     ap.add_argument("--cpu-step-s", type=float, default=2.4, help="for --content-check: CPU XE seconds per step")
@@ -681,16 +747,19 @@ def main() -> None:
             print_content_check(console, result["content_check"], args.cpu_step_s, args.gpu_epoch_s)
             args.no_text = args.no_loader = True
         if args.xe_epoch:
-            xe = bench_xe_epoch(work, args.rows, workers, args.device, args.preset)
+            xe = bench_epochs(work, args.rows, workers, args.device, args.preset, parse_configs(args.xe_configs),
+                              [c for c in args.caches.split(",") if c], [r for r in args.rl_epoch.split(",") if r],
+                              args.m)
             result["xe_epoch"] = xe
-            t = Table(title=f"one XE epoch, {args.preset} preset, {args.rows:,} images of 196×2,048 fp16, batch {BATCH} "
+            t = Table(title=f"whole epochs, {args.preset} preset, {args.rows:,} images of 196×2,048 fp16 "
                             f"({xe.get('gpu', args.device)}; data loading included)")
-            for c in ("cache", "workers", "images/s", "epoch s"):
+            for c in ("stage", "batch", "precision", "cache", "workers", "images/s", "epoch s",
+                      "a COCO epoch (113,287 images) s"):
                 t.add_column(c, justify="right")
-            for k, v in xe.items():
-                if isinstance(v, dict) and "images_per_s" in v:
-                    cache, w = k.split()
-                    t.add_row(cache, w[1:], f"{v['images_per_s']:,.0f}", f"{v['epoch_s']:.1f}")
+            for e in xe["epochs"]:
+                stage = e["stage"] if e["stage"] == "xe" else f"{e['stage']} m={e['m']}"
+                t.add_row(stage, str(e["batch"]), e["precision"], e["cache"], str(e["workers"]),
+                          f"{e['images_per_s']:,.0f}", f"{e['epoch_s']:.1f}", f"{113_287 / e['images_per_s']:,.0f}")
             console.print(t)
         if not args.xe_epoch and not args.no_text:
             text = bench_text(work / "text", args.text_repeats)

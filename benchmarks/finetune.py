@@ -18,21 +18,28 @@ under ``--precision``'s autocast):
 - backward: one teacher-forced pass replaying the sampling masks, the policy-gradient loss,
             backward, clipping by value 0.1 and the Adam step.
 
-References, float32, on the same weights and batch (benchmarks/upstream.py):
+References, float32, on the same weights and batch, run by the peer's own code (benchmarks/peer.py:
+self-critical.pytorch's modules, unmodified, found by ``--peer-repo`` or ``$SCP_REPO``):
 
-- ``upstream scst``: self-critical.pytorch today (``LossWrapper`` with ``sc_flag``): a greedy
-  ``_sample`` in eval mode without gradients, then ``_sample(sample_n=5)`` in train mode with
-  gradients through the step loop (features and keys copied per sample by ``repeat_tensors``, the
-  full log-softmax of each step kept), ``get_self_critical_reward`` with ``CiderD`` (pure Python,
-  the fixed training df of ``prepro_ngrams.py``, captions and references as ``array_to_str``
-  writes them: the end token included) and ``RewardCriterion``;
-- ``published dpp`` (m = 5): the R-DPP authors' way on the same model code: M separate
-  ``_sample`` calls, q from M ``CiderD`` calls, the similarity kernel from M(M+1)/2 ``CiderD`` calls
-  (caption j against the single reference caption i), ``np.linalg.inv`` with the sign cut.
+- ``self-critical.pytorch scst`` (m = 5): ``LossWrapper.forward``'s ``sc_flag`` branch call for call
+  (a clock between the calls): a greedy ``_sample`` in eval mode without gradients, then
+  ``_sample(sample_n=5)`` in train mode with gradients through the step loop (features and keys
+  copied per sample by ``repeat_tensors``, the full log-softmax of each step kept),
+  ``get_self_critical_reward`` with its ``CiderD`` (pure Python on the CPU, the fixed training df
+  made by its ``prepro_ngrams.get_doc_freq``, captions and references as its ``array_to_str``
+  writes them: the end token included) and its ``RewardCriterion``; then tools/train.py's backward,
+  clipping and Adam step;
+- ``published dpp`` (m = 5): the R-DPP authors' way, which self-critical.pytorch does not ship: their
+  published code is a fork of self-critical.pytorch whose step draws the M samples by M separate
+  ``_sample`` calls, scores q with M ``CiderD`` calls, builds the similarity kernel with
+  M(M+1)/2 ``CiderD`` calls (caption j against caption i as the only reference) and inverts it with
+  ``np.linalg.inv`` (the sign cut), then weights each sample's ``RewardCriterion``; composed here
+  from the peer's model, ``CiderD``, ``RewardCriterion`` and optimizer.
 
 Before timing, the script checks that both sides compute the same numbers: on one set of rdpp's
-captions the reference's q, kernel, R-DPP weights and SCST advantages equal rdpp's (to 1e-9), and
-in eval mode both models decode the same greedy captions with the same log-probabilities.
+captions the peer's q, kernel, R-DPP weights and SCST advantages equal rdpp's (to 1e-9); in eval
+mode both models decode the same greedy captions with the same log-probabilities; and the inlined
+SCST branch gives the loss of the peer's ``LossWrapper`` run end to end on the same random stream.
 
 Timing (benchmarks/timing.py ``steps``): every setting warmed up once (its matrix-product FLOPs
 counted) and run once more, untimed, for its peak memory; then ``--repeats`` runs of every setting
@@ -40,7 +47,8 @@ in turns (the order reversed every other round); medians of each phase and of th
 beside); peak memory; the matmul rate of this device measured in the same run.
 
     python benchmarks/finetune.py [--ms 2,3,4,5,6,7] [--precision fp32,bf16] [--words 9] [--repeats 3]
-                                  [--batch 50] [--threads 2] [--device cpu] [--no-reference] [--sample-modes] [--json]
+                                  [--batch 50] [--threads 2] [--device cpu] [--peer-repo PATH] [--no-reference]
+                                  [--sample-modes] [--json]
 
 Targets: an R-DPP step at most 1.2× an SCST step with the same M; an SCST step (M = 5 plus
 the greedy baseline) at ≥ 10 images/s and twice the reference's images/s.
@@ -62,7 +70,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import upstream  # noqa: E402
+import peer  # noqa: E402
 from timing import machine_info, steps_on_roofline, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
@@ -123,9 +131,7 @@ def make_batch(B: int, seed: int = 0) -> Batch:
                  labels=torch.zeros(B, 1, MAX_LEN, dtype=torch.long), epoch=0, batch=0, global_images=B)
 
 
-def mean_words(seqs) -> float:
-    s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
-    return float((s > 0).cumprod(-1).sum(-1).mean())
+mean_words = peer.mean_words
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,72 +167,14 @@ def _update(model, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# the references
+# the checks against the peer
 # ----------------------------------------------------------------------------------------------
 
-class Reference:
-    """self-critical.pytorch's SCST step and the published R-DPP step on ``upstream.Att2in2``."""
-
-    def __init__(self, model: upstream.Att2in2, scorer: upstream.CiderD, refs: list[np.ndarray], lr: float):
-        self.model, self.scorer = model, scorer
-        self.gts = [[upstream.array_to_str(r) for r in rs] for rs in refs]
-        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def scst_step(self, batch: Batch, M: int) -> dict[str, float]:
-        fc, att = batch.fc, batch.att
-        t0 = time.perf_counter()
-        self.model.eval()
-        with torch.no_grad():
-            greedy_res, _ = self.model._sample(fc, att, sample_method="greedy")
-        self.model.train()
-        gen_result, sample_logprobs = self.model._sample(fc, att, sample_method="sample", sample_n=M)
-        sync(att.device)
-        t1 = time.perf_counter()
-        reward = upstream.self_critical_reward(self.scorer, greedy_res, self.gts, gen_result)
-        reward = torch.from_numpy(reward).float().to(gen_result.device)
-        t2 = time.perf_counter()
-        loss = upstream.reward_criterion(sample_logprobs, gen_result.data, reward)
-        _update(self.model, self.opt, loss)
-        t3 = time.perf_counter()
-        return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2, "words": mean_words(gen_result)}
-
-    def dpp_weights(self, caps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q (B, M), the kernel S (B, M, M) and the weights w (B, M) of M caption sets (B, T) each, the
-        published way."""
-        B, M = len(caps[0]), len(caps)
-        q = np.stack([upstream.cider_scores(self.scorer, c, self.gts, np.arange(B)) for c in caps], 1)
-        S = np.zeros((B, M, M))
-        for i in range(M):
-            as_ref = [[upstream.array_to_str(r)] for r in caps[i]]
-            for j in range(i, M):
-                S[:, i, j] = S[:, j, i] = upstream.cider_scores(self.scorer, caps[j], as_ref, np.arange(B))
-        L = S * q[:, :, None] * q[:, None, :]
-        Linv = np.linalg.inv(L + 1e-10 * np.eye(M)[None])
-        return q, S, (np.sign(Linv) * L).sum(-1) / M
-
-    def dpp_step(self, batch: Batch, M: int) -> dict[str, float]:
-        B = batch.size
-        t0 = time.perf_counter()
-        self.model.train()
-        draws = [self.model._sample(batch.fc, batch.att, sample_method="sample") for _ in range(M)]
-        sync(batch.att.device)
-        t1 = time.perf_counter()
-        _, _, w = self.dpp_weights([seq.cpu().numpy() for seq, _ in draws])
-        t2 = time.perf_counter()
-        loss = 0.0
-        for i, (seq, logprobs) in enumerate(draws):
-            wi = torch.from_numpy(w[:, i]).float().to(seq.device).unsqueeze(1).expand_as(seq)
-            loss = loss + upstream.reward_criterion(logprobs, seq, wi)
-        _update(self.model, self.opt, loss / M)
-        t3 = time.perf_counter()
-        return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2,
-                "words": float(np.mean([mean_words(s) for s, _ in draws]))}
-
-
-def check_same_numbers(model: Att2in, ref: Reference, cider: TrainCider, batch: Batch,
+def check_same_numbers(model: Att2in, ref: peer.Peer, cider: TrainCider, batch: Batch,
                        refs: list[np.ndarray]) -> dict[str, float]:
-    """Largest differences between rdpp and the reference on the same captions: q, the kernel, the
-    R-DPP weights and the SCST advantages; and, in eval mode, the greedy captions and their log-probs."""
+    """Largest differences between rdpp and the peer on the same captions: q, the kernel, the
+    R-DPP weights and the SCST advantages; in eval mode, the greedy captions and their log-probs;
+    and the inlined SCST branch against the peer's LossWrapper end to end."""
     step = RewardStep(data=None, cider=cider, reward="dpp", m=5, max_len=MAX_LEN, seed=1)
     d = step.draw(model, batch)
     samples = d.samples.cpu().numpy()
@@ -234,34 +182,42 @@ def check_same_numbers(model: Att2in, ref: Reference, cider: TrainCider, batch: 
     q, S = cider.score_and_pairwise(samples, refs)
     w = dpp_weights(torch.from_numpy(q), torch.from_numpy(S)).numpy()
     caps = [np.pad(samples[:, i], ((0, 0), (0, MAX_LEN - T))) for i in range(M)]
-    q_r, S_r, w_r = ref.dpp_weights(caps)
+    q_r, S_r, w_r = ref.dpp_weights(caps, refs)
     # greedy captions without the EOS bias (with it, greedy decoding stops at once): full-length captions
     bias = model.logit.bias[0].item()
     model.eval(), ref.model.eval()
     with torch.no_grad():
         model.logit.bias[0] = ref.model.logit.bias[0] = 0.0
         ours = decode(model, batch.att, DecodeConfig(method="greedy", max_len=MAX_LEN))
-        seq_r, lp_r = ref.model._sample(batch.fc, batch.att, sample_method="greedy")
+        seq_r, lp_r = ref.model(batch.fc, batch.att, None, mode="sample", opt={"sample_method": "greedy"})
         model.logit.bias[0] = ref.model.logit.bias[0] = bias
     model.train(), ref.model.train()
     greedy = ours.tokens[:, 0].cpu().numpy()
     g = cider.score(greedy, refs)
     adv = scst_advantage(torch.from_numpy(q), torch.from_numpy(g)).numpy()
-    adv_r = upstream.self_critical_reward(ref.scorer, seq_r, ref.gts, torch.from_numpy(samples.reshape(B * M, T)))
+    adv_r = ref.self_critical_reward(seq_r, refs, torch.from_numpy(samples.reshape(B * M, T)))
     Tg = greedy.shape[1]
     same_greedy = np.array_equal(seq_r.cpu().numpy()[:, :Tg], greedy) and not seq_r[:, Tg:].any()
     lp_chosen = lp_r.gather(2, seq_r.unsqueeze(2)).squeeze(2)[:, :Tg]
     ours_lp = ours.logprobs[:, 0, :Tg]
+    losses = []
+    for run in (lambda: ref.lw_scst_loss(batch.fc, batch.att, refs),
+                lambda: ref.scst_parts(batch.fc, batch.att, refs)[0]):
+        torch.manual_seed(7)
+        with torch.no_grad():
+            losses.append(float(run()))
     return {"q": float(np.abs(q - q_r).max()), "kernel": float(np.abs(S - S_r).max()),
             "dpp_weights": float(np.abs(w - w_r).max()),
             "scst_advantage": float(np.abs(adv.reshape(-1) - adv_r[:, 0]).max()),
             "same_greedy_captions": bool(same_greedy),
-            "greedy_logprob": float((lp_chosen - ours_lp).abs().max()) if same_greedy else float("inf")}
+            "greedy_logprob": float((lp_chosen - ours_lp).abs().max()) if same_greedy else float("inf"),
+            "scst_inlined_vs_losswrapper": abs(losses[0] - losses[1])}
 
 
 # ----------------------------------------------------------------------------------------------
 
 PHASES = ("decode", "reward", "backward")
+PEER_SCST, PUBLISHED = "self-critical.pytorch scst m=5 fp32", "published dpp m=5 fp32"
 
 
 def summarise(o: dict) -> dict:
@@ -285,6 +241,9 @@ def main() -> None:
                          "15.5 ≈ an untrained one)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per setting, interleaved (after the warm-up)")
     ap.add_argument("--matmul-size", type=int, default=4096)
+    ap.add_argument("--peer-repo", default=None,
+                    help="self-critical.pytorch checkout with its cider submodule (default: $SCP_REPO, then the "
+                         "project's copy of 4c48a33)")
     ap.add_argument("--no-reference", action="store_true", help="skip the slow reference steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--sample-modes", action="store_true",
@@ -303,14 +262,16 @@ def main() -> None:
     batch = make_batch(args.batch).to(device)
     model = make_model(args.words).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-6)  # tiny steps: the shapes of the captions stay put
-    scorer = upstream.CiderD(upstream.doc_freq([[upstream.array_to_str(r) for r in img] for img in train_refs]),
-                             len(train_refs))
-    ref = Reference(upstream.from_rdpp(model), scorer, refs, lr=1e-6)
+    ref = None
+    if not args.no_reference:
+        ref = peer.Peer(peer.modules(peer.find_repo(args.peer_repo)), model, lr=1e-6)
+        ref.init_reward(train_refs, peer.workdir())
 
     check = None
-    if not args.no_reference:
+    if ref is not None:
         check = check_same_numbers(model, ref, cider, batch, refs)
-        bad = [k for k in ("q", "kernel", "dpp_weights", "scst_advantage") if not check[k] <= 1e-9]
+        bad = [k for k in ("q", "kernel", "dpp_weights", "scst_advantage", "scst_inlined_vs_losswrapper")
+               if not check[k] <= 1e-9]
         if bad or not check["same_greedy_captions"] or not check["greedy_logprob"] <= 1e-4:
             raise SystemExit(f"rdpp and the reference disagree: {check}")
 
@@ -328,11 +289,12 @@ def main() -> None:
             name = f"rdpp {reward} m=5 fp32 eval-mode sampling"
             sides[name] = lambda st=st: rdpp_step(st, model, opt, batch, refs, "fp32")
             labels[name] = ("rdpp eval-mode", reward, 5, "fp32")
-    if not args.no_reference:
-        sides["upstream scst m=5 fp32"] = lambda: ref.scst_step(batch, 5)
-        labels["upstream scst m=5 fp32"] = ("upstream", "scst", 5, "fp32")
-        sides["published dpp m=5 fp32"] = lambda: ref.dpp_step(batch, 5)
-        labels["published dpp m=5 fp32"] = ("published", "dpp", 5, "fp32")
+    if ref is not None:
+        synced = lambda: sync(device)  # noqa: E731
+        sides[PEER_SCST] = lambda: ref.scst_step(batch.fc, batch.att, refs, synced)
+        labels[PEER_SCST] = ("peer", "scst", 5, "fp32")
+        sides[PUBLISHED] = lambda: ref.dpp_step(batch.fc, batch.att, refs, 5, synced)
+        labels[PUBLISHED] = ("published", "dpp", 5, "fp32")
 
     t, mm, load = steps_on_roofline(sides, args.repeats, device, precisions, args.matmul_size)
     rate = {p: v["median"] for p, v in mm.items()}
@@ -341,6 +303,7 @@ def main() -> None:
                                      max_len=MAX_LEN, device=args.device, target_words=args.words,
                                      repeats=args.repeats),
                      "machine": machine_info(), "load_average_start_end": load, "check": check,
+                     "peer_repo": str(ref.mods.repo) if ref is not None else None,
                      "matmul_gflops": mm, "steps": {}}
     for name, o in t.items():
         s = summarise(o)
@@ -360,8 +323,8 @@ def main() -> None:
                                                          / rows[f"rdpp {reward} m={M} bf16"]["total"])
     if 5 in ms and not args.no_reference:
         for prec in precisions:
-            ratios[f"scst_m5_{prec}_vs_upstream"] = rows["upstream scst m=5 fp32"]["total"] / rows[f"rdpp scst m=5 {prec}"]["total"]
-            ratios[f"dpp_m5_{prec}_vs_published"] = rows["published dpp m=5 fp32"]["total"] / rows[f"rdpp dpp m=5 {prec}"]["total"]
+            ratios[f"scst_m5_{prec}_vs_peer"] = rows[PEER_SCST]["total"] / rows[f"rdpp scst m=5 {prec}"]["total"]
+            ratios[f"dpp_m5_{prec}_vs_published"] = rows[PUBLISHED]["total"] / rows[f"rdpp dpp m=5 {prec}"]["total"]
     if args.sample_modes and 5 in ms:
         for reward in ("scst", "dpp"):
             ratios[f"{reward}_m5_on_policy_cost"] = (rows[f"rdpp {reward} m=5 fp32"]["total"]
@@ -377,13 +340,13 @@ def report(results: dict, args) -> None:
     where = m["gpu"] if args.device.startswith("cuda") else f"{m['machine']}; {m['threads']} threads"
     print(f"RL fine-tuning step, paper preset, batch {args.batch} images, {where}; seconds, medians of "
           f"{args.repeats} interleaved runs per setting; captions set to {args.words:g} words on average")
-    head = (f"{'step':<40}{'words':>6}{'decode':>8}{'reward':>8}{'backward':>9}{'total':>8}{'best':>8}"
+    head = (f"{'step':<40}{'words':>6}{'decode':>9}{'reward':>9}{'backward':>9}{'total':>9}{'best':>9}"
             f"{'images/s':>9}{'GFLOP':>7}{'of matmul':>10}{'peak MiB':>9}")
     print(head)
     for name, s in results["steps"].items():
-        print(f"{name:<40}{s['words']:>6.1f}{s['decode']:>8.3f}{s['reward']:>8.3f}{s['backward']:>9.3f}"
-              f"{s['total']:>8.3f}{s['best']:>8.3f}{s['images_per_s']:>9.1f}{s['gflop']:>7.0f}"
-              f"{100 * s['matmul_fraction']:>9.0f}%{s['peak_mib']:>9,.0f}")
+        print(f"{name:<40}{s['words']:>6.1f}{s['decode']:>9.4f}{s['reward']:>9.4f}{s['backward']:>9.4f}"
+              f"{s['total']:>9.4f}{s['best']:>9.4f}{s['images_per_s']:>9.1f}{s['gflop']:>7.0f}"
+              f"{100 * s['matmul_fraction']:>9.1f}%{s['peak_mib']:>9,.0f}")
     mm = results["matmul_gflops"]
     print("matmul rate (" + f"{args.matmul_size}² torch.mm): " + ", ".join(f"{p} {v['median']:.0f} GFLOP/s" for p, v in mm.items()))
     r = results["ratios"]
@@ -394,7 +357,8 @@ def report(results: dict, args) -> None:
         c = results["check"]
         print(f"checked first: rdpp and the reference agree on q ({c['q']:.1e}), the kernel ({c['kernel']:.1e}), "
               f"the R-DPP weights ({c['dpp_weights']:.1e}), the SCST advantages ({c['scst_advantage']:.1e}); "
-              f"same greedy captions, log-probs within {c['greedy_logprob']:.1e}")
+              f"same greedy captions, log-probs within {c['greedy_logprob']:.1e}; the inlined SCST branch and the "
+              f"peer's LossWrapper give the same loss ({c['scst_inlined_vs_losswrapper']:.1e}); peer: {results['peer_repo']}")
     la = results["load_average_start_end"]
     print(f"load average {la[0]:.2f} at the start, {la[1]:.2f} at the end; OMP_WAIT_POLICY={m['omp_wait_policy']}")
 

@@ -2,9 +2,9 @@
 # fp32 against bf16 on one CUDA GPU (docs/training.md "Precision"), under 3 minutes on an H100/H200, no network:
 #   1. numerics: bf16 XE loss and gradients against fp32, and the on-policy replay in fp32 and bf16
 #      (benchmarks/precision_numerics.py: PASS/FAIL against its stated tolerances);
-#   2. the XE step: rdpp fp32, rdpp bf16, self-critical.pytorch today (benchmarks/train.py);
-#   3. the RL steps at m = 5 (and 2): rdpp SCST and R-DPP in fp32 and bf16, self-critical.pytorch's
-#      SCST and the published R-DPP step (benchmarks/finetune.py, reward on the CPU as rdpp does);
+#   2. the XE step: rdpp fp32, rdpp bf16, self-critical.pytorch's own code (benchmarks/train.py);
+#   3. the RL steps at m = 5 (and 2): rdpp SCST and R-DPP in fp32 and bf16, self-critical.pytorch's own
+#      SCST step and the published R-DPP way (benchmarks/finetune.py; the peer's checkout as there);
 #   4. the CPU-equality tests of the CUDA path in float64 (tests/test_cuda.py).
 # Tables go to stdout; logs and JSON to ${OUT:-/tmp}.
 #   bash benchmarks/precision_cuda.sh

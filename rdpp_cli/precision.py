@@ -7,15 +7,31 @@ updates), the checkpoints, the LSTM cell state, the attention scores and their s
 log-softmax and log-probability, and the rewards and metrics (CIDEr-D in float64 numpy, the DPP
 algebra in float64). Backward runs each product in the precision its forward ran in. ``fp16``
 scales the loss with a ``torch.amp.GradScaler`` (float16's range is too small for small gradients),
-whose state is part of the resume state. ``auto`` is bf16 where the hardware computes it natively
-(a CPU with AVX-512 BF16 or AMX, a CUDA GPU of compute capability 8.0 or more) and fp32 elsewhere;
-fp16 is never chosen by ``auto`` (on a CPU without float16 matrix units it is ~13x slower than
-fp32). docs/training.md ("Precision") has the measurements behind the default.
+whose state is part of the resume state.
+
+``auto`` on a CUDA GPU is bf16 from compute capability 8.0 on (native bf16 matrix units) and fp32
+before. On a CPU that lists no bf16 arithmetic (``/proc/cpuinfo``: ``avx512_bf16``, ``amx_bf16``,
+Arm's ``bf16``) it is fp32; on one that does, it is chosen by measurement, since the flag alone
+does not say whether the step gains (1.73x on an AMD EPYC with AVX-512 BF16, 1.23x on an Intel
+Xeon with AMX): a short step-shaped probe (``probe_step``: the model's op mix -- the att
+embedding, per-step LSTM gates and attention scores over the regions, the output layer over the
+vocabulary, backward and an Adam step -- at the run's widths on a few images) is timed in fp32
+and under bf16 autocast, interleaved, and bf16 is chosen only when its median is at least
+``BF16_MIN_SPEEDUP`` times faster (``choose_precision``). The result is cached per machine
+(``$XDG_CACHE_HOME/rdpp/precision.json``, keyed by CPU model, torch version, threads and widths),
+so the probe runs once. fp16 is never chosen by ``auto`` (on a CPU without float16 matrix units
+it is ~13x slower than fp32). docs/training.md ("Precision") has the measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,7 +47,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
@@ -44,7 +60,7 @@ def native_bf16(device: torch.device | str) -> bool:
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
-        return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+        return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())  # x86 flags; Arm's "Features"
     return False
 
 
@@ -54,12 +70,17 @@ def check_precision(precision: str) -> None:
         raise RdppError(f"--precision {precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """The precision a run on ``device`` uses for ``--precision precision``: fp32, bf16 or fp16."""
+def resolve_precision(precision: str, device: torch.device | str, shape: ProbeShape | None = None) -> str:
+    """The precision a run on ``device`` uses for ``--precision precision``: fp32, bf16 or fp16.
+    ``auto``: on CUDA by compute capability, on a CPU by the cached probe at ``shape``'s widths
+    (default: the paper's)."""
     check_precision(precision)
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    return precision
+    if precision != "auto":
+        return precision
+    device = torch.device(device)
+    if device.type == "cpu":
+        return cpu_auto_precision(shape or ProbeShape())
+    return "bf16" if native_bf16(device) else "fp32"
 
 
 def autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
@@ -79,3 +100,157 @@ def grad_scaler(precision: str, device: torch.device | str) -> torch.amp.GradSca
     if precision != "fp16":
         return None
     return torch.amp.GradScaler(torch.device(device).type)
+
+
+# -- --precision auto on a CPU: measured, cached ------------------------------------------------------
+
+# bf16 only when the probe's median step is at least 10 % faster than fp32's: a smaller gain is within
+# the run-to-run spread of medians on a shared machine, and does not pay for leaving fp32's numbers
+# (a bf16 run is not bitwise an fp32 run; its loss differs by ~1e-3 relative).
+BF16_MIN_SPEEDUP = 1.10
+_ABANDON = 3.0  # a bf16 probe step over 3x fp32's: no native bf16 here; stop timing it
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """The widths the probe runs at (the model's; the paper preset by default) and its size."""
+    rnn_size: int = 512
+    att_feat_size: int = 2048
+    regions: int = 196
+    vocab_size: int = 9487
+    images: int = 2
+    seq_per_img: int = 5
+    steps: int = 8
+
+
+def choose_precision(fp32_s: float, bf16_s: float | None, min_speedup: float = BF16_MIN_SPEEDUP) -> str:
+    """bf16 if its measured step time ``bf16_s`` beats ``fp32_s`` by ``min_speedup`` or more; fp32
+    otherwise (also when bf16 was not measured: None)."""
+    if bf16_s is None or not bf16_s > 0 or not fp32_s > 0:
+        return "fp32"
+    return "bf16" if fp32_s / bf16_s >= min_speedup else "fp32"
+
+
+def _probe_params(shape: ProbeShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    H, D, V = shape.rnn_size, shape.att_feat_size, shape.vocab_size + 1
+
+    def w(*size: int) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen) / size[-1] ** 0.5).requires_grad_()
+
+    return {"att_embed": w(H, D), "ctx2att": w(H, H), "embed": w(V, H), "i2h": w(5 * H, H),
+            "hq": w(6 * H, H), "alpha": w(H), "a2c": w(2 * H, H), "logit": w(V, H)}
+
+
+def probe_step(p: dict[str, torch.Tensor], att: torch.Tensor, words: torch.Tensor, opt, precision: str) -> None:
+    """One training step of Att2in's op mix on ``att`` (B, R, D) and word ids ``words`` (N, T):
+    forward under ``precision``'s autocast (attention scores, cell state and log-softmax in
+    float32, as the model keeps them), the NLL of the next words, backward, Adam."""
+    B, N, T = att.shape[0], words.shape[0], words.shape[1]
+    H = p["ctx2att"].shape[0]
+    with autocast(precision, "cpu"):
+        a = torch.relu(torch.nn.functional.linear(att, p["att_embed"]))  # (B, R, H)
+        k2 = 2.0 * torch.nn.functional.linear(a, p["ctx2att"]).float()
+        x = torch.nn.functional.linear(torch.relu(p["embed"][words]), p["i2h"])  # (N, T, 5H)
+        h, c, hs = att.new_zeros(N, H), att.new_zeros(N, H), []
+        for t in range(T):
+            hh, q = torch.nn.functional.linear(h, p["hq"]).split([5 * H, H], 1)
+            with torch.autocast("cpu", enabled=False):  # the scores in float32, as Att2in computes them
+                u = torch.sigmoid(k2.unsqueeze(1) + 2.0 * q.float().view(B, N // B, 1, H))  # (B, n, R, H)
+                weight = torch.softmax(u @ p["alpha"], -1)
+            z = torch.bmm(weight, a).view(N, H)
+            gates, s_in = (x[:, t] + hh).split([3 * H, 2 * H], 1)
+            i, f, o = torch.sigmoid(gates).float().chunk(3, 1)
+            g = torch.maximum(*(s_in + torch.nn.functional.linear(z, p["a2c"])).float().chunk(2, 1))
+            c = f * c + i * g
+            h = o * torch.tanh(c)
+            hs.append(h)
+        logp = torch.log_softmax(torch.nn.functional.linear(torch.stack(hs, 1), p["logit"]).float(), -1)
+    loss = -logp.gather(2, words.roll(-1, 1).unsqueeze(2)).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def probe_cpu_bf16(shape: ProbeShape, repeats: int = 3) -> dict[str, float | None]:
+    """Median seconds of ``probe_step`` in fp32 and bf16 on this CPU, interleaved (fp32, bf16,
+    bf16, fp32, ...) after one warm-up of each. bf16 is None when its warm-up took over ``_ABANDON``
+    times fp32's (conversion-only bf16)."""
+    gen = torch.Generator().manual_seed(0)
+    att = torch.randn(shape.images, shape.regions, shape.att_feat_size, generator=gen).relu_()
+    words = torch.randint(1, shape.vocab_size + 1, (shape.images * shape.seq_per_img, shape.steps), generator=gen)
+    params = _probe_params(shape, gen)
+    opt = torch.optim.Adam(params.values(), lr=1e-4)
+
+    def timed(prec: str) -> float:
+        t = time.perf_counter()
+        probe_step(params, att, words, opt, prec)
+        return time.perf_counter() - t
+
+    warm = {prec: timed(prec) for prec in ("fp32", "bf16")}
+    if warm["bf16"] > _ABANDON * warm["fp32"]:
+        return {"fp32_s": warm["fp32"], "bf16_s": None}
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for r in range(repeats):
+        for prec in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
+            times[prec].append(timed(prec))
+    return {"fp32_s": statistics.median(times["fp32"]), "bf16_s": statistics.median(times["bf16"])}
+
+
+def cache_path() -> Path:
+    """Where ``auto``'s CPU measurements are kept: ``$XDG_CACHE_HOME/rdpp/precision.json``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rdpp" / "precision.json"
+
+
+def cpu_key(shape: ProbeShape) -> str:
+    """The cache key: what the measurement depends on (CPU model, torch, threads, widths)."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    widths = f"{shape.rnn_size}/{shape.att_feat_size}/{shape.regions}/{shape.vocab_size}"
+    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads | {widths}"
+
+
+def read_cache(path: Path) -> dict:
+    """The cache's entries ({} when the file is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, key: str, entry: dict) -> None:
+    """Add ``entry`` under ``key`` (atomically: a temporary file renamed over the old one). A cache
+    that cannot be written is skipped: the next run measures again."""
+    data = read_cache(path)
+    data[key] = entry
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def cpu_auto_precision(shape: ProbeShape) -> str:
+    """``auto`` on this CPU: fp32 where the CPU lists no bf16 arithmetic (``native_bf16``: bf16
+    would be converted to float32, never faster); otherwise the cached choice for
+    ``cpu_key(shape)``, or the probe's, then cached."""
+    if _cpu_flags() and not native_bf16("cpu"):
+        return "fp32"
+    path, key = cache_path(), cpu_key(shape)
+    entry = read_cache(path).get(key)
+    if not (isinstance(entry, dict) and entry.get("choice") in ("fp32", "bf16")):
+        from rdpp_cli.console import note
+
+        timing = probe_cpu_bf16(shape)
+        entry = {**timing, "choice": choose_precision(timing["fp32_s"], timing["bf16_s"]),
+                 "min_speedup": BF16_MIN_SPEEDUP, "shape": asdict(shape), "measured": time.strftime("%Y-%m-%d %H:%M")}
+        write_cache(path, key, entry)
+        ratio = f"{timing['fp32_s'] / timing['bf16_s']:.2f}x fp32's speed" if timing["bf16_s"] else "far slower"
+        note(f"--precision auto: bf16 ran at {ratio} on this CPU (bf16 needs {BF16_MIN_SPEEDUP:.2f}x): "
+             f"{entry['choice']} (measured once, cached in {path})")
+    return entry["choice"]

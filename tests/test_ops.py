@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rdpp_cli.models import ops
-from rdpp_cli.models.ops import AttScores, TokenLogProb, attention_scores, token_logprob
+from rdpp_cli.models.ops import AttScores, TokenLogProb, attention_scores, f32, token_logprob
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 
@@ -74,3 +74,10 @@ def test_the_fused_token_log_prob_equals_log_softmax_and_keeps_small_gradients_e
     tg, tw = xb.grad.double()[torch.arange(70), t], x64.grad[torch.arange(70), t]  # g · (1 − p_t), small
     assert ((tg - tw).abs() / tw.abs()).max() < 1e-2  # bf16 rounding of the result only
     assert torch.allclose(xb.grad.double(), x64.grad, atol=1e-4, rtol=1e-2)
+
+
+def test_f32_lifts_only_the_low_precisions():
+    x = torch.tensor([1.0, 2.5])
+    assert f32(x.bfloat16()).dtype == torch.float32 and f32(x.half()).dtype == torch.float32
+    assert f32(x.double()).dtype == torch.float64 and f32(x) is x
+    assert f32(x.bfloat16()).tolist() == [1.0, 2.5]

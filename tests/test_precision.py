@@ -54,7 +54,9 @@ def _batch(d: DataArtifact, seq_per_img: int = 5):
 # -- choosing the precision ------------------------------------------------------------------------------
 
 @pytest.mark.unit
-def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch):
+def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.41, "bf16_s": 1.39})  # the EPYC's XE step
     monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert P.resolve_precision("auto", "cpu") == "bf16"
     monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"amx_bf16", "amx_tile"}))
@@ -72,6 +74,70 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch):
     from rdpp_cli.cli.common import PrecisionOpt
 
     assert PrecisionOpt.default == P.DEFAULT_PRECISION == "fp32"
+
+
+@pytest.mark.unit
+def test_auto_on_a_cpu_chooses_bf16_only_when_measurably_faster():
+    """The decision from timings alone: bf16 needs a speed-up of BF16_MIN_SPEEDUP (1.10) or more."""
+    assert P.BF16_MIN_SPEEDUP == 1.10
+    assert P.choose_precision(2.41, 1.39) == "bf16"  # AMD EPYC with AVX-512 BF16: 1.73x
+    assert P.choose_precision(2.97, 2.42) == "bf16"  # Intel Xeon with AMX: 1.23x
+    assert P.choose_precision(1.12, 1.0) == "bf16"
+    assert P.choose_precision(1.08, 1.0) == "fp32"  # 8 %: within a shared machine's noise
+    assert P.choose_precision(1.0, 1.3) == "fp32"  # bf16 slower
+    assert P.choose_precision(1.0, None) == "fp32"  # bf16 abandoned (over 3x fp32's time)
+    assert P.choose_precision(1.0, 0.8, min_speedup=1.3) == "fp32"
+
+
+@pytest.mark.unit
+def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    calls = []
+
+    def probe(timings):
+        return lambda shape: calls.append(shape) or dict(timings)
+
+    monkeypatch.setattr(P, "probe_cpu_bf16", probe({"fp32_s": 2.97, "bf16_s": 2.42}))
+    assert P.resolve_precision("auto", "cpu") == "bf16"
+    assert P.resolve_precision("auto", "cpu") == "bf16"
+    assert calls == [P.ProbeShape()]  # measured once: the second run read the cache
+    path = tmp_path / "rdpp" / "precision.json"
+    assert P.cache_path() == path
+    entry = json.loads(path.read_text())[P.cpu_key(P.ProbeShape())]
+    assert (entry["fp32_s"], entry["bf16_s"], entry["choice"], entry["min_speedup"]) == (2.97, 2.42, "bf16", 1.10)
+    key = P.cpu_key(P.ProbeShape())
+    assert f"torch {torch.__version__}" in key and f"{torch.get_num_threads()} threads" in key
+
+    # other widths are another entry, measured anew; the first one stays
+    monkeypatch.setattr(P, "probe_cpu_bf16", probe({"fp32_s": 1.0, "bf16_s": 0.97}))
+    toy = P.ProbeShape(rnn_size=256, att_feat_size=22, regions=64, vocab_size=42)
+    assert P.resolve_precision("auto", "cpu", toy) == "fp32"
+    assert len(calls) == 2 and len(json.loads(path.read_text())) == 2
+    assert json.loads(path.read_text())[P.cpu_key(toy)]["choice"] == "fp32"
+
+    # an unreadable cache is measured again and rewritten
+    path.write_text("{not json")
+    assert P.resolve_precision("auto", "cpu") == "fp32"
+    assert len(calls) == 3 and json.loads(path.read_text())[key]["choice"] == "fp32"
+
+    # a CPU without bf16 arithmetic is fp32 without measuring
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert P.resolve_precision("auto", "cpu", P.ProbeShape(rnn_size=128)) == "fp32"
+    assert len(calls) == 3
+
+
+@pytest.mark.unit
+def test_auto_resolves_to_fp32_or_bf16_on_this_machine(monkeypatch, tmp_path):
+    """The real probe, at small widths (no timing is asserted): a choice, and where the CPU has bf16
+    arithmetic, the cached timings it was made from."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    small = P.ProbeShape(rnn_size=64, att_feat_size=64, regions=16, vocab_size=100, images=2, steps=4)
+    choice = P.resolve_precision("auto", "cpu", small)
+    assert choice in ("fp32", "bf16")
+    if P.native_bf16("cpu"):
+        entry = json.loads((tmp_path / "rdpp" / "precision.json").read_text())[P.cpu_key(small)]
+        assert entry["fp32_s"] > 0 and entry["choice"] == choice == P.choose_precision(entry["fp32_s"], entry["bf16_s"])
 
 
 # -- numerics ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from rdpp_cli.models.ops import attention_scores, token_logprob
+from rdpp_cli.models.ops import attention_scores, f32, token_logprob
 
 
 @dataclass
@@ -86,11 +86,6 @@ class DropoutMasks(NamedTuple):
         return self._replace(embed=self.embed[index], out=self.out[index])
 
 
-def _f32(x: Tensor) -> Tensor:
-    """x in float32 if autocast made it bfloat16/float16; float32 and float64 are kept."""
-    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-
-
 class Att2in(nn.Module):
     def __init__(self, config: Att2inConfig):
         super().__init__()
@@ -115,7 +110,7 @@ class Att2in(nn.Module):
         a = a * drop if drop is not None else self.dropout(a)
         mask = None if att_mask is None else att_mask.to(a.dtype)
         # keys doubled (see ops.attention_scores) and kept in float32 under autocast: see _attend
-        return Encoded(a, 2.0 * _f32(self.ctx2att(a)), mask, 1)
+        return Encoded(a, 2.0 * f32(self.ctx2att(a)), mask, 1)
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
@@ -146,7 +141,7 @@ class Att2in(nn.Module):
         """Attention context (N, H) for hidden states h (N, H) with projected queries q (N, A)."""
         B, R, H = enc.att.shape
         n = h.shape[0] // B
-        q = _f32(q.view(B, n, -1))  # under bf16 autocast the scores stay float32 (docs/training.md)
+        q = f32(q.view(B, n, -1))  # under bf16 autocast the scores stay float32 (docs/training.md)
         scores = attention_scores(enc.keys, q, self.alpha_net.weight[0]) + self.alpha_net.bias  # (B, n, R)
         weight = F.softmax(scores, dim=-1)
         if enc.mask is not None:  # as the reference: zero the padding, renormalise
@@ -166,8 +161,7 @@ class Att2in(nn.Module):
         i, f, o = torch.sigmoid(s_gates).chunk(3, 1)
         g = torch.maximum(*(s_in + self.a2c(z)).chunk(2, 1))  # maxout
         c = f * c + i * g
-        h = o * torch.tanh(c)
-        return h, c
+        return o * torch.tanh(c), c  # h, c
 
     def _hq(self) -> tuple[Tensor, Tensor]:
         return (torch.cat([self.h2h.weight, self.h2att.weight], 0),
@@ -181,7 +175,7 @@ class Att2in(nn.Module):
         x = x * drop[0] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
         o = h * drop[1] if drop is not None else self.dropout(h)
-        logprobs = F.log_softmax(_f32(self.logit(o)), dim=-1)
+        logprobs = F.log_softmax(f32(self.logit(o)), dim=-1)
         return logprobs, (h, c)
 
     # -- teacher forcing -----------------------------------------------------------------------
@@ -212,7 +206,7 @@ class Att2in(nn.Module):
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
         h = self._hidden(att, inputs, att_mask, drop)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
-        return F.log_softmax(_f32(self.logit(h)), dim=-1)  # once, over all steps
+        return F.log_softmax(f32(self.logit(h)), dim=-1)  # once, over all steps
 
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                        drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:

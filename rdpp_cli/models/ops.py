@@ -18,6 +18,9 @@ rounding); it exists only to be faster and to hold less memory than autograd wou
   logits' dtype. Under bf16 autocast it replaces the float32 copy of the logits, the log-softmax, the
   gather and their three backward passes.
 
+Beside them, :func:`f32`: the rule that keeps attention keys and scores, the cell state and the
+log-softmax in float32 under bf16/fp16 autocast.
+
 Under ``torch.compile`` (the training fast path, rdpp_cli/training/fast.py) both functions return
 the one-line expression instead: the compiler fuses it into its own kernels, which is what these
 two do by hand for eager execution.
@@ -34,6 +37,11 @@ from torch import Tensor
 
 _CHUNK = 1 << 19  # elements of a (b, n, R, A) attention block on a CPU: ~2 MB, stays in cache
 _ROWS = 64  # rows of logits per block of token_logprob on a CPU: 64 × 9,488 float32 ≈ 2.4 MB
+
+
+def f32(x: Tensor) -> Tensor:
+    """x in float32 if autocast made it bfloat16/float16; float32 and float64 are kept."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 def _images_per_block(per_image: int, x: Tensor) -> int:

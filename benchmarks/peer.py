@@ -1,0 +1,293 @@
+"""self-critical.pytorch's own code, unmodified, loaded into the benchmark's process: the speed
+reference of benchmarks/train.py and benchmarks/finetune.py.
+
+What runs is the peer's: ``captioning.models.setup`` builds its ``Att2in2Model`` (``--caption_model
+att2in2``: the att features embedded, then projected to the attention keys; rdpp's ``Att2in`` has
+the same parameters under other names, so both start from the same weights), its option parser
+gives every setting its own default (Adam at lr 4e-4, clipping by value 0.1, dropout 0.5), its
+``LossWrapper`` computes the losses, ``utils.build_optimizer`` makes the optimizer, and
+``tools/train.py``'s step order is kept: ``zero_grad``, the wrapper, ``loss.mean()``, backward,
+``clip_grad_value_``, ``optimizer.step()``, ``loss.item()``. The RL reward is its
+``get_self_critical_reward`` with its pinned ``CiderD`` (ruotianluo/cider under ``cider/``) over
+document frequencies made by its own ``scripts/prepro_ngrams.get_doc_freq``, pickled the way its
+``prepro_ngrams.py`` writes them. Not used: its data loader (batches are built here in the layout
+its ``DataLoader.get_batch`` returns) and ``DataParallel`` (one device).
+
+Where the checkout is: ``--peer-repo PATH``, else ``$SCP_REPO``, else a copy of commit 4c48a33
+beside this repository (``../shared/peers/self-critical.pytorch-4c48a33``, or ``.peer/`` inside it,
+where benchmarks/cuda_check.sh puts one for a GPU machine). A clone of
+ruotianluo/self-critical.pytorch works once its ``cider`` submodule is checked out
+(``git submodule update --init``). The checkout is only read: the document-frequency pickle goes to
+a temporary folder and reaches ``CiderD`` by its absolute path (``CiderD(df=...)`` opens
+``os.path.join('data', df + '.p')``). Its imports need ``yacs`` and ``six`` beside torch and numpy
+(``pip install yacs six``); pycocoevalcap only for the BLEU reward, which no benchmark uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import upstream  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_DIR = "self-critical.pytorch-4c48a33"
+DEFAULT_PLACES = (ROOT.parent / "shared" / "peers" / PEER_DIR, ROOT / ".peer" / PEER_DIR)
+HOW = ("point --peer-repo (or $SCP_REPO) at a checkout of ruotianluo/self-critical.pytorch with its cider "
+       "submodule (git clone --recursive ...; benchmarks/README.md), and pip install yacs six")
+
+# rdpp's Att2in parameter names -> the peer's Att2in2Model's (the replica keeps the peer's names)
+RDPP_TO_PEER = upstream.RDPP_TO_UPSTREAM
+# rdpp's labels (B, n, L) -> the layout of the peer's DataLoader.get_batch: labels (B, n, L+2) with a
+# BOS column first and room for the EOS, masks over the words, the EOS and the BOS column (nonzeros + 2)
+xe_labels = upstream.xe_labels
+
+
+def find_repo(path: str | os.PathLike | None = None) -> Path:
+    """The peer checkout: ``path``, else ``$SCP_REPO``, else the first of ``DEFAULT_PLACES`` that
+    exists. SystemExit saying how to point at one when there is none or it is not a checkout."""
+    given = path or os.environ.get("SCP_REPO")
+    candidates = [Path(given)] if given else [p for p in DEFAULT_PLACES if p.is_dir()]
+    if not candidates:
+        raise SystemExit(f"no self-critical.pytorch checkout found (looked at $SCP_REPO, "
+                         f"{', '.join(map(str, DEFAULT_PLACES))}); {HOW}, or pass --no-reference")
+    repo = candidates[0].resolve()
+    need = [repo / "captioning" / "models" / "AttModel.py", repo / "captioning" / "modules" / "loss_wrapper.py",
+            repo / "cider" / "pyciderevalcap" / "ciderD" / "ciderD_scorer.py", repo / "scripts" / "prepro_ngrams.py"]
+    missing = [str(p.relative_to(repo)) for p in need if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{repo} is not a self-critical.pytorch checkout with its cider submodule "
+                         f"(missing {', '.join(missing)}); {HOW}")
+    return repo
+
+
+class Modules:
+    """The peer's modules, imported from ``repo`` (once per process: they are top-level packages)."""
+
+    def __init__(self, repo: Path):
+        for p in (repo / "cider", repo):  # rewards.py appends the relative "cider": make it absolute
+            if str(p) not in sys.path:
+                sys.path.insert(0, str(p))
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):  # "cider or coco-caption missing" when pycocoevalcap is absent
+                import captioning.models as models
+                import captioning.utils.misc as misc
+                import captioning.utils.opts as opts
+                import captioning.utils.rewards as rewards
+                from captioning.modules.loss_wrapper import LossWrapper
+        except ImportError as e:
+            raise SystemExit(f"the peer's code at {repo} does not import ({e}); {HOW}") from e
+        if not hasattr(rewards, "CiderD"):
+            raise SystemExit(f"the peer's CiderD did not import from {repo / 'cider'}; {HOW}")
+        loaded = Path(models.__file__).resolve()
+        if repo not in loaded.parents:
+            raise SystemExit(f"the module 'captioning' came from {loaded}, not from {repo}: "
+                             f"run the benchmark in a fresh process")
+        self.repo, self.models, self.misc, self.opts, self.rewards, self.LossWrapper = (
+            repo, models, misc, opts, rewards, LossWrapper)
+        spec = importlib.util.spec_from_file_location("prepro_ngrams", repo / "scripts" / "prepro_ngrams.py")
+        self.prepro_ngrams = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.prepro_ngrams)
+
+    def parse_opt(self, argv: list[str]):
+        """The peer's ``opts.parse_opt()`` on ``argv`` (its defaults for everything else)."""
+        saved = sys.argv
+        sys.argv = ["train.py", *argv]
+        try:
+            return self.opts.parse_opt()
+        finally:
+            sys.argv = saved
+
+
+_LOADED: dict[Path, Modules] = {}
+
+
+def modules(repo: Path) -> Modules:
+    if repo not in _LOADED:
+        if _LOADED:
+            raise SystemExit(f"a second peer checkout ({repo}) in one process; {next(iter(_LOADED))} is loaded")
+        _LOADED[repo] = Modules(repo)
+    return _LOADED[repo]
+
+
+def array_to_str(mods: Modules, arr) -> str:
+    return mods.rewards.array_to_str(arr)
+
+
+class Peer:
+    """The peer's Att2in2Model with rdpp's weights, its LossWrapper and optimizer, on one device."""
+
+    def __init__(self, mods: Modules, rdpp_model, *, seq_per_img: int = 5, lr: float | None = None):
+        c = rdpp_model.config
+        self.mods = mods
+        self.opt = mods.parse_opt([
+            "--caption_model", "att2in2", "--seq_per_img", str(seq_per_img), "--train_sample_n", str(seq_per_img),
+            "--max_length", str(c.seq_length), "--self_critical_after", "0", "--rnn_size", str(c.rnn_size),
+            "--input_encoding_size", str(c.input_encoding_size), "--att_hid_size", str(c.att_hid_size),
+            "--fc_feat_size", str(c.att_feat_size), "--att_feat_size", str(c.att_feat_size),  # fc: unused by Att2in2
+            "--drop_prob_lm", str(c.drop_prob_lm), *(["--learning_rate", str(lr)] if lr is not None else [])])
+        self.opt.vocab_size, self.opt.seq_length = c.vocab_size, c.seq_length
+        self.opt.vocab = {str(i): f"w{i}" for i in range(1, c.vocab_size + 1)}  # as tools/train.py: loader.get_vocab()
+        self.model = mods.models.setup(self.opt)
+        del self.opt.vocab
+        w = next(rdpp_model.parameters())
+        self.model.to(device=w.device, dtype=w.dtype)
+        self.model.load_state_dict({RDPP_TO_PEER[k]: v.detach().clone() for k, v in rdpp_model.state_dict().items()})
+        self.lw = mods.LossWrapper(self.model, self.opt)
+        self.optimizer = mods.misc.build_optimizer(self.model.parameters(), self.opt)
+        self.lw.train()
+
+    # -- XE -------------------------------------------------------------------------------------------
+
+    def xe_loss(self, fc, att, labels, masks, gts) -> torch.Tensor:
+        """``LossWrapper``'s XE path (``sc_flag`` off), as tools/train.py calls it, ``.mean()``ed."""
+        out = self.lw(fc, att, labels, masks, None, gts, torch.arange(0, len(gts)), False, False, False)
+        return out["loss"].mean()
+
+    def _clip_and_step(self, loss: torch.Tensor) -> float:
+        loss.backward()
+        if self.opt.grad_clip_value != 0:
+            getattr(torch.nn.utils, f"clip_grad_{self.opt.grad_clip_mode}_")(self.model.parameters(),
+                                                                              self.opt.grad_clip_value)
+        self.optimizer.step()
+        return loss.item()
+
+    def xe_step(self, fc, att, labels, masks, gts) -> float:
+        """One step of tools/train.py's loop on a batch (without its loader and its prints)."""
+        self.optimizer.zero_grad()
+        return self._clip_and_step(self.xe_loss(fc, att, labels, masks, gts))
+
+    # -- the reward ------------------------------------------------------------------------------------
+
+    def init_reward(self, train_refs: list[np.ndarray], workdir: Path) -> None:
+        """The peer's CiderD over the document frequencies of ``train_refs`` (per image, (n, L) word
+        ids, 0-padded) as ``prepro_ngrams.py`` makes them: each reference's ids and the end token
+        '0' (``wtoi['<eos>'] = 0``), counted once per image; ``ref_len`` the number of images. Set
+        as the module's ``CiderD_scorer``, which ``init_scorer`` would load from data/<name>.p."""
+        refs_idxs = [[" ".join([str(int(w)) for w in r if w != 0] + ["0"]) for r in img] for img in train_refs]
+        ngram_idxs, count_refs = self.mods.prepro_ngrams.get_doc_freq(refs_idxs, {})
+        stem = Path(workdir) / "bench-train-idxs"
+        with open(f"{stem}.p", "wb") as f:
+            self.mods.misc.pickle_dump({"document_frequency": ngram_idxs, "ref_len": count_refs}, f)
+        self.mods.rewards.CiderD_scorer = self.mods.rewards.CiderD(df=str(stem))
+
+    @property
+    def scorer(self):
+        return self.mods.rewards.CiderD_scorer
+
+    def self_critical_reward(self, greedy_res, gts, gen_result) -> np.ndarray:
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints the mean score each call
+            return self.mods.rewards.get_self_critical_reward(greedy_res, gts, gen_result, self.opt)
+
+    # -- SCST ------------------------------------------------------------------------------------------
+
+    def lw_scst_loss(self, fc, att, gts) -> torch.Tensor:
+        """``LossWrapper``'s SCST path end to end (``sc_flag`` on): what ``scst_step`` times in parts."""
+        with contextlib.redirect_stdout(io.StringIO()):
+            out = self.lw(fc, att, None, None, None, gts, torch.arange(0, len(gts)), True, False, False)
+        return out["loss"].mean()
+
+    def scst_parts(self, fc, att, gts, sync=lambda: None):
+        """``LossWrapper.forward``'s ``sc_flag`` branch, call for call, with a clock between the
+        calls: (loss, seconds of decoding and of the reward, the samples)."""
+        opt = self.opt
+        t0 = time.perf_counter()
+        self.model.eval()
+        with torch.no_grad():
+            greedy_res, _ = self.model(fc, att, None, mode="sample",
+                                       opt={"sample_method": opt.sc_sample_method, "beam_size": opt.sc_beam_size})
+        self.model.train()
+        gen_result, sample_logprobs = self.model(fc, att, None, opt={
+            "sample_method": opt.train_sample_method, "beam_size": opt.train_beam_size,
+            "sample_n": opt.train_sample_n}, mode="sample")
+        sync()
+        t1 = time.perf_counter()
+        g = [gts[_] for _ in torch.arange(0, len(gts)).tolist()]
+        reward = self.self_critical_reward(greedy_res, g, gen_result)
+        reward = torch.from_numpy(reward).to(sample_logprobs)
+        t2 = time.perf_counter()
+        loss = self.lw.rl_crit(sample_logprobs, gen_result.data, reward, reduction="mean").mean()
+        return loss, t1 - t0, t2 - t1, gen_result
+
+    def scst_step(self, fc, att, gts, sync=lambda: None) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()
+        loss, dec, rew, gen = self.scst_parts(fc, att, gts, sync)
+        self._clip_and_step(loss)
+        sync()
+        t3 = time.perf_counter()
+        return {"decode": dec, "reward": rew, "backward": t3 - t0 - dec - rew, "words": mean_words(gen)}
+
+    # -- the published R-DPP step ----------------------------------------------------------------------
+
+    def cider_scores(self, hyps: np.ndarray, refs: list[list[str]]) -> np.ndarray:
+        """The peer's ``CiderD.compute_score`` of each hypothesis row against ``refs[i]`` (strings)."""
+        res = [{"image_id": i, "caption": [array_to_str(self.mods, h)]} for i, h in enumerate(hyps)]
+        _, scores = self.scorer.compute_score({i: refs[i] for i in range(len(hyps))}, res)
+        return np.asarray(scores)
+
+    def dpp_weights(self, caps: list[np.ndarray], gts: list[np.ndarray]):
+        """q (B, M), the kernel S (B, M, M) and the weights (B, M) of M caption sets (B, T) each, the
+        published R-DPP way: q from M CiderD calls against the references, S from M(M+1)/2 CiderD
+        calls (caption j against caption i as the only reference), L = diag(q) S diag(q),
+        w = (sign(L⁻¹) ∘ L) 1 / M with ``np.linalg.inv``."""
+        B, M = len(caps[0]), len(caps)
+        ref_strs = [[array_to_str(self.mods, r) for r in g] for g in gts]
+        q = np.stack([self.cider_scores(c, ref_strs) for c in caps], 1)
+        S = np.zeros((B, M, M))
+        for i in range(M):
+            as_ref = [[array_to_str(self.mods, r)] for r in caps[i]]
+            for j in range(i, M):
+                S[:, i, j] = S[:, j, i] = self.cider_scores(caps[j], as_ref)
+        L = S * q[:, :, None] * q[:, None, :]
+        Linv = np.linalg.inv(L + 1e-10 * np.eye(M)[None])
+        return q, S, (np.sign(Linv) * L).sum(-1) / M
+
+    def dpp_step(self, fc, att, gts, M: int, sync=lambda: None) -> dict[str, float]:
+        """The published R-DPP step on the peer's modules: M separate sampling calls of the model in
+        train mode (``mode='sample'``, ``sample_method='sample'``), the weights above on the CPU, the
+        peer's ``RewardCriterion`` of each set with its weights, averaged, then the peer's update."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()
+        self.model.train()
+        draws = [self.model(fc, att, None, opt={"sample_method": "sample"}, mode="sample") for _ in range(M)]
+        sync()
+        t1 = time.perf_counter()
+        _, _, w = self.dpp_weights([seq.cpu().numpy() for seq, _ in draws], gts)
+        t2 = time.perf_counter()
+        loss = 0.0
+        for i, (seq, logprobs) in enumerate(draws):
+            wi = torch.from_numpy(w[:, i]).to(logprobs).unsqueeze(1).expand_as(seq)
+            loss = loss + self.lw.rl_crit(logprobs, seq, wi, reduction="mean")
+        self._clip_and_step(loss / M)
+        sync()
+        t3 = time.perf_counter()
+        return {"decode": t1 - t0, "reward": t2 - t1, "backward": t3 - t2,
+                "words": float(np.mean([mean_words(s) for s, _ in draws]))}
+
+
+def mean_words(seqs) -> float:
+    """Mean words per caption of (N, T) ids (up to the first 0)."""
+    s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
+    return float((s > 0).cumprod(-1).sum(-1).mean())
+
+
+def workdir() -> Path:
+    """A temporary folder for the df pickle, removed at exit."""
+    d = tempfile.TemporaryDirectory(prefix="rdpp-peer-")
+    _KEEP.append(d)
+    return Path(d.name)
+
+
+_KEEP: list = []
