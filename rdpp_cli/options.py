@@ -31,7 +31,8 @@ _MISSING = dataclasses.MISSING
 
 
 def option(default: Any, help: str, *flags: str, check: Callable[[str, Any], None] | None = None,
-           identity: bool = True, record: bool = True, cli: dict | None = None, positional: bool = False) -> Any:
+           identity: bool = True, record: bool = True, cli: dict | None = None, positional: bool = False,
+           choices: tuple[str, ...] = ()) -> Any:
     """A field of an options class shown as a command-line option.
 
     ``flags``: the option's names (default ``--<name-with-dashes>``; ``"--resume/--no-resume"`` for a
@@ -41,10 +42,13 @@ def option(default: Any, help: str, *flags: str, check: Callable[[str, Any], Non
     manifest's config (output and workspace paths are not). ``cli``: extra keyword arguments for
     Typer's ``Option`` (e.g. ``dir_okay=False``, ``rich_help_panel``). ``positional``: the stage
     function also takes it as its first positional argument (``train_xe("runs/data/toy-v1")``),
-    while the command line has it as an option (``--data``).
+    while the command line has it as an option (``--data``). ``choices``: the only values it takes;
+    ``--help`` lists them (``<float16|float32>``) and they are checked like ``one_of``.
     """
+    if choices:
+        check = all_of(one_of(*choices), check) if check else one_of(*choices)
     meta = {"help": help, "flags": flags, "check": check, "identity": identity, "record": record,
-            "cli": cli or {}, "argument": False, "positional": positional}
+            "cli": cli or {}, "argument": False, "positional": positional, "choices": tuple(choices)}
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -225,8 +225,8 @@ def test_out_over_the_caption_file_or_the_images_is_refused_even_with_force(coco
 
 def test_bad_option_values(coco):
     js, images, ws = coco
-    one_line_error(prepro(js, images, ws, "--max-length", "0"), "--max-length 0")
-    one_line_error(prepro(js, images, ws, "--batch-size", "0"), "--batch-size 0")
+    one_line_error(prepro(js, images, ws, "--max-length", "0"), "--max-length must be at least 1 (got 0)")
+    one_line_error(prepro(js, images, ws, "--batch-size", "0"), "--batch-size must be at least 1 (got 0)")
     r = runner.invoke(app, ["prepro", "toy", "--images", "3", "--workspace", str(ws)])
     one_line_error(r, "--images 3", "at least 10")
     assert nothing_written(ws)

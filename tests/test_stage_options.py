@@ -1,5 +1,5 @@
-"""The evaluation stages built from their options classes: `rdpp sample`, `rdpp caption`, `rdpp plot`,
-`rdpp ls`. Every field is an option with help; ``--config`` and ``<workspace>/rdpp.yaml`` keys are the
+"""The stages built from their options classes here: `rdpp sample`, `rdpp caption`, `rdpp plot`,
+`rdpp ls`, `rdpp prepro coco|toy`, `rdpp verify`. Every field is an option with help; ``--config`` and ``<workspace>/rdpp.yaml`` keys are the
 field names; a bad value is one line before any folder is made; the decoding options are declared
 once and are the decoder's config."""
 
@@ -13,9 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rdpp_cli.artifacts.options import LsOptions
+from rdpp_cli.artifacts.options import LsOptions, VerifyOptions
 from rdpp_cli.captioning.options import CaptionOptions
 from rdpp_cli.cli.app import app
+from rdpp_cli.data.options import PreproCocoOptions, PreproToyOptions
 from rdpp_cli.decoding.config import DecodeConfig, DecodingOptions
 from rdpp_cli.decoding.options import SampleOptions
 from rdpp_cli.errors import RdppError
@@ -27,7 +28,18 @@ STAGES = {
     "caption": (CaptionOptions, "rdpp_cli.captioning.caption:caption"),
     "plot": (PlotOptions, "rdpp_cli.scoring.plot:plot"),
     "ls": (LsOptions, "rdpp_cli.artifacts.listing:show"),
+    "prepro coco": (PreproCocoOptions, "rdpp_cli.data.prepro:prepro_coco"),
+    "prepro toy": (PreproToyOptions, "rdpp_cli.data.toy:prepro_toy"),
+    "verify": (VerifyOptions, "rdpp_cli.artifacts.verify:verify"),
 }
+
+
+def _command(name: str):
+    """The Click command of ``name`` ("sample", or "prepro coco" inside the prepro group)."""
+    cmd = typer.main.get_command(app)
+    for word in name.split():
+        cmd = cmd.commands[word]
+    return cmd
 
 
 def _run(*args: object):
@@ -46,15 +58,15 @@ def received(monkeypatch):
     got: dict[str, object] = {}
     for name, (_, target) in STAGES.items():
         module, fn = target.split(":")
-        monkeypatch.setattr(importlib.import_module(module), fn, lambda opts, _n=name: got.__setitem__(_n, opts))
+        # returns no verdicts: `rdpp verify` reads the result to choose its exit code
+        monkeypatch.setattr(importlib.import_module(module), fn, lambda opts, _n=name: got.__setitem__(_n, opts) or [])
     return got
 
 
 @pytest.mark.unit
 def test_each_stage_command_shows_every_field_with_help():
-    commands = typer.main.get_command(app).commands
     for name, (cls, _) in STAGES.items():
-        cmd = commands[name]
+        cmd = _command(name)
         assert cmd.callback.options is cls, name
         shown = {p.name: p for p in cmd.params}
         assert set(cls.field_names()) <= set(shown), name
@@ -101,6 +113,14 @@ def test_config_file_and_workspace_yaml_keys_are_the_field_names(tmp_path, recei
     (["caption", "a.jpg", "--workers", "-1"], "--workers must be at least 0 (got -1)"),
     (["caption", "a.jpg", "--seed", "-3"], "--seed must be an integer from 0 to 2**63-1"),
     (["plot", "a", "b", "--labels", "one"], "1 labels for 2 scores artifacts"),
+    (["prepro", "coco", "--max-length", "0"], "--max-length must be at least 1 (got 0)"),
+    (["prepro", "coco", "--workers", "-1"], "--workers must be at least 0 (got -1)"),
+    (["prepro", "coco", "--word-count-threshold", "many"], "--word-count-threshold 'many' is neither a count nor"),
+    (["prepro", "coco", "--dtype", "float8"], "Invalid value for '--dtype'"),
+    (["prepro", "toy", "--images", "3"], "--images 3 is too few; use at least 10"),
+    (["prepro", "toy", "--seed", "-1"], "--seed must be an integer from 0 to 2**63-1"),
+    (["prepro", "toy", "--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["verify", "nope"], "artifact 'nope' not found"),
 ])
 def test_a_bad_value_is_one_line_before_any_folder(tmp_path, args, message):
     ws = tmp_path / "ws"
@@ -109,6 +129,95 @@ def test_a_bad_value_is_one_line_before_any_folder(tmp_path, args, message):
     lines = _error_lines(r)
     assert len(lines) == 1 and message in lines[0], r.output
     assert not ws.exists()  # refused before the workspace (or anything in it) was made
+
+
+@pytest.mark.integration
+def test_prepro_and_verify_read_rdpp_yaml_and_config_by_field_name(tmp_path, received):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "rdpp.yaml").write_text("prepro_coco:\n  captions: [a.csv, b.jsonl]\n  restval_to_train: false\n"
+                                  "  dtype: float32\n  word_count_threshold: 3\nprepro_toy:\n  images: 50\n"
+                                  "  seed: 2\nverify:\n  quick: true\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_length: 9\npretrained: false\nbatch_size: 7\n")
+    assert _run("prepro", "coco", "--workspace", ws, "--config", cfg, "--batch-size", "4").exit_code == 0
+    c = received["prepro coco"]
+    # rdpp.yaml < --config < flags
+    assert (c.captions, c.restval_to_train, c.dtype, c.word_count_threshold, c.max_length, c.pretrained,
+            c.batch_size) == ([Path("a.csv"), Path("b.jsonl")], False, "float32", "3", 9, False, 4)
+    assert type(c.dtype) is str  # the choice arrives as the plain value the stage records
+    # typed flags win: --captions repeated, the --restval-to-train switch, a --dtype choice
+    r = _run("prepro", "coco", "--workspace", ws, "--captions", "x.csv", "--captions", "y.csv",
+             "--restval-to-train", "--dtype", "float16", "--karpathy-json", "k.json")
+    c = received["prepro coco"]
+    assert r.exit_code == 0 and (c.captions, c.restval_to_train, c.dtype, c.karpathy_json) == \
+        ([Path("x.csv"), Path("y.csv")], True, "float16", Path("k.json"))
+    assert _run("prepro", "toy", "--workspace", ws, "--batch-size", "10").exit_code == 0
+    t = received["prepro toy"]
+    assert (t.images, t.seed, t.batch_size, t.backbone) == (50, 2, 10, "pixstats")
+    assert _run("verify", "data/a", "b", "--workspace", ws).exit_code == 0
+    assert (received["verify"].artifacts, received["verify"].quick) == (["data/a", "b"], True)
+    cfg.write_text("quick: false\n")
+    assert _run("verify", "--workspace", ws, "--config", cfg).exit_code == 0
+    assert not received["verify"].artifacts and received["verify"].quick is False  # every artifact, hashed
+    cfg.write_text("dtypes: float32\n")
+    r = _run("prepro", "coco", "--config", cfg, "--workspace", ws)
+    assert r.exit_code == 2 and "unknown option 'dtypes' for `rdpp prepro coco`" in r.output
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command, config, message", [
+    (["prepro", "coco"], {"dtype": "float8"}, "bad value for 'dtype'"),
+    (["prepro", "coco"], {"max_length": 0}, "--max-length must be at least 1 (got 0)"),
+    (["prepro", "toy"], {"images": "many"}, "bad value for 'images'"),
+    (["verify"], {"quick": "maybe"}, "bad value for 'quick'"),
+])
+def test_a_bad_value_in_a_config_file_is_one_line_before_any_folder(tmp_path, command, config, message):
+    ws = tmp_path / "ws"
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(config))
+    r = _run(*command, "--config", cfg, "--workspace", ws)
+    assert r.exit_code == 2, r.output
+    lines = _error_lines(r)
+    assert len(lines) == 1 and message in lines[0], r.output
+    assert not ws.exists()
+
+
+@pytest.mark.integration
+def test_verify_exits_1_when_an_artifact_has_a_problem(tmp_path):
+    from rdpp_cli.artifacts.verify import verify
+
+    ws = tmp_path / "ws"
+    (ws / "data").mkdir(parents=True)
+    r = _run("verify", "--workspace", ws)
+    assert r.exit_code == 0 and "0 artifact(s) checked" in r.output, r.output
+    (ws / "data" / "toy-v1").mkdir()  # a folder without a manifest: a problem
+    r = _run("verify", "--workspace", ws)
+    assert r.exit_code == 1 and "1 artifact(s) checked" in r.output and "1 with problems" in r.output, r.output
+    # the plain function: the fields as keyword arguments or an options object, plus its own show=
+    for checked in (verify(workspace=ws, show=False), verify(VerifyOptions(workspace=ws, quick=True), show=False)):
+        assert [(c.path.name, c.ok) for c in checked] == [("toy-v1", False)]
+        assert "no manifest.json" in checked[0].problems[0]
+
+
+@pytest.mark.unit
+def test_prepro_takes_its_fields_as_arguments_and_shows_its_choices(tmp_path):
+    from rdpp_cli.data import prepro, toy
+    from rdpp_cli.options import build
+
+    assert prepro.prepro_coco.options is PreproCocoOptions and toy.prepro_toy.options is PreproToyOptions
+    # prepro_coco(karpathy_json, images_root, out, ...) and prepro_toy(out, ...), as before the options class
+    coco, _ = build(PreproCocoOptions, ("k.json", "images", "out"), {"word_count_threshold": 1})
+    assert (coco.karpathy_json, coco.images_root, coco.out, coco.word_count_threshold) == \
+        ("k.json", "images", "out", 1)
+    assert build(PreproToyOptions, ("out",), {"images": 20})[0].out == "out"
+    with pytest.raises(RdppError, match=r"--dtype 'float8' is not one of: float16, float32"):
+        PreproCocoOptions(dtype="float8")
+    with pytest.raises(RdppError, match="--images 3 is too few"):
+        toy.prepro_toy(images=3, workspace=tmp_path / "ws")
+    assert not (tmp_path / "ws").exists()
+    text = " ".join(_run("prepro", "coco", "--help").output.split())
+    assert all(w in text for w in ("<float16|float32>", "--no-restval-to-train", "--no-pretrained", "FILE"))
 
 
 @pytest.mark.unit

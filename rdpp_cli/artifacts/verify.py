@@ -23,9 +23,11 @@ from pathlib import Path
 
 from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
+from rdpp_cli.artifacts.options import VerifyOptions
 from rdpp_cli.artifacts.verified import own_progress_bar
 from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, workspace_dir
 from rdpp_cli.errors import RdppError
+from rdpp_cli.options import takes
 
 NO_MANIFEST = ("no manifest.json and no .rdpp-partial.json: not an artifact nor an unfinished run (its manifest "
                "was deleted?); remake it, or delete the folder")
@@ -160,19 +162,19 @@ def check_all(folders: list[Path], *, workspace: Path | str | None, quick: bool,
     return [results[p] for p in named]
 
 
-def verify(artifacts: list[str] | None = None, *, workspace: Path | str | None = None, quick: bool = False,
-           show: bool = True) -> list[Checked]:
-    """Check the named artifacts (paths, names or group/name), or every folder of the workspace's
+@takes(VerifyOptions)
+def verify(opts: VerifyOptions, *, show: bool = True) -> list[Checked]:
+    """Check the named ``artifacts`` (paths, names or group/name), or every folder of the workspace's
     groups; prints a table of the verdicts (``show``) and returns them."""
     from rdpp_cli.console import console, progress
 
-    root = workspace_dir(workspace)
-    folders = _folders(artifacts, root)
+    root = workspace_dir(opts.workspace)
+    folders = _folders(opts.artifacts, root)
     with progress("artifacts") as bar, own_progress_bar():
         task = bar.add_task("verify", total=len(folders), info="")
-        results = check_all(folders, workspace=workspace, quick=quick, advance=lambda: bar.advance(task))
+        results = check_all(folders, workspace=opts.workspace, quick=opts.quick, advance=lambda: bar.advance(task))
     if show:
-        console.print(_table(results, quick))
+        console.print(_table(results, opts.quick))
         bad = sum(not r.ok for r in results)
         unfinished = sum(r.unfinished for r in results)
         console.print(f"{len(results) - unfinished} artifact(s) checked in {root}, {bad} with problems"

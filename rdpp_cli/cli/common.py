@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import importlib
 import inspect
@@ -183,6 +184,8 @@ def stage(fn):
 
 def _parameter(f: dataclasses.Field, annotation: Any) -> inspect.Parameter:
     meta = f.metadata
+    if meta.get("choices"):  # Typer shows and checks an Enum's values (<float16|float32>)
+        annotation = enum.Enum(f.name, {c: c for c in meta["choices"]}, type=str)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     if meta.get("argument"):
         info = typer.Argument(... if meta.get("required") else default, help=meta["help"], show_default=False,
@@ -218,7 +221,7 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
                                         default=ConfigOpt))
 
     def command(ctx: typer.Context, **_: Any) -> None:
-        values = resolve_options(ctx, cls.section)
+        values = {k: v.value if isinstance(v, enum.Enum) else v for k, v in resolve_options(ctx, cls.section).items()}
         if alias is not None:
             values[alias.name] = parent_option({"from_": values.pop("from_"), alias.name: values[alias.name]},
                                                alias.name, alias.name)

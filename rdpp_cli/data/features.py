@@ -26,10 +26,11 @@ from torch.utils.data import DataLoader, Dataset
 from rdpp_cli.artifacts import content_hash
 from rdpp_cli.console import info, note, progress
 from rdpp_cli.data.backbones import Backbone
+from rdpp_cli.data.options import FEATURE_DTYPES
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 
-DTYPES = {"float16": np.float16, "float32": np.float32}
+DTYPES = {name: np.dtype(name).type for name in FEATURE_DTYPES}  # --dtype
 
 
 class FeatureWriter:

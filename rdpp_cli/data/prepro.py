@@ -26,14 +26,16 @@ from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.backbones import Backbone, build_backbone
 from rdpp_cli.data.caption_files import CaptionSource, read_caption_files
+from rdpp_cli.data.options import PreproCocoOptions, parse_threshold
 from rdpp_cli.data.dataset_paths import find_images_root, find_karpathy_json
-from rdpp_cli.data.features import DTYPES, FeatureWriter, check_images, default_workers, extract_features
+from rdpp_cli.data.features import FeatureWriter, check_images, default_workers, extract_features
 from rdpp_cli.data.importers import FeatureSource
 from rdpp_cli.data.karpathy import ImageRecord, load_karpathy, records_from_dataset
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
+from rdpp_cli.options import takes
 
 KIND = "rdpp.data"
 RUNTIME_ONLY = ("workers", "device")
@@ -58,58 +60,32 @@ class PreproPlan:
     source: CaptionSource | None = None  # --captions: the files read and the Karpathy-form dataset made of them
 
 
-def plan_prepro(
-    karpathy_json: Path | None,
-    images_root: Path | None = None,
-    *,
-    word_count_threshold: int | str = "auto",
-    max_length: int = 16,
-    restval_to_train: bool = True,
-    backbone: str = "resnet101",
-    att_size: int = 14,
-    weights: Path | None = None,
-    pretrained: bool = True,
-    device: str = "auto",
-    batch_size: int = 32,
-    workers: int | None = None,
-    dtype: str = "float16",
-    features_from: Path | None = None,
-    image_size: int | None = None,
-    workspace: Path | None = None,
-    captions: Sequence[Path] | None = None,
-) -> PreproPlan:
-    """Read and check every input; raises RdppError (one line) on the first problem. Writes nothing.
-    ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images; ``workers=None``:
-    ``features.default_workers()`` for the device."""
-    threshold = parse_threshold(word_count_threshold)
-    if max_length < 1:
-        raise RdppError(f"--max-length {max_length} must be at least 1")
-    if batch_size < 1:
-        raise RdppError(f"--batch-size {batch_size} must be at least 1")
-    if workers is not None and workers < 0:
-        raise RdppError(f"--workers {workers} must be 0 or more")
-    if dtype not in DTYPES:
-        raise RdppError(f"--dtype {dtype} is not supported; use float16 or float32")
-    json_path, records, source = read_captions(karpathy_json, captions, images_root, restval_to_train=restval_to_train,
-                                               need_files=features_from is None, workspace=workspace)
+def plan_prepro(opts: PreproCocoOptions) -> PreproPlan:
+    """Read and check every input ``opts`` names; raises RdppError (one line) on the first problem.
+    Writes nothing. ``word_count_threshold="auto"``: ``vocab.auto_threshold`` of the training images;
+    ``workers=None``: ``features.default_workers()`` for the device."""
+    threshold = parse_threshold(opts.word_count_threshold)
+    json_path, records, source = read_captions(opts.karpathy_json, opts.captions, opts.images_root,
+                                               restval_to_train=opts.restval_to_train,
+                                               need_files=opts.features_from is None, workspace=opts.workspace)
     splits = Counter(r.split for r in records)
     if not splits.get("train"):
         raise RdppError(f"{json_path} has no training images (split train or restval); the vocabulary is built from them")
     if threshold is None:
         threshold = V.auto_threshold(splits["train"])
     # imported features decode no image: no workers, and --device is not used
-    plan = PreproPlan(records, json_path, threshold, max_length, dtype, batch_size, workers or 0, device,
-                      source=source)
-    if features_from is not None:
-        plan.features_from = FeatureSource(features_from, [r.image_id for r in records])
+    plan = PreproPlan(records, json_path, threshold, opts.max_length, opts.dtype, opts.batch_size, opts.workers or 0,
+                      opts.device, source=source)
+    if opts.features_from is not None:
+        plan.features_from = FeatureSource(opts.features_from, [r.image_id for r in records])
         return plan
-    dev = resolve_device(device)
-    if workers is None:
+    dev = resolve_device(opts.device)
+    if opts.workers is None:
         plan.workers = default_workers(dev.type)
-    plan.backbone = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights,
-                                   pretrained=pretrained)
+    plan.backbone = build_backbone(opts.backbone, att_size=opts.att_size, image_size=opts.image_size,
+                                   weights=opts.weights, pretrained=opts.pretrained)
     plan.images_root = (source.images_root if source is not None and source.images_root is not None
-                        else find_images_root(images_root, json_path, records[0].relpath))
+                        else find_images_root(opts.images_root, json_path, records[0].relpath))
     plan.image_paths = [plan.images_root / r.relpath for r in records]
     check_images(plan.image_paths, plan.images_root, workers=max(1, plan.workers))
     return plan
@@ -129,20 +105,6 @@ def read_captions(karpathy_json: Path | None, captions: Sequence[Path] | None, i
     first = source.files[0][0]
     where = f"the dataset made of {first}" if source.derived else first
     return first, records_from_dataset(source.dataset, where, restval_to_train, need_files), source
-
-
-def parse_threshold(value: int | str) -> int | None:
-    """``--word-count-threshold``: a count >= 0, or ``auto`` (None: decided from the training set)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    try:
-        t = int(value)
-    except (TypeError, ValueError):
-        raise RdppError(f"--word-count-threshold {value!r} is neither a count nor 'auto'; "
-                        "pass e.g. 5 (keep words seen more than 5 times in train) or auto") from None
-    if t < 0:
-        raise RdppError(f"--word-count-threshold {t} must be 0 or more (or auto)")
-    return t
 
 
 FILES = ("vocab.json", "captions.h5", "features.h5", "cider_df.h5")
@@ -342,28 +304,8 @@ def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tupl
                     f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})"), speed
 
 
-def prepro_coco(
-    karpathy_json: Path | None = None,
-    images_root: Path | None = None,
-    out: Path | None = None,
-    *,
-    workspace: Path | None = None,
-    force: bool = False,
-    word_count_threshold: int | str = "auto",
-    max_length: int = 16,
-    restval_to_train: bool = True,
-    backbone: str = "resnet101",
-    att_size: int = 14,
-    weights: Path | None = None,
-    pretrained: bool = True,
-    device: str = "auto",
-    batch_size: int = 32,
-    workers: int | None = None,
-    dtype: str = "float16",
-    features_from: Path | None = None,
-    image_size: int | None = None,
-    captions: Sequence[Path] | None = None,
-) -> Artifact:
+@takes(PreproCocoOptions)
+def prepro_coco(opts: PreproCocoOptions) -> Artifact:
     """A caption file + images -> a data artifact: ``<workspace>/data/<name>-v<k>`` or ``out``.
 
     The captions come from ``karpathy_json`` (a Karpathy split file), or from ``captions``: caption
@@ -372,32 +314,28 @@ def prepro_coco(
     ``dataset.json``. The name is coco (Karpathy, COCO), flickr or captions (CSV, JSON Lines).
     Rerunning the same command after an interruption resumes the feature extraction.
     """
-    plan = plan_prepro(karpathy_json, images_root, word_count_threshold=word_count_threshold,
-                       max_length=max_length, restval_to_train=restval_to_train, backbone=backbone,
-                       att_size=att_size, weights=weights, pretrained=pretrained, device=device,
-                       batch_size=batch_size, workers=workers, dtype=dtype, features_from=features_from,
-                       image_size=image_size, workspace=workspace, captions=captions)
+    plan = plan_prepro(opts)
     bb = plan.backbone
-    given = parse_threshold(word_count_threshold)
+    given = parse_threshold(opts.word_count_threshold)
     src = plan.source
     config = {
         "source": "coco", "karpathy_json": None if src is not None and src.derived else str(plan.karpathy_json),
         # --captions: every source file (caption files, split lists) with its format and sha256
         **({"captions": src.describe()} if src is not None else {}),
         "images_root": str(plan.images_root) if plan.images_root else None,
-        "word_count_threshold": "auto" if given is None else given, "max_length": max_length,
-        "restval_to_train": restval_to_train,
+        "word_count_threshold": "auto" if given is None else given, "max_length": opts.max_length,
+        "restval_to_train": opts.restval_to_train,
         "backbone": bb.name if bb else "imported", "att_size": bb.att_size if bb else None,
         # where `rdpp caption` finds the file from any folder, and what it checks to extract with the same weights
-        "image_size": bb.image_size if bb else None, "weights": weights_ref(weights, out, workspace),
+        "image_size": bb.image_size if bb else None, "weights": weights_ref(opts.weights, opts.out, opts.workspace),
         "weights_sha256": bb.weights_sha256 if bb else None,
         "weights_missing_head": bb.missing_head if bb else [],
-        "pretrained": pretrained, "device": device, "batch_size": batch_size, "workers": plan.workers,
-        "dtype": dtype, "features_from": str(features_from) if features_from else None,
+        "pretrained": opts.pretrained, "device": opts.device, "batch_size": opts.batch_size, "workers": plan.workers,
+        "dtype": opts.dtype, "features_from": str(opts.features_from) if opts.features_from else None,
     }
     given_json = None if src is not None and src.derived else plan.karpathy_json
-    reads = [given_json, plan.images_root, features_from, weights, *(captions or [])]
-    out_dir = claim_output(out, workspace=workspace, name=src.name if src is not None else "coco", config=config,
-                           force=force, reads=reads)
+    reads = [given_json, plan.images_root, opts.features_from, opts.weights, *(opts.captions or [])]
+    out_dir = claim_output(opts.out, workspace=opts.workspace, name=src.name if src is not None else "coco",
+                           config=config, force=opts.force, reads=reads)
     info(f"writing the data artifact to [bold]{out_dir}[/bold]")
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro coco")

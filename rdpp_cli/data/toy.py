@@ -30,8 +30,9 @@ import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_bytes
 from rdpp_cli.console import info, progress
+from rdpp_cli.data.options import PreproCocoOptions, PreproToyOptions
 from rdpp_cli.data.prepro import claim_output, plan_prepro, weights_ref, write_data_artifact
-from rdpp_cli.errors import RdppError
+from rdpp_cli.options import takes
 
 GENERATOR = "toy-shapes-1"  # bump when the drawing or the grammar changes
 IMAGE_SIZE = 64
@@ -215,45 +216,31 @@ def generate_toy(root: Path, images: int = 3000, seed: int = 0) -> Path:
     return path
 
 
-def prepro_toy(
-    out: Path | None = None,
-    *,
-    workspace: Path | None = None,
-    images: int = 3000,
-    seed: int = 0,
-    backbone: str = "pixstats",
-    att_size: int = 8,
-    weights: Path | None = None,
-    image_size: int | None = None,
-    batch_size: int = 100,
-    force: bool = False,
-) -> Artifact:
+@takes(PreproToyOptions)
+def prepro_toy(opts: PreproToyOptions) -> Artifact:
     """Generate the bundled set and run it through ``prepro coco``'s code: ``<workspace>/data/toy-v<k>``
     or ``out``. A torchvision ``backbone`` starts from random weights unless ``weights`` is given; its
     images are upscaled to ``image_size`` (128 by default, a 4×4 map for a stride-32 CNN)."""
-    if images < 10:
-        raise RdppError(f"--images {images} is too few; use at least 10 (10 % each go to val and test)")
-    from rdpp_cli import checks
-
-    checks.seed(seed)
-    checks.at_least("--batch-size", batch_size, 1)
-    image_size = image_size or (IMAGE_SIZE if backbone == "pixstats" else 2 * IMAGE_SIZE)
+    image_size = opts.image_size or (IMAGE_SIZE if opts.backbone == "pixstats" else 2 * IMAGE_SIZE)
     from rdpp_cli.data.backbones import build_backbone
 
-    bb = build_backbone(backbone, att_size=att_size, image_size=image_size, weights=weights, pretrained=False)
-    config = {"source": "toy", "images": images, "seed": seed, "generator": GENERATOR, "backbone": backbone,
-              "att_size": att_size, "image_size": image_size, "weights": weights_ref(weights, out, workspace),
-              "weights_sha256": bb.weights_sha256,
-              "word_count_threshold": 5, "max_length": 16, "dtype": "float16", "batch_size": batch_size}
-    out_dir = claim_output(out, workspace=workspace, name="toy", config=config, force=force, reads=[weights])
+    bb = build_backbone(opts.backbone, att_size=opts.att_size, image_size=image_size, weights=opts.weights,
+                        pretrained=False)
+    text = {"word_count_threshold": 5, "max_length": 16, "dtype": "float16"}  # fixed: the set's own vocabulary
+    config = {"source": "toy", "images": opts.images, "seed": opts.seed, "generator": GENERATOR,
+              "backbone": opts.backbone, "att_size": opts.att_size, "image_size": image_size,
+              "weights": weights_ref(opts.weights, opts.out, opts.workspace), "weights_sha256": bb.weights_sha256,
+              **text, "batch_size": opts.batch_size}
+    out_dir = claim_output(opts.out, workspace=opts.workspace, name="toy", config=config, force=opts.force,
+                           reads=[opts.weights])
     info(f"writing the toy data artifact to [bold]{out_dir}[/bold]")
     src = out_dir / SOURCE_DIR
     json_path = src / JSON_NAME
-    if not _source_ok(json_path, images, seed):
-        generate_toy(src, images=images, seed=seed)
-    plan = plan_prepro(json_path, src, word_count_threshold=5, max_length=16, backbone=backbone,
-                       att_size=att_size, weights=weights, pretrained=False, device="cpu",
-                       batch_size=batch_size, workers=0, dtype="float16", image_size=image_size)
+    if not _source_ok(json_path, opts.images, opts.seed):
+        generate_toy(src, images=opts.images, seed=opts.seed)
+    plan = plan_prepro(PreproCocoOptions(json_path, images_root=src, backbone=opts.backbone, att_size=opts.att_size,
+                                         weights=opts.weights, pretrained=False, device="cpu",
+                                         batch_size=opts.batch_size, workers=0, image_size=image_size, **text))
     return write_data_artifact(out_dir, plan, config, title="rdpp prepro toy", keep=(SOURCE_DIR,))
 
 
