@@ -435,7 +435,8 @@ def _check_beams(name: str, model: Att2in, ref: PeerDecoding, att, cfg: DecodeCo
     groups = list(range(G)) if G == 1 or K == 1 else [0]  # see the docstring: DBS with K > 1 is staggered upstream
     up = Upstream(model, MAX_LEN)
     if not same_beams(up.sample_beam(att, K * G, G, cfg.diversity_lambda), ref.model.done_beams):
-        raise SystemExit(f"{name}: the replica (Upstream) no longer returns the peer's own beams; not timed")
+        raise SystemExit(f"{name}: the peer's own beam search and its replica (Upstream, on rdpp's weights) "
+                         "return different beams; not timed")
     literal = compare_beams(up, ours, G, K, groups)  # the peer's own beams (the replica's early ends)
     best = sum(_words(ref.model.done_beams[b][0]["seq"]) == _words(ours.tokens[b, 0]) for b in range(B))
     alg = Upstream(model, MAX_LEN, rdpp_step=att)
