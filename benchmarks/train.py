@@ -260,7 +260,8 @@ def print_table(results: list[dict], args) -> None:
                       f"-> {p['choice']}")
         peer_check = (f"the peer's code: loss {r['peer_loss_abs_diff']:.1e}, gradients {r['peer_grad_rel_diff']:.1e}; "
                       if r.get("peer_loss_abs_diff") is not None else "")
-        con.print(f"checked first (float64, dropout off): rdpp against {peer_check}against the replica "
+        con.print(f"checked first (float64, dropout off): rdpp against {peer_check}"
+                  f"{'against ' if peer_check else ''}the replica "
                   f"(benchmarks/upstream.py): loss {r['replica_loss_abs_diff']:.1e}, gradients "
                   f"{r['replica_grad_rel_diff']:.1e} relative; rdpp bf16 loss within {r['bf16_loss_rel_diff']:.1e} "
                   f"relative of fp32 (same batch)")
