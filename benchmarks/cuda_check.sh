@@ -8,13 +8,14 @@
 #   4. whole epochs over 10,000 COCO-shaped rows, loading included: XE at batch 50 fp32, 200 fp32 and
 #      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data.py --xe-epoch),
 #      then the paper recipe's projected GPU-hours (benchmarks/recipe_hours.py)
-#   not by default (STEPS="5 6 7 8 9"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
+#   not by default (STEPS="5 6 7 8 9 10"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
 #   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding on the GPU
 #   against the peer's own decoding, and DPP selection (benchmarks/sample.py); 8. the demo's training
 #   stages (without Java it stops at its first scoring step); 9. the training fast path (--fast on;
 #   about 8 minutes, most of it compiling): its GPU tests in tests/test_cuda.py, then
 #   benchmarks/fast_path.py, eager against fast (CUDA graphs) and fast without CUDA graphs, XE /
-#   R-DPP / SCST steps at the paper's shapes
+#   R-DPP / SCST steps at the paper's shapes; 10. the content check on read of features.h5 at
+#   COCO's scale (benchmarks/data.py --content-check)
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
@@ -133,6 +134,13 @@ if want 9; then
   run cuda_fast_tests.log 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k "fast or reward_on_cuda"
   run cuda_fast_path.log 420 $PY benchmarks/fast_path.py --device "$DEVICE" --sections xe,dpp,scst --batch $B \
     --steps $NSTEPS --matmul-size $MM --threads $THREADS $FAST_ARGS --json
+fi
+
+if want 10; then
+  stamp "10. the content check on read of features.h5 ($ROWS COCO-shaped rows), projected to COCO"
+  run content_check.log 300 $PY benchmarks/data.py --content-check --rows $ROWS --rounds 2 --dir /tmp/rdpp-cuda-content \
+    --gpu-epoch-s 80 --json
+  rm -rf /tmp/rdpp-cuda-content
 fi
 
 stamp "done"
