@@ -112,7 +112,6 @@ score:
 """
 
 
-@pytest.mark.slow  # six stages in subprocesses: over a minute of CPU
 def test_the_own_dataset_commands_verbatim(tmp_path):
     """A CSV of image,caption rows (no split column: the hash rule splits it) beside a folder of
     photos, then the README's commands as typed; `rdpp caption` on new photos of several sizes and
