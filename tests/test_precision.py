@@ -70,10 +70,10 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path)
     assert [P.resolve_precision(p, "cpu") for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
     with pytest.raises(RdppError, match="--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto"):
         P.resolve_precision("half", "cpu")
-    # the CLI repeats the default (it cannot import torch): the two must agree
-    from rdpp_cli.cli.common import PrecisionOpt
+    # the options classes repeat the default (they cannot import torch): the two must agree
+    from rdpp_cli.training.options import XEOptions
 
-    assert PrecisionOpt.default == P.DEFAULT_PRECISION == "fp32"
+    assert XEOptions.__dataclass_fields__["precision"].default == P.DEFAULT_PRECISION == "fp32"
 
 
 @pytest.mark.unit

@@ -31,10 +31,11 @@ def model_of(art, by_sha: dict) -> str:
     return entry_name(entry) if entry else "-"
 
 
-def ls(workspace: Path | None = None) -> Table:
-    """Every complete artifact in the workspace with its settings, headline numbers, model and lineage."""
+def ls(workspace: Path | None = None, arts: list | None = None) -> Table:
+    """Every complete artifact in the workspace (``arts``: as ``list_artifacts`` read them) with its
+    settings, headline numbers, model and lineage."""
     root = workspace_dir(workspace)
-    arts = list_artifacts(root)
+    arts = list_artifacts(root) if arts is None else arts
     by_sha = {a.manifest_sha256: a for a in arts}
     table = Table(title=f"artifacts in {root}", title_justify="left")
     for col in ("artifact", "kind", "created", "settings", "headline", "model", "from"):
@@ -54,12 +55,13 @@ def ls(workspace: Path | None = None) -> Table:
 @takes(LsOptions)
 def show(opts: LsOptions) -> Table:
     """Print the workspace's table (or say it holds no artifact yet); returns it."""
-    table = ls(opts.workspace)
+    arts = list_artifacts(workspace_dir(opts.workspace))
+    table = ls(opts.workspace, arts)
     if table.row_count == 0:
         console.print(f"no artifacts in {workspace_dir(opts.workspace)} yet; start with `rdpp prepro toy`")
     else:
         console.print(table)
-    stray = stray_folders(opts.workspace)
+    stray = stray_folders(opts.workspace, listed={a.path for a in arts})
     if stray:  # one line: folders that are no complete artifact are said, never dropped silently
         note(f"{len(stray)} folder(s) not listed, not complete artifacts: "
              + "; ".join(f"{p.parent.name}/{p.name} ({why})" for p, why in stray) + "; `rdpp verify` checks them")

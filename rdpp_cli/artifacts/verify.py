@@ -17,7 +17,6 @@ that cannot be read is a problem. ``stray_folders`` is the same survey for ``rdp
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
 from rdpp_cli.artifacts.options import VerifyOptions
 from rdpp_cli.artifacts.verified import own_progress_bar
-from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, workspace_dir
+from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, read_partial, workspace_dir
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
 
@@ -56,11 +55,14 @@ def _group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
                   if p.is_dir() and not p.name.startswith("."))
 
 
-def stray_folders(workspace: Path | str | None = None) -> list[tuple[Path, str]]:
+def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset()) -> list[tuple[Path, str]]:
     """The folders under the workspace's groups that are not complete, readable artifacts of their
-    group's kind, each with why: ``unfinished run``, ``no manifest.json`` or the reading error."""
+    group's kind, each with why: ``unfinished run``, ``no manifest.json`` or the reading error.
+    ``listed``: folders already read as artifacts (``list_artifacts``), not read again."""
     out = []
     for p in _group_folders(workspace_dir(workspace)):
+        if p in listed:
+            continue
         if (p / MANIFEST).is_file():
             try:
                 read_artifact(p, GROUPS[p.parent.name])
@@ -85,18 +87,11 @@ def _folders(names: list[str] | None, root: Path) -> list[Path]:
     return out
 
 
-def _unfinished_kind(path: Path) -> str:
-    try:
-        return str(json.loads((path / PARTIAL).read_text()).get("kind", "?"))
-    except (OSError, ValueError, AttributeError):
-        return "?"
-
-
 def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
     """The verdict on one folder (its own files and inputs; ``verify`` adds its ancestors' problems)."""
     res = Checked(Path(path))
     if not (res.path / MANIFEST).is_file() and (res.path / PARTIAL).is_file():
-        res.unfinished, res.kind = True, _unfinished_kind(res.path)
+        res.unfinished, res.kind = True, str((read_partial(res.path) or {}).get("kind", "?"))
         return res
     if not (res.path / MANIFEST).exists():
         res.problems.append(NO_MANIFEST)

@@ -91,15 +91,19 @@ def _identity(config: dict) -> dict:
                         "pass a finite value") from None
 
 
-def _partial_matches(path: Path, kind: str, config: dict) -> bool:
-    marker = path / PARTIAL
-    if not marker.is_file():
-        return False
+def read_partial(path: Path) -> dict | None:
+    """The unfinished-run marker of folder ``path`` (the run's kind and identity), or None when it
+    has no readable one."""
     try:
-        saved = json.loads(marker.read_text())
-    except json.JSONDecodeError:
-        return False
-    return saved.get("kind") == kind and saved.get("config") == _identity(config)
+        saved = json.loads((path / PARTIAL).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _partial_matches(path: Path, kind: str, config: dict) -> bool:
+    saved = read_partial(path)
+    return saved is not None and saved.get("kind") == kind and saved.get("config") == _identity(config)
 
 
 def _mark_partial(path: Path, kind: str, config: dict) -> None:
@@ -222,7 +226,7 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
             raise RdppError(f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it")
         (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
     elif (path / PARTIAL).exists():
-        started = _partial_kind(path)
+        started = (read_partial(path) or {}).get("kind")
         if started != kind:
             raise RdppError(f"{path} holds an unfinished {started or 'unknown'} run, not {kind}; choose another --out "
                             "(--force replaces only an artifact of the same stage)")
@@ -233,14 +237,6 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
         raise RdppError(f"{path} holds files that are not an rdpp artifact; choose another --out "
                         "(--force replaces only an artifact of the same stage, never other files)")
     _clear(path)
-
-
-def _partial_kind(path: Path) -> str | None:
-    try:
-        saved = json.loads((path / PARTIAL).read_text())
-    except (OSError, ValueError):
-        return None
-    return saved.get("kind") if isinstance(saved, dict) else None
 
 
 def _clear(path: Path) -> None:

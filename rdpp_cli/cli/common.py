@@ -18,7 +18,6 @@ import typer
 from rich.markup import escape
 
 from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
-from rdpp_cli.checks import DEFAULT_PRECISION
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError
 
@@ -26,15 +25,6 @@ ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
     dir_okay=False,
 )
-WorkspaceOpt = typer.Option(
-    None, "--workspace", help="Workspace folder holding every artifact (default: $RDPP_WORKSPACE, else ./runs).",
-)
-ForceOpt = typer.Option(False, "--force", help="Replace what --out already holds.")
-DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
-PrecisionOpt = typer.Option(
-    DEFAULT_PRECISION, "--precision", help="The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards and "
-    "metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 on a GPU of compute capability 8.0+, "
-    "and on a CPU where it measures at least 1.1x faster, timed once and cached in ~/.cache/rdpp; else fp32).")
 
 
 def load_config_file(path: Path) -> dict:
