@@ -258,6 +258,21 @@ def test_a_bf16_xe_run_keeps_float32_weights_and_resumes_exactly(ws, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_run_trains_in_the_precision_its_identity_records(ws, tmp_path, monkeypatch):
+    """`auto` is resolved once, by the stage: a second measurement (here answering differently)
+    must not make the run train in another precision than its identity and manifest say."""
+    import rdpp_cli.training.loop as loop_mod
+    import rdpp_cli.training.xe as xe_mod
+
+    answers = iter(["fp32", "bf16", "bf16"])
+    monkeypatch.setattr(xe_mod, "resolve_precision", lambda p, d: next(answers))
+    monkeypatch.setattr(loop_mod, "resolve_precision", lambda p, d: next(answers))
+    art = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
+                   val_images=3, device="cpu", seed=5, precision="auto")
+    assert art.manifest["config"]["precision"] == "fp32"  # the recipe's own precision, written at the end
+
+
+@pytest.mark.integration
 def test_fp16_scales_the_loss_and_resumes_with_the_scalers_state(ws, tmp_path):
     xe = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
                   val_images=2, lr=2e-3, device="cpu", seed=1)

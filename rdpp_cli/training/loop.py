@@ -408,7 +408,9 @@ class TrainingRecipe:
             self.cider = TrainCider.for_data(self.data)
         self.optimizer = (self.fast.optimizer(self.model.parameters(), o.lr) if self.fast is not None
                           else torch.optim.Adam(self.model.parameters(), lr=o.lr))
-        self.precision = resolve_precision(o.precision, rt.device)
+        # the precision the stage resolved into the run's identity (run_settings): `auto` on a CPU is a
+        # measurement, and measuring it again here could train in another precision than recorded
+        self.precision = self.manifest_config.get("precision") or resolve_precision(o.precision, rt.device)
         self.scaler = grad_scaler(self.precision, rt.device)  # fp16 only
         self.scheduler = (torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=o.lr_decay_every,
                                                           gamma=o.lr_decay_rate) if o.lr_decay_every > 0 else None)
