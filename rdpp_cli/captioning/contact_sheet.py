@@ -33,9 +33,9 @@ def thumbnail(path: Path, size: int = THUMB):
     from rdpp_cli.data.features import to_rgb
 
     with Image.open(path) as im:
-        im.load()  # a photo already within size×size is not resized below: read it before the file closes
         im = to_rgb(ImageOps.exif_transpose(im) if im.getexif().get(0x0112, 1) != 1 else im)
-        im.thumbnail((size, size), Image.BILINEAR)
+        im.thumbnail((size, size), Image.BILINEAR)  # a large JPEG is decoded at a reduced scale (draft)
+        im.load()  # a photo already within size×size was not resized: read it before the file closes
         return im
 
 
