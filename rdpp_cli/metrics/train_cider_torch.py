@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rdpp_cli.metrics.cider.torch_kernel import TorchCiderD
+from rdpp_cli.metrics.cider.torch_kernel import Grams, TorchCiderD
 from rdpp_cli.metrics.train_cider import TrainCider
 
 __all__ = ["DeviceTrainCider", "references_tensor", "self_cider_from_kernel", "with_eos"]
@@ -67,19 +67,25 @@ class DeviceTrainCider:
         return self.kernel.score(with_eos(hyps, self.max_len, self.eos), with_eos(refs, self.ref_len, self.eos),
                                  counts, ref_index)
 
-    def pairwise(self, samples: Tensor) -> Tensor:
+    def pairwise(self, samples: Tensor, g: Grams | None = None) -> Tensor:
         """The R-DPP kernel S (B, M, M), published direction: ``S_ij`` = caption j scored against
-        caption i for i <= j, mirrored (``TrainCider.pairwise``)."""
-        A = self.kernel.cross(with_eos(samples, self.max_len, self.eos))
+        caption i for i <= j, mirrored (``TrainCider.pairwise``). ``g``: the samples' grams (with
+        the end token), when the caller has them."""
+        A = self.kernel.cross(with_eos(samples, self.max_len, self.eos), g)
         M = A.shape[-1]
         upper = torch.ones(M, M, dtype=torch.bool, device=A.device).triu()
         return torch.where(upper, A.transpose(1, 2), A)
 
     def score_and_pairwise(self, samples: Tensor, refs: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-        """q (B, M) of samples (B, M, T) against their image's references, and S (B, M, M)."""
+        """q (B, M) of samples (B, M, T) against their image's references, and S (B, M, M), from one
+        pass over the samples' n-grams (as ``TrainCider.score_and_pairwise``)."""
         B, M, T = samples.shape
         index = torch.arange(B, device=samples.device).repeat_interleave(M)
-        return self.score(samples.reshape(B * M, T), refs, counts, index).view(B, M), self.pairwise(samples)
+        g = self.kernel.grams(with_eos(samples, self.max_len, self.eos))  # (B, M, ...)
+        flat = Grams(*(x.reshape(B * M, *x.shape[2:]) for x in g))
+        q = self.kernel.score(samples.reshape(B * M, T), with_eos(refs, self.ref_len, self.eos), counts, index,
+                              a=flat)
+        return q.view(B, M), self.pairwise(samples, g)
 
 
 def self_cider_from_kernel(K: Tensor) -> Tensor:

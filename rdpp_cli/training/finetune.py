@@ -233,6 +233,9 @@ class RewardStep:
 
         cider = self._device_cider(d.samples.device)
         B, m, T = d.samples.shape
+        if d.greedy is None and (self.reward == "dpp" or m > 1):  # q and S from one pass over the samples
+            q, K = cider.score_and_pairwise(d.samples, refs, counts)
+            return self._weights_from(q, None, K, lambda: device_self_cider(K).mean())
         hyps, index = d.samples.reshape(B * m, T), torch.arange(B, device=d.samples.device).repeat_interleave(m)
         if d.greedy is not None:  # samples and greedy captions in one scoring call
             Tg = max(T, d.greedy.shape[1])

@@ -112,22 +112,25 @@ class TorchCiderD:
         d = a.blen - b.blen
         return val.sum(-1) * torch.exp(-(d * d) / (2 * self.sigma ** 2)) * (10.0 / N_ORDER)
 
-    def score(self, hyps: Tensor, refs: Tensor, ref_counts: Tensor, ref_index: Tensor | None = None) -> Tensor:
+    def score(self, hyps: Tensor, refs: Tensor, ref_counts: Tensor, ref_index: Tensor | None = None,
+              a: Grams | None = None) -> Tensor:
         """CIDEr-D (H,) of each hypothesis (H, T) against its reference set: ``refs`` (S, k, T')
         holds S sets of up to k references, ``ref_counts`` (S,) how many of each are real (≥ 1),
-        ``ref_index`` (H,) the set of each hypothesis (None: hypothesis h uses set h)."""
+        ``ref_index`` (H,) the set of each hypothesis (None: hypothesis h uses set h). ``a``: the
+        hypotheses' ``grams``, when the caller has them."""
         idx = torch.arange(len(hyps), device=hyps.device) if ref_index is None else ref_index
-        a, b = self.grams(hyps), self.grams(refs)
+        a, b = self.grams(hyps) if a is None else a, self.grams(refs)
         b = Grams(*(x[idx] for x in b))  # (H, k, ...)
         s = self.pair(Grams(*(x.unsqueeze(1) for x in a)), b)  # (H, k)
         real = torch.arange(refs.shape[1], device=hyps.device) < ref_counts[idx].unsqueeze(1)
         return (s * real).sum(1) / ref_counts[idx].to(torch.float64)
 
-    def cross(self, caps: Tensor) -> Tensor:
+    def cross(self, caps: Tensor, g: Grams | None = None) -> Tensor:
         """``A[b, i, j]``: CIDEr-D of caption i of image b against caption j as its single
         reference, for the M captions (B, M, T) of each image; the diagonal exactly 10/4 × the
-        orders of non-zero norm, as ``kernel.pair_scores`` has it."""
-        g = self.grams(caps)
+        orders of non-zero norm, as ``kernel.pair_scores`` has it. ``g``: ``grams(caps)``, when the
+        caller has them."""
+        g = self.grams(caps) if g is None else g
         A = self.pair(Grams(*(x.unsqueeze(2) for x in g)), Grams(*(x.unsqueeze(1) for x in g)))
         diag = (g.norm > 0).sum(-1).to(torch.float64) * (10.0 / N_ORDER)  # (B, M)
         return torch.diagonal_scatter(A, diag, dim1=1, dim2=2)
