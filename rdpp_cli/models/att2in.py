@@ -197,15 +197,17 @@ class Att2in(nn.Module):
             hs.append(state[0])
         return torch.stack(hs, 1)
 
+    def _outputs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None, drop: DropoutMasks | None) -> Tensor:
+        """The output layer's inputs (N, L+1, H) at every step for seqs (N, L), BOS first, dropped out."""
+        h = self._hidden(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, drop)
+        return h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
+
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                 drop: DropoutMasks | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L): input 0
         (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at t = L, the EOS.
         ``drop``: replay pre-drawn dropout masks (e.g. a sampling pass's) instead of fresh dropout."""
-        seqs = seqs.reshape(-1, seqs.shape[-1])
-        inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
-        h = self._hidden(att, inputs, att_mask, drop)
-        h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
+        h = self._outputs(att, seqs.reshape(-1, seqs.shape[-1]), att_mask, drop)
         return F.log_softmax(f32(self.logit(h)), dim=-1)  # once, over all steps
 
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
@@ -233,9 +235,7 @@ class Att2in(nn.Module):
         numbers: a step past the EOS never reaches an earlier position. ``drop`` (N, ≥ L+1 steps)."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
         target, mask = _targets(seqs)
-        inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)  # (N, L+1), BOS first
-        h = self._hidden(att, inputs, att_mask, drop)  # (N, L+1, H)
-        h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
+        h = self._outputs(att, seqs, att_mask, drop)  # (N, L+1, H)
         tok = token_logprob(self.logit(h).flatten(0, 1), target.flatten().long()).view(target.shape)
         mask = mask.to(tok.dtype)
         return tok * mask, mask
