@@ -50,7 +50,6 @@ class Photo:
 
     name: str  # the image file as written: relative to the file's image folder, or absolute
     where: str  # "FILE, line N" (or "FILE, images[k]") where it is first named
-    source: Path  # the caption file
     captions: list[str] = field(default_factory=list)
     split: str | None = None  # None: no file says (the hash rule decides)
     image_id: int | None = None  # None: from the file names (``ids_from_names``)
@@ -163,7 +162,7 @@ def detect(path: Path) -> tuple[str, object]:
 
 # -- reading each format ---------------------------------------------------------------------------
 
-def _add_caption(photos: dict[str, Photo], path: Path, where: str, image: str, caption: str,
+def _add_caption(photos: dict[str, Photo], where: str, image: str, caption: str,
                  split: str | None = None, image_id: int | None = None) -> None:
     """One caption row: checked, then added to its image's entry (created on its first row)."""
     image, caption = image.strip(), " ".join(caption.split())
@@ -174,7 +173,7 @@ def _add_caption(photos: dict[str, Photo], path: Path, where: str, image: str, c
                         "or write the caption")
     p = photos.get(image)
     if p is None:
-        photos[image] = p = Photo(image, where, path, split=split, image_id=image_id)
+        photos[image] = p = Photo(image, where, split=split, image_id=image_id)
     elif split != p.split:
         raise RdppError(f"{where}: image {image} has split {split or '(none)'} here but {p.split or '(none)'} at "
                         f"{p.where}; give every row of an image the same split")
@@ -204,10 +203,10 @@ def _id_value(value, where: str) -> int | None:
         raise RdppError(f"{where}: image id {value!r} is not an integer; give integer ids or none") from None
 
 
-def _table_row(photos, path: Path, where: str, get) -> None:
+def _table_row(photos, where: str, get) -> None:
     """A CSV or JSON Lines row; ``get(what)`` reads field image/caption/split/id (None when absent)."""
     image, caption = get("image"), get("caption")
-    _add_caption(photos, path, where, str(image or ""), str(caption or ""),
+    _add_caption(photos, where, str(image or ""), str(caption or ""),
                  _split_value(get("split"), where), _id_value(get("id"), where))
 
 
@@ -223,7 +222,7 @@ def read_csv(path: Path, text: str) -> list[Photo]:
             if "headerless" not in cols:
                 continue
         where = f"{path}, line {reader.line_num}"
-        _table_row(photos, path, where, lambda what: row[cols[what]] if what in cols and cols[what] < len(row)
+        _table_row(photos, where, lambda what: row[cols[what]] if what in cols and cols[what] < len(row)
                    else None)
     return list(photos.values())
 
@@ -241,7 +240,7 @@ def read_jsonl(path: Path, text: str) -> list[Photo]:
         if not isinstance(obj, dict):
             raise RdppError(f"{where} is not a JSON object; expected {{\"image\": ..., \"caption\": ...}}")
         keys = {"image": IMAGE_KEYS, "caption": CAPTION_KEYS, "split": SPLIT_KEYS, "id": ID_KEYS}
-        _table_row(photos, path, where, lambda what: obj.get(_pick(obj, keys[what])))
+        _table_row(photos, where, lambda what: obj.get(_pick(obj, keys[what])))
     return list(photos.values())
 
 
@@ -261,7 +260,7 @@ def read_flickr(path: Path, text: str) -> list[Photo]:
             raise RdppError(f"{path}, line {n}: caption id {key[0]}#{key[1]} appears twice (line {seen[key]} too); "
                             "caption ids must be unique")
         seen[key] = n
-        _add_caption(photos, path, f"{path}, line {n}", m["image"], m["caption"])
+        _add_caption(photos, f"{path}, line {n}", m["image"], m["caption"])
     splits, _ = flickr_split_lists(path)
     if splits:
         for p in photos.values():
@@ -311,7 +310,7 @@ def read_coco(path: Path, data: dict) -> list[Photo]:
             raise RdppError(f"{where} (image {iid}) has no 'file_name'; the image file cannot be found")
         if iid in by_id:
             raise RdppError(f"{where}: image id {iid} appears twice ({by_id[iid].where} too); ids must be unique")
-        by_id[iid] = Photo(im["file_name"].strip(), where, path, split=split, image_id=iid, coco=True)
+        by_id[iid] = Photo(im["file_name"].strip(), where, split=split, image_id=iid, coco=True)
     for k, a in enumerate(data["annotations"]):
         where = f"{path}, annotations[{k}]"
         iid, cap = (a.get("image_id"), a.get("caption")) if isinstance(a, dict) else (None, None)
