@@ -35,7 +35,7 @@ from rdpp_cli.captioning.options import CaptionOptions
 from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.caption_files import IMAGE_SUFFIXES, ids_from_names
-from rdpp_cli.data.features import DTYPES, default_workers, image_problem, iter_features
+from rdpp_cli.data.features import DTYPES, check_images, default_workers, iter_features
 from rdpp_cli.data.vocab import decode_ids, unk_id
 from rdpp_cli.decoding.config import DecodeConfig
 from rdpp_cli.decoding.decode import decode
@@ -96,7 +96,8 @@ def caption(opts: CaptionOptions) -> Artifact:
     """Caption the image files (or folders) ``opts.paths`` with a model artifact (default: the newest
     fine-tuned, else XE model); returns the captions artifact. Decoding settings left as None take
     the method's defaults (``decoding.config.DEFAULTS``: beam search of width max(n, 3), ...)."""
-    files = readable_images(opts.paths)
+    files = find_images(opts.paths)
+    check_images(files, what="leave it out or replace it")  # every photo readable before anything is written
     dec = load_decoder(opts.model, None, opts.workspace, opts.device)
     bb, dtype = backbone_of(dec.data, opts.weights)
     if dec.net.config.att_feat_size != bb.dim:
@@ -123,16 +124,6 @@ def caption(opts: CaptionOptions) -> Artifact:
         **{f"e.g. {Path(r['file']).name}": " | ".join(r["captions"][:3]) for r in records[:3]},
     }))
     return art
-
-
-def readable_images(paths: Sequence[str | Path]) -> list[Path]:
-    """The image files of ``paths`` (``find_images``), every one readable, before anything is written."""
-    files = find_images(paths)
-    for f in files:
-        problem = image_problem(f, what="leave it out or replace it")
-        if problem:
-            raise problem
-    return files
 
 
 def regroup(batches: Iterable[np.ndarray], size: int) -> Iterator[np.ndarray]:

@@ -287,9 +287,10 @@ def _ends_with(p: Path, markers: tuple[bytes, ...], tail: int = 64) -> bool:
     return any(end.endswith(m) for m in markers)
 
 
-def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> None:
-    """Every image file exists and can be read (``image_problem``): fails with one line naming the
-    first bad file, before anything is written."""
+def check_images(paths: Sequence[Path], images_root: Path | None = None, workers: int = 4,
+                 what: str = "remove it from the caption file or replace it") -> None:
+    """Every image file exists and can be read (``image_problem``; ``what``: what the user should do
+    about a bad one): fails with one line naming the first bad file, before anything is written."""
     from concurrent.futures import ThreadPoolExecutor
 
     for p in paths:
@@ -301,7 +302,7 @@ def check_images(paths: Sequence[Path], images_root: Path, workers: int = 4) -> 
     try:
         with progress("images") as bar:
             task = bar.add_task("check images", total=len(paths), info="")
-            for problem in pool.map(image_problem, paths):
+            for problem in pool.map(functools.partial(image_problem, what=what), paths):
                 if problem:
                     raise problem
                 bar.advance(task)
