@@ -255,7 +255,7 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
     """The greedy captions scored after every epoch: a spy on the decoder sees no UNK come out."""
     import importlib
 
-    from rdpp_cli.training.loop import greedy_cider
+    from rdpp_cli.training.validation import greedy_cider
 
     dec = importlib.import_module("rdpp_cli.decoding.decode")  # the module (the package exports the function)
 

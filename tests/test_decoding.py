@@ -97,7 +97,7 @@ def test_outputs_are_valid_sequences_of_the_model(feats):
 class StepTable:
     """A model for hand-computed cases: ``step`` (a fixed table in subclasses) ignores the image."""
 
-    def encode(self, att, mask=None):
+    def encode(self, att, mask=None, fc=None, drop=None):
         return att
 
     def expand(self, enc, n):
@@ -113,7 +113,7 @@ def test_greedy_by_hand_and_max_len():
 
     class Table(StepTable):
         # next word = (it + 1) % 4 with prob 0.7, EOS only after word 3
-        def step(self, it, enc, state):
+        def step(self, it, enc, state, drop=None):
             lp = torch.full((it.shape[0], 5), 0.075).log()
             lp[torch.arange(it.shape[0]), (it + 1) % 4] = torch.tensor(0.7).log()
             return lp, state
@@ -362,7 +362,7 @@ def test_unk_suppression_by_hand():
     word 1, then the EOS: log-prob log(0.3 · 0.3), against log 0.05 for the empty caption."""
 
     class Table(StepTable):
-        def step(self, it, enc, state):
+        def step(self, it, enc, state, drop=None):
             p = torch.tensor([0.05, 0.3, 0.05, 0.05, 0.55]).expand(it.shape[0], 5).clone()
             p[it == 1] = torch.tensor([0.3, 0.05, 0.05, 0.05, 0.55])  # after word 1: EOS, else UNK
             return p.log(), state

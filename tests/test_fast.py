@@ -24,7 +24,8 @@ from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.metrics.train_cider_torch import references_tensor
 from rdpp_cli.training import fast as F
 from rdpp_cli.training.finetune import RewardStep, finetune
-from rdpp_cli.training.loop import PendingLogs, TrainingRecipe
+from rdpp_cli.training.loggers import PendingLogs
+from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions, XEOptions
 from rdpp_cli.training.xe import fast_xe_loss, train_xe, xe_loss
 

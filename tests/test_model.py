@@ -226,7 +226,7 @@ def test_an_older_checkpoint_recording_fc_feat_size_still_loads(tmp_path):
 def test_a_checkpoint_of_another_model_class_is_refused_in_one_line(tmp_path):
     save_checkpoint(tmp_path / "m.pt", tiny(), [f"w{i}" for i in range(12)])
     ck = torch.load(tmp_path / "m.pt", weights_only=True)
-    torch.save({**ck, "model_class": "Transformer"}, tmp_path / "t.pt")
+    torch.save({**ck, "model_class": "ShowTell"}, tmp_path / "t.pt")
     with pytest.raises(RdppError) as e:
         load_model(tmp_path / "t.pt")
-    assert str(e.value) == f"{tmp_path / 't.pt'}: unknown model class 'Transformer'; this rdpp knows only Att2in"
+    assert str(e.value).startswith(f"{tmp_path / 't.pt'}: unknown model class 'ShowTell'; this rdpp knows Att2in")

@@ -33,7 +33,7 @@ from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import TrainCider, with_eos
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.training.finetune import RewardStep, finetune
-from rdpp_cli.training.loop import greedy_cider
+from rdpp_cli.training.validation import greedy_cider
 from rdpp_cli.training.options import FINETUNE_PRESETS as PRESETS
 from rdpp_cli.training.rewards import dpp_weights, sampled_mask
 from rdpp_cli.training.xe import train_xe

@@ -133,7 +133,7 @@ def test_model_artifact_contents(data_dir, tmp_path):
     assert ck["vocab"] == DataArtifact.open(data_dir).words and ck["model_class"] == "Att2in"
     # best.pt really holds the weights that scored it: decode the 4 val images again and rescore
     from rdpp_cli.models.checkpoint import load_model
-    from rdpp_cli.training.loop import greedy_cider
+    from rdpp_cli.training.validation import greedy_cider
 
     d = DataArtifact.open(data_dir)
     model, _, _ = load_model(art.path / "checkpoints" / "best.pt")

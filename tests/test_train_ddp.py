@@ -14,7 +14,7 @@ import torch
 from rdpp_cli.artifacts import list_artifacts
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.checkpoint import load_model
-from rdpp_cli.training.loop import greedy_cider
+from rdpp_cli.training.validation import greedy_cider
 
 from helpers import write_tiny_data
 

@@ -18,7 +18,7 @@ import torch
 
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.options import hints
-from rdpp_cli.training import loop
+from rdpp_cli.training import loggers, loop
 from rdpp_cli.training.options import FINETUNE_PRESETS, MODEL_PRESETS, FinetuneOptions, TrainLoopOptions, XEOptions
 from rdpp_cli.training.xe import xe_loss
 
@@ -182,7 +182,7 @@ def test_run_settings_keep_the_identity_and_config_keys():
 
 # -- the recipe: loggers, position, the loss in one place -------------------------------------------
 
-class Recorder(loop.Logger):
+class Recorder(loggers.Logger):
     def __init__(self):
         self.steps, self.epochs, self.started, self.closed, self.positions = [], [], None, False, []
 

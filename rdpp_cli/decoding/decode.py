@@ -1,4 +1,6 @@
-"""Caption decoding over any model with ``encode / expand / init_state / step``.
+"""Caption decoding over any captioner with the ``CaptionModel`` interface (``rdpp_cli.models.base``):
+``encode / expand / init_state / step``; the decoding state and the dropout masks are the model's,
+untouched here except that beam search reorders the state's rows (``select_rows``).
 
 Methods (``DecodeConfig.method``; the config and its defaults: ``rdpp_cli.decoding.config``):
 
@@ -42,6 +44,7 @@ import torch
 from torch import Tensor
 
 from rdpp_cli.decoding.config import METHODS, DecodeConfig
+from rdpp_cli.models.base import select_rows
 
 __all__ = ["METHODS", "DecodeConfig", "Decoded", "decode"]
 
@@ -56,13 +59,15 @@ class Decoded:
 
 @torch.no_grad()
 def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
-           generator: torch.Generator | None = None, drop=None, static: bool = False) -> Decoded:
-    """Decode ``cfg.n`` captions for each of the B images of ``att`` (B, R, D).
+           generator: torch.Generator | None = None, drop=None, static: bool = False,
+           fc: Tensor | None = None) -> Decoded:
+    """Decode ``cfg.n`` captions for each of the B images of ``att`` (B, R, D) (and their pooled
+    features ``fc`` (B, F), read by the models that use them).
 
     The model's mode is left as it is (in train mode its dropout is active). ``generator`` (on the
     model's device) makes sampling reproducible; fresh dropout draws from torch's global RNG.
-    ``drop`` (sampling methods only): pre-drawn dropout masks (``Att2in.draw_dropout``: the image's
-    att mask and one embedding/output mask per caption row and step) used instead of fresh dropout,
+    ``drop`` (sampling methods only): pre-drawn dropout masks (``model.draw_dropout``: the image
+    masks and those of every caption row and step) used instead of fresh dropout,
     so that a teacher-forced pass with the same masks gives exactly the log-probs the captions were
     drawn with -- what on-policy RL sampling needs (rdpp_cli.training.finetune).
     ``static`` (greedy and sampling methods): every one of the ``max_len + 1`` steps runs and the
@@ -73,7 +78,7 @@ def decode(model, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None
     cfg.check()
     if drop is not None and cfg.method not in ("random", "topk", "nucleus"):
         raise ValueError(f"dropout masks are for sampling methods, not --method {cfg.method}")
-    enc = model.encode(att, att_mask, drop.att) if drop is not None else model.encode(att, att_mask)
+    enc = model.encode(att, att_mask, fc=fc, drop=drop)
     B = att.shape[0]
     if cfg.method in ("beam", "dbs"):
         groups = cfg.groups if cfg.method == "dbs" else 1
@@ -170,10 +175,7 @@ def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None,
     tokens = torch.zeros(N, cfg.max_len, dtype=torch.long, device=device)
     logps = torch.zeros(N, cfg.max_len + 1, device=device)
     for t in range(cfg.max_len + 1):
-        if drop is None:
-            lp, state = model.step(it, enc, state)
-        else:
-            lp, state = model.step(it, enc, state, (drop.embed[:, t], drop.out[:, t]))
+        lp, state = model.step(it, enc, state, drop.at(t) if drop is not None else None)
         lp = lp.float()
         it = _choose(lp, cfg, generator) if t < cfg.max_len else torch.zeros_like(it)  # EOS forced at the end
         it = it.masked_fill(done, 0)
@@ -222,18 +224,18 @@ def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> D
     R = G * K
     device = _device(model)
     enc = model.expand(enc, R)
-    h, c = model.init_state(B * R)
+    state = model.init_state(B * R)
     it = torch.zeros(B * R, dtype=torch.long, device=device)
     beams = _Beams.start(B, G, K, L, device)
     first_row = (torch.arange(G, device=device).view(1, G, 1) * K
                  + torch.arange(B, device=device).view(B, 1, 1) * R)  # of each (image, group) in the flat state
     for t in range(L + 1):
-        lp, (h, c) = model.step(it, enc, (h, c))
+        lp, state = model.step(it, enc, state)
         lp = _continuations(lp.float().view(B, G, K, -1), beams.done, force_eos=t == L)
         choice = _suppress(lp, cfg.unk_id) if cfg.unk_id is not None and t < L else lp
         parent, word = beams.advance(t, lp, choice, cfg.length_norm, lam)
         rows = (parent + first_row).view(-1)  # the parent's row in the flat state
-        h, c = h.index_select(0, rows), c.index_select(0, rows)
+        state = select_rows(state, rows)
         it = word.view(-1)
         if bool(beams.done.all()):
             break

@@ -35,7 +35,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, sequence_logprobs, targets
 from rdpp_cli.models.ops import attention_scores, f32, token_logprob
+
+__all__ = ["Att2in", "Att2inConfig", "PRESETS", "config_from_preset", "Encoded", "DropoutMasks", "sequence_logprobs"]
 
 
 @dataclass
@@ -73,20 +76,12 @@ class Encoded(NamedTuple):
     per_image: int = 1  # LSTM rows per image (set by Att2in.expand)
 
 
-class DropoutMasks(NamedTuple):
-    """Dropout drawn in advance (:meth:`Att2in.draw_dropout`; kept entries 1/(1-p), dropped 0), so that
-    sampling and the teacher-forced pass carrying the policy gradient see the same dropout (on-policy)."""
-
-    att: Tensor  # (B, R, H): the embedded att features, per image
-    embed: Tensor  # (N, S, E): the word embedding fed at step t of each caption row
-    out: Tensor  # (N, S, H): the LSTM output at step t of each caption row
-
-    def rows(self, index: Tensor) -> "DropoutMasks":
-        """The masks of caption rows ``index`` (the att masks are per image and kept)."""
-        return self._replace(embed=self.embed[index], out=self.out[index])
-
-
 class Att2in(nn.Module):
+    """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
+
+    uses_fc = False  # self-critical.pytorch's Att2in2 reads only the att features
+    supports_fast = True  # static_token_logprobs and eager_dropout: the training fast path
+
     def __init__(self, config: Att2inConfig):
         super().__init__()
         self.config = c = config
@@ -103,11 +98,12 @@ class Att2in(nn.Module):
         self.dropout = nn.Dropout(c.drop_prob_lm)
 
     # -- images ------------------------------------------------------------------------------
-    def encode(self, att: Tensor, att_mask: Tensor | None = None, drop: Tensor | None = None) -> Encoded:
-        """Embed the att features and precompute the attention keys, once per image.
-        ``drop`` (B, R, H): a pre-drawn dropout mask (``DropoutMasks.att``) instead of fresh dropout."""
+    def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
+               drop: DropoutMasks | None = None) -> Encoded:
+        """Embed the att features and precompute the attention keys, once per image (``fc`` is
+        not read). ``drop``: pre-drawn masks (their ``att`` (B, R, H)) instead of fresh dropout."""
         a = F.relu(self.att_embed(att))
-        a = a * drop if drop is not None else self.dropout(a)
+        a = a * drop.att if drop is not None else self.dropout(a)
         mask = None if att_mask is None else att_mask.to(a.dtype)
         # keys doubled (see ops.attention_scores) and kept in float32 under autocast: see _attend
         return Encoded(a, 2.0 * f32(self.ctx2att(a)), mask, 1)
@@ -125,16 +121,33 @@ class Att2in(nn.Module):
                      generator: torch.Generator | None = None) -> DropoutMasks:
         """Dropout masks for ``batch`` images of ``regions`` att regions and ``rows`` caption rows of
         ``steps`` steps, drawn from ``generator`` with this model's dropout probability."""
-        w, c = self.h2h.weight, self.config
-        keep = 1.0 - c.drop_prob_lm
+        c = self.config
+        m = bernoulli_masks(self.h2h.weight, c.drop_prob_lm, {"att": (batch, regions, c.rnn_size),
+                                                              "embed": (rows, steps, c.input_encoding_size),
+                                                              "out": (rows, steps, c.rnn_size)}, generator)
+        return DropoutMasks(image={"att": m["att"]}, row={"embed": m["embed"], "out": m["out"]})
 
-        def draw(*shape: int) -> Tensor:
-            if keep >= 1.0:
-                return w.new_ones(shape)
-            return w.new_empty(shape).bernoulli_(keep, generator=generator).div_(keep)
-
-        return DropoutMasks(draw(batch, regions, c.rnn_size), draw(rows, steps, c.input_encoding_size),
-                            draw(rows, steps, c.rnn_size))
+    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
+        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
+        -- the same global generator, shapes and order: the att features (B, R, H), the word
+        embeddings of the steps the batch needs (N, T, E), the LSTM outputs of its tokens
+        (tokens, H) -- laid out at the label width (N, L+1, ·), so that a pass given them (the
+        fast path's compiled one) gives the eager numbers. None in eval mode or without dropout."""
+        c = self.config
+        if not self.training or c.drop_prob_lm == 0:
+            return None
+        seqs = labels.reshape(-1, labels.shape[-1])
+        N, L = seqs.shape
+        words = (seqs > 0).long().cumprod(1).sum(1)  # the tokens are the words and one EOS
+        T = int(words.max()) + 1
+        tokens = torch.arange(T) <= words.unsqueeze(1)  # (N, T)
+        w = self.h2h.weight
+        att = bernoulli_masks(w, c.drop_prob_lm, {"att": (labels.shape[0], regions, c.rnn_size)})["att"]
+        embed = w.new_zeros(N, L + 1, c.input_encoding_size)
+        embed[:, :T] = bernoulli_masks(w, c.drop_prob_lm, {"e": (N, T, c.input_encoding_size)})["e"]
+        out = w.new_zeros(N, L + 1, c.rnn_size)
+        out[:, :T][tokens] = bernoulli_masks(w, c.drop_prob_lm, {"o": (int(tokens.sum()), c.rnn_size)})["o"]
+        return DropoutMasks(image={"att": att}, row={"embed": embed, "out": out})
 
     # -- one LSTM step -----------------------------------------------------------------------
     def _attend(self, h: Tensor, enc: Encoded, q: Tensor) -> Tensor:
@@ -168,13 +181,13 @@ class Att2in(nn.Module):
                 torch.cat([self.h2h.bias, self.h2att.bias], 0))
 
     def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, Tensor],
-             drop: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+             drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Feed word ids ``it`` (N,) (0 = BOS); returns log-probs (N, V + 1) of the next word and the state.
-        ``drop``: this step's pre-drawn (embedding, output) dropout masks instead of fresh dropout."""
+        ``drop``: this step's pre-drawn masks (``DropoutMasks.at(t)``: embed, out) instead of fresh dropout."""
         x = F.relu(self.embed(it))
-        x = x * drop[0] if drop is not None else self.dropout(x)
+        x = x * drop["embed"] if drop is not None else self.dropout(x)
         h, c = self._cell(self.i2h(x), enc, state, *self._hq())
-        o = h * drop[1] if drop is not None else self.dropout(h)
+        o = h * drop["out"] if drop is not None else self.dropout(h)
         logprobs = F.log_softmax(f32(self.logit(o)), dim=-1)
         return logprobs, (h, c)
 
@@ -185,7 +198,7 @@ class Att2in(nn.Module):
         B, N = att.shape[0], inputs.shape[0]
         if N % B:
             raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
-        enc = self.expand(self.encode(att, att_mask, drop.att if drop is not None else None), N // B)
+        enc = self.expand(self.encode(att, att_mask, drop=drop), N // B)
         x = F.relu(self.embed(inputs))
         x = x * drop.embed[:, :x.shape[1]] if drop is not None else self.dropout(x)
         x_proj = self.i2h(x)  # (N, T, 5H): the input half of every step in one matmul
@@ -203,7 +216,7 @@ class Att2in(nn.Module):
         return h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
 
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                drop: DropoutMasks | None = None) -> Tensor:
+                drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L): input 0
         (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at t = L, the EOS.
         ``drop``: replay pre-drawn dropout masks (e.g. a sampling pass's) instead of fresh dropout."""
@@ -211,12 +224,12 @@ class Att2in(nn.Module):
         return F.log_softmax(f32(self.logit(h)), dim=-1)  # once, over all steps
 
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                       drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(att, seqs), seqs)`` (token_logp, mask), both (N, L+1), faster: the
         LSTM stops after the longest caption's EOS and the output layer runs only on the tokens that
         count, with a fused log-softmax + gather. For the XE loss and policy-gradient log-probs."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
-        target, mask = _targets(seqs)
+        target, mask = targets(seqs)
         T = max(int(mask.sum(1).max()), 1)  # steps needed
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs[:, :T - 1]], 1)
         h = self._hidden(att, inputs, att_mask, drop)  # (N, T, H)
@@ -228,31 +241,14 @@ class Att2in(nn.Module):
         return out, mask.to(out.dtype)
 
     def static_token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                              drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
+                              drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``token_logprobs`` with every shape fixed by the inputs' shapes: the LSTM runs all L+1
         steps and the output layer every position (those past a caption's EOS are zeroed), and
         nothing waits for the device -- the form a compiled step or a CUDA graph needs. The same
         numbers: a step past the EOS never reaches an earlier position. ``drop`` (N, ≥ L+1 steps)."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
-        target, mask = _targets(seqs)
+        target, mask = targets(seqs)
         h = self._outputs(att, seqs, att_mask, drop)  # (N, L+1, H)
         tok = token_logprob(self.logit(h).flatten(0, 1), target.flatten().long()).view(target.shape)
         mask = mask.to(tok.dtype)
         return tok * mask, mask
-
-
-def _targets(seqs: Tensor) -> tuple[Tensor, Tensor]:
-    """Targets (N, L+1) = seqs then EOS, and the bool mask of tokens up to and including the first EOS."""
-    target = torch.cat([seqs, seqs.new_zeros(seqs.shape[0], 1)], 1)
-    is_eos = (target == 0).to(torch.int32)
-    return target, (is_eos.cumsum(1) - is_eos) == 0  # no EOS strictly before t
-
-
-def sequence_logprobs(logprobs: Tensor, seqs: Tensor) -> tuple[Tensor, Tensor]:
-    """(token_logp, mask), both (N, L+1), of ``seqs`` (N, L, 0-padded) followed by EOS under
-    logprobs (N, L+1, V+1) from ``Att2in.forward``: the mask covers every token up to and including
-    the first EOS (counted once; padding never), and token_logp is 0 where the mask is 0."""
-    target, mask = _targets(seqs.reshape(-1, seqs.shape[-1]))
-    logp = logprobs.gather(2, target.unsqueeze(2).long()).squeeze(2)
-    mask = mask.to(logp.dtype)
-    return logp * mask, mask

@@ -1,7 +1,10 @@
 """Model checkpoints: weights + constructor arguments + vocabulary, loadable with weights_only=True.
 
-A checkpoint is a plain dict ``{"model_class": "Att2in", "model_config": {...}, "state_dict": {...},
-"vocab": [words], **extra}`` (extra: epoch, val_cider, ...), so a model artifact is usable on its own.
+A checkpoint is a plain dict ``{"model": "att2in", "model_class": "Att2in", "model_config": {...},
+"state_dict": {...}, "vocab": [words], **extra}`` (extra: epoch, val_cider, ...), so a model
+artifact is usable on its own: ``model`` is the registry name (``rdpp_cli.models.registry``; older
+checkpoints have only ``model_class``, which finds the same entry), ``model_config`` the arguments
+of its config dataclass.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from rdpp_cli.artifacts.manifest import atomic_write
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.registry import MODELS, model_name, spec_of_class
 
 
 def _plain(obj: Any) -> Any:
@@ -36,7 +40,7 @@ def _plain(obj: Any) -> Any:
     raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (plain types only)")
 
 
-def save_checkpoint(path: Path | str, model: Att2in, vocab: list[str], **extra: Any) -> None:
+def save_checkpoint(path: Path | str, model: nn.Module, vocab: list[str], **extra: Any) -> None:
     """Write the checkpoint atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +48,7 @@ def save_checkpoint(path: Path | str, model: Att2in, vocab: list[str], **extra: 
     if len(vocab) != model.config.vocab_size:
         raise ValueError(f"vocab has {len(vocab)} words but the model's vocab_size is {model.config.vocab_size}")
     ckpt = {
+        "model": model_name(model),
         "model_class": type(model).__name__,
         "model_config": dataclasses.asdict(model.config),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -99,14 +104,17 @@ def check_fits_data(ckpt: dict, data: Any, where: str, todo: str) -> None:
                         f"{data.att_dim}-d; {todo}")
 
 
-def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> Att2in:
-    """The Att2in of ``ckpt``. Keys of ``model_config`` that Att2inConfig no longer has (such as the
-    ``fc_feat_size`` older checkpoints record) are dropped."""
+def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> nn.Module:
+    """The model of ``ckpt``, built from its registry entry and config. Keys of ``model_config``
+    that the config no longer has (such as the ``fc_feat_size`` older Att2in checkpoints record)
+    are dropped."""
     name = ckpt["model_class"]
-    if name != "Att2in":
-        raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows only Att2in")
-    fields = {f.name for f in dataclasses.fields(Att2inConfig)}
-    model = Att2in(Att2inConfig(**{k: v for k, v in ckpt["model_config"].items() if k in fields}))
+    spec = spec_of_class(name)
+    if spec is None:
+        raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows "
+                        f"{', '.join(s.cls.__name__ for s in MODELS.values())}")
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    model = spec.cls(spec.config_cls(**{k: v for k, v in ckpt["model_config"].items() if k in fields}))
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
@@ -115,7 +123,15 @@ def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> Att2in:
     return model
 
 
-def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[Att2in, list[str], dict]:
+def checkpoint_model_name(ckpt: dict) -> str:
+    """The registry name of the model a checkpoint holds ("att2in" for one older than the name)."""
+    if ckpt.get("model"):
+        return str(ckpt["model"])
+    spec = spec_of_class(ckpt.get("model_class", ""))
+    return spec.name if spec is not None else str(ckpt.get("model_class"))
+
+
+def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[nn.Module, list[str], dict]:
     """(model in eval mode on ``device``, its vocabulary, the raw checkpoint dict)."""
     ckpt = load_checkpoint(path, map_location="cpu")
     model = model_from_checkpoint(ckpt, where=str(path))

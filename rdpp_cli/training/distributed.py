@@ -3,7 +3,8 @@
 One process needs no launcher. Under ``torchrun --nproc-per-node N -m rdpp_cli ...`` (which sets
 ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) ``setup`` joins the process
 group: NCCL when training on CUDA (process ``LOCAL_RANK`` uses GPU ``LOCAL_RANK``), gloo on CPU.
-Every helper here is a no-op with one process.
+Every helper here is a no-op with one process. Beside them: how a step function reaches the model
+through DDP's wrapper (``call``, ``unwrap``) and the output folder claimed on rank 0 (``claim_output``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
@@ -168,3 +170,38 @@ def on_main(fn: Callable[[], T]) -> T:
     if kind == "error":
         raise RdppError(value)
     return value
+
+
+class DDPMethods(nn.Module):
+    """What DDP wraps: its forward runs any method of the model. DDP synchronises gradients only
+    of what runs through its forward, so ``call(net, "token_logprobs", ...)`` goes through here."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, method: str = "forward", **kwargs):
+        return getattr(self.model, method)(*args, **kwargs)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside the DistributedDataParallel wrapper (or the model itself)."""
+    inner = getattr(model, "module", model)
+    return inner.model if isinstance(inner, DDPMethods) else inner
+
+
+def call(net: nn.Module, method: str, *args, **kwargs):
+    """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
+    (e.g. ``call(net, "token_logprobs", att, seqs)``); gradients are synchronised under DDP."""
+    if isinstance(net, nn.parallel.DistributedDataParallel):
+        return net(*args, method=method, **kwargs)
+    return getattr(net, method)(*args, **kwargs)
+
+
+def claim_output(out: "Path | str | None", **kwargs) -> "Path":
+    """``artifacts.prepare_output`` on rank 0 only; every process gets the folder (or its error)."""
+    from pathlib import Path
+
+    from rdpp_cli.artifacts import prepare_output
+
+    return Path(on_main(lambda: str(prepare_output(out, **kwargs))))

@@ -19,7 +19,7 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   (``metrics.train_cider_torch``), equal to the numpy path to ~1e-15.
 - **Adam fused** on CUDA (``fused=True``: one kernel for every parameter).
 - **the loss read every ``log_every`` steps**: the step's numbers stay on the device and are read
-  back in one transfer (``loop.PendingLogs``); the divergence check runs on each of them then, in
+  back in one transfer (``loggers.PendingLogs``); the divergence check runs on each of them then, in
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
 ``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
@@ -39,8 +39,8 @@ from torch import Tensor, nn
 
 from rdpp_cli.checks import FAST_CHOICES
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.att2in import DropoutMasks
-from rdpp_cli.training.loop import call
+from rdpp_cli.models.base import DropoutMasks
+from rdpp_cli.training.distributed import call
 
 # --fast auto: on where it was measured faster than the eager step *and* equal to it, per device
 # type (docs/training.md, "The fast path"; the GPU check is benchmarks/cuda_check.sh).
@@ -79,9 +79,15 @@ def resolve_fast(option: str, device: torch.device | str) -> str:
     return option
 
 
-def fast_path(option: str, device: torch.device | str) -> "FastPath | None":
-    """The fast path of a run on ``device`` with ``--fast option``, or None when it is off."""
+def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
+    """The fast path of a run on ``device`` with ``--fast option`` for ``model``, or None when it is
+    off. A model without it (``supports_fast`` False): ``auto`` is off, ``on`` an RdppError."""
     device = torch.device(device)
+    if model is not None and not getattr(model, "supports_fast", False):
+        if option == "on":
+            raise RdppError(f"--fast on: the {type(model).__name__} model has no fast path yet; "
+                            "train it with --fast auto or --fast off")
+        return None
     if resolve_fast(option, device) == "off":
         return None
     return FastPath(device, SETTINGS.get(device.type, FastSettings()))
@@ -92,8 +98,8 @@ def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor 
     return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop)
 
 
-def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple[Tensor, Tensor],
-                   drop: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple,
+                   drop: dict[str, Tensor] | None) -> tuple[Tensor, tuple]:
     return model.step(it, enc, state, drop)
 
 
@@ -108,10 +114,8 @@ class CompiledDecoder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
-    def step(self, it: Tensor, enc: Any, state: tuple[Tensor, Tensor],
-             drop: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        if drop is not None:  # a step's slice of the masks, as a tensor of its own
-            drop = (drop[0].contiguous(), drop[1].contiguous())
+    def step(self, it: Tensor, enc: Any, state: tuple,
+             drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple]:
         return self._step(self.model, it, enc, state, drop)
 
 
@@ -165,32 +169,12 @@ class FastPath:
 
     def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
         """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass, laid
-        out at the label width (None in eval mode or without dropout).
-
-        On a CPU these are the draws eager dropout makes in ``token_logprobs`` -- the same global
-        generator, shapes and order: the att features (B, R, H), the word embeddings of the steps
-        the batch needs (N, T, E), the LSTM outputs of its tokens (tokens, H) -- so the fast step
-        gives the eager numbers. Elsewhere one draw each at the label width (no host wait)."""
-        c = model.config
-        if not model.training or c.drop_prob_lm == 0:
+        out at the label width (None in eval mode or without dropout). On a CPU the very draws eager
+        dropout makes (``model.eager_dropout``), so the fast step gives the eager numbers; elsewhere
+        one draw each at the label width (no host wait)."""
+        if not model.training:
             return None
-        seqs = labels.reshape(-1, labels.shape[-1])
-        N, L = seqs.shape
         if self.device.type != "cpu":
-            return model.draw_dropout(labels.shape[0], N, L + 1, regions)
-        keep = 1.0 - c.drop_prob_lm
-        words = (seqs > 0).long().cumprod(1).sum(1)  # the tokens are the words and one EOS
-        T = int(words.max()) + 1
-        tokens = torch.arange(T) <= words.unsqueeze(1)  # (N, T)
-
-        w = model.h2h.weight
-
-        def draw(*shape: int) -> Tensor:
-            return w.new_empty(shape).bernoulli_(keep).div_(keep)
-
-        att = draw(labels.shape[0], regions, c.rnn_size)
-        embed = w.new_zeros(N, L + 1, c.input_encoding_size)
-        embed[:, :T] = draw(N, T, c.input_encoding_size)
-        out = w.new_zeros(N, L + 1, c.rnn_size)
-        out[:, :T][tokens] = draw(int(tokens.sum()), c.rnn_size)
-        return DropoutMasks(att, embed, out)
+            seqs = labels.reshape(-1, labels.shape[-1])
+            return model.draw_dropout(labels.shape[0], seqs.shape[0], seqs.shape[1] + 1, regions)
+        return model.eager_dropout(labels, regions)

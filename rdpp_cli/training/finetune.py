@@ -41,22 +41,18 @@ from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
-from rdpp_cli.models.att2in import DropoutMasks
+from rdpp_cli.models.base import DropoutMasks
 from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
 from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import FastPath, fast_path
-from rdpp_cli.training.loop import TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
+from rdpp_cli.training.distributed import call, claim_output, unwrap
+from rdpp_cli.training.loop import TrainingRecipe, run_settings
+from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.options import FinetuneOptions
-from rdpp_cli.training.rewards import (
-    dpp_weights,
-    mean_baseline_advantage,
-    pg_loss,
-    sampled_mask,
-    scst_advantage,
-    subtract_mean,
-)
+from rdpp_cli.training.reward_table import REWARDS, Reward
+from rdpp_cli.training.rewards import pg_loss, sampled_mask
 from rdpp_cli.training.state import seed_everything
 from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
@@ -120,6 +116,11 @@ class RewardStep:
     fast: FastPath | None = None
     _device_scorer: Any = field(default=None, init=False, repr=False, compare=False)
 
+    @property
+    def spec(self) -> Reward:
+        """This step's reward: what it needs and its weight function (``training.reward_table``)."""
+        return REWARDS[self.reward]
+
     def _generator(self, batch: Batch) -> torch.Generator:
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank))
@@ -146,7 +147,7 @@ class RewardStep:
             else:
                 model.eval()
             dec = decode(self._decoder(model), batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop,
-                         static=self.fast is not None)
+                         static=self.fast is not None, fc=batch.fc)
         finally:
             model.train(was)
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
@@ -160,15 +161,15 @@ class RewardStep:
         model.eval()
         try:
             dec = decode(self._decoder(model), batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
-                         att_mask=batch.att_mask, static=self.fast is not None)
+                         att_mask=batch.att_mask, static=self.fast is not None, fc=batch.fc)
         finally:
             model.train(was)
         return dec.tokens[:, 0]
 
     def draw(self, model: nn.Module, batch: Batch) -> Draw:
-        """The step's ``m`` samples and, for SCST / XE+λCIDEr, the greedy captions."""
+        """The step's ``m`` samples and, for a reward with a greedy baseline, the greedy captions."""
         d = self.sample(model, batch)
-        if self.reward in ("scst", "xe-cider"):
+        if self.spec.greedy:
             d.greedy = self.greedy(model, batch)
         return d
 
@@ -179,7 +180,7 @@ class RewardStep:
         scoring call; the samples' pairwise kernel ``K`` (B, m, m) where R-DPP or the logged
         self-CIDEr needs it (else None)."""
         B, m, T = samples.shape[0], self.m, samples.shape[-1]
-        want_kernel = self.reward == "dpp" or m > 1
+        want_kernel = self.spec.kernel or m > 1
         if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
             q, K = self.cider.score_and_pairwise(samples, refs)
             return torch.from_numpy(q), None, K
@@ -209,19 +210,8 @@ class RewardStep:
                       diversity) -> tuple[Tensor, dict[str, Tensor]]:
         """The reward's weights (B, m) float32 from the scores ``q`` (B, m), ``g`` (B,) and kernel
         ``K`` (B, m, m); ``diversity()``: the mean self-CIDEr to log."""
-        logs: dict[str, Tensor] = {"sample_cider": q.mean()}
-        if self.reward == "dpp":
-            w = dpp_weights(q, K)
-            logs["reward"] = w.mean()
-            if self.baseline == "mean":
-                w = subtract_mean(w)
-        elif self.reward == "scst-mean":
-            logs["reward"] = q.mean()
-            w = mean_baseline_advantage(q)
-        else:  # scst, xe-cider: greedy baseline
-            logs["reward"] = q.mean()
-            logs["greedy_cider"] = g.mean()
-            w = scst_advantage(q, g)
+        w, more = self.spec.weight_fn()(q, g, K, self.baseline)
+        logs: dict[str, Tensor] = {"sample_cider": q.mean(), **more}
         if K is not None and self.m > 1:
             logs["self_cider"] = diversity()
         return w.to(torch.float32), logs
@@ -233,7 +223,7 @@ class RewardStep:
 
         cider = self._device_cider(d.samples.device)
         B, m, T = d.samples.shape
-        if d.greedy is None and (self.reward == "dpp" or m > 1):  # q and S from one pass over the samples
+        if d.greedy is None and (self.spec.kernel or m > 1):  # q and S from one pass over the samples
             q, K = cider.score_and_pairwise(d.samples, refs, counts)
             return self._weights_from(q, None, K, lambda: device_self_cider(K).mean())
         hyps, index = d.samples.reshape(B * m, T), torch.arange(B, device=d.samples.device).repeat_interleave(m)
@@ -242,7 +232,7 @@ class RewardStep:
             hyps, index = torch.cat([_pad_to(hyps, Tg), _pad_to(d.greedy, Tg)]), torch.cat([index, index[::m]])
         scores = cider.score(hyps, refs, counts, index)
         g = scores[B * m:] if d.greedy is not None else None
-        K = cider.pairwise(d.samples) if self.reward == "dpp" or m > 1 else None
+        K = cider.pairwise(d.samples) if self.spec.kernel or m > 1 else None
         return self._weights_from(scores[:B * m].view(B, m), g, K, lambda: device_self_cider(K).mean())
 
     def _device_cider(self, device: torch.device):
@@ -260,7 +250,7 @@ class RewardStep:
         """``token_logprobs`` of ``seqs`` under ``net`` (the fast path's compiled fixed-shape pass)."""
         if self.fast is not None:
             return self.fast.token_logprobs(net, batch.att, seqs, batch.att_mask, drop)
-        return call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask, drop=drop)
+        return call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask, drop=drop, fc=batch.fc)
 
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
         """Teacher-forced log-probs (B*m, T+1) of the sampled tokens and the mask of those the policy
@@ -269,12 +259,13 @@ class RewardStep:
         return token_logp, sampled_mask(mask, d.lengths.reshape(-1), self.max_len)
 
     def loss(self, net: nn.Module, batch: Batch, d: Draw, w: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """The policy-gradient loss (plus the XE loss for xe-cider) from one teacher-forced pass."""
+        """The policy-gradient loss (plus the references' XE loss for an ``xe_mix`` reward) from one
+        teacher-forced pass."""
         B, m = d.samples.shape[0], self.m
         w = w.reshape(-1).to(batch.att.device)
-        if self.reward != "xe-cider":
+        if not self.spec.xe_mix:
             token_logp, mask = self.policy_logprobs(net, batch, d)
-            groups = m if self.reward == "dpp" else 1
+            groups = m if self.spec.per_slot else 1
             loss = pg_loss(token_logp, mask, w, groups=groups, tokens=_step_tokens(mask, groups))
             return loss, {"pg_loss": loss.detach()}
         # XE + λ·SCST in one pass over the references and the samples of each image
@@ -297,15 +288,11 @@ class RewardStep:
         references (their own generator position), the sampling masks replayed for the samples."""
         if d.drop is None:
             return None
-        B, m = d.samples.shape[0], self.m
+        B = d.samples.shape[0]
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, batch.epoch, batch.batch, self.rank, 1))
-        fresh = unwrap(net).draw_dropout(B, B * k, d.drop.embed.shape[1], batch.att.shape[1], generator=gen)
-
-        def rows(refs: Tensor, samples: Tensor) -> Tensor:
-            return torch.cat([refs.view(B, k, *refs.shape[1:]), samples.view(B, m, *samples.shape[1:])], 1).flatten(0, 1)
-
-        return d.drop._replace(embed=rows(fresh.embed, d.drop.embed), out=rows(fresh.out, d.drop.out))
+        fresh = unwrap(net).draw_dropout(B, B * k, d.drop.steps, batch.att.shape[1], generator=gen)
+        return d.drop.with_rows_before(fresh, B)
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.draw(unwrap(net), batch)
@@ -326,7 +313,7 @@ class RewardStep:
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
         dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
-                     att_mask=batch.att_mask, generator=gen)
+                     att_mask=batch.att_mask, generator=gen, fc=batch.fc)
         q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
 
@@ -337,12 +324,7 @@ class RewardStep:
 
 def run_name(reward: str, m: int, baseline: str, lam: float) -> str:
     """The workspace name stem: dpp-m5, dpp-m5-mean, scst, scst-mean, xe-cider-l5 (m ≠ 5 is added)."""
-    if reward == "dpp":
-        return f"dpp-m{m}" + ("-mean" if baseline == "mean" else "")
-    suffix = "" if m == 5 else f"-m{m}"
-    if reward == "xe-cider":
-        return f"xe-cider-l{lam:g}{suffix}"
-    return reward + suffix
+    return REWARDS[reward].run_name(m, baseline, lam)
 
 
 def resolve_xe_model(model: str | Path | None, workspace: Path | str | None, quiet: bool = False) -> Artifact:
@@ -386,10 +368,7 @@ def read_inputs(opts: FinetuneOptions, quiet: bool) -> FinetuneInputs:
 def headline(opts: FinetuneOptions, inp: FinetuneInputs) -> dict[str, Any]:
     """The manifest's summary beside the loop's: the reward, m, the preset, the XE model's score."""
     summary: dict[str, Any] = {"reward": opts.reward, "m": opts.m, "preset": opts.preset}
-    if opts.reward == "dpp":
-        summary["baseline"] = opts.baseline
-    if opts.reward == "xe-cider":
-        summary["lam"] = opts.lam
+    summary.update({k: getattr(opts, k) for k in REWARDS[opts.reward].settings})
     if inp.checkpoint.get("val_cider") is not None:
         summary["xe_val_cider"] = inp.checkpoint["val_cider"]
     return summary
@@ -421,7 +400,7 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
         net = model_from_checkpoint(inp.checkpoint, where=str(inp.checkpoint_path))
         identity, config = run_settings(
             "finetune", opts, precision,
-            identity={"lam": opts.lam if opts.reward == "xe-cider" else None, "train_reward": TRAIN_REWARD,
+            identity={"lam": opts.reward_setting("lam"), "train_reward": TRAIN_REWARD,
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES})
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",

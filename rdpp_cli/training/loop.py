@@ -61,10 +61,12 @@ Extension points:
 - ``position``: where the run is (``Position``: epoch, batch, step), current after every step;
   ``current_position()`` gives the position of the run in progress, for an interrupt handler.
 
-The model must follow Att2in's interface (``config`` dataclass, ``forward`` for teacher forcing, the
-decoding methods ``rdpp_cli.decoding.decode`` uses) and be built identically on every process
-(seed before building it). Call ``claim_output`` instead of ``prepare_output`` so that only rank 0
-claims the folder.
+The model follows the ``CaptionModel`` interface (``rdpp_cli.models.base``) and is built
+identically on every process (seed before building it). Call ``claim_output``
+(``training.distributed``) instead of ``prepare_output`` so that only rank 0 claims the folder.
+Beside the recipe: ``training.validation`` (the val images and their greedy CIDEr-D),
+``training.loggers`` (metrics.csv, the fast path's pending numbers), ``training.distributed``
+(DDP: ``call``, ``unwrap``, ``claim_output``).
 """
 
 from __future__ import annotations
@@ -79,11 +81,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from rdpp_cli.artifacts import (Artifact, atomic_write_bytes, prepare_output, read_artifact, released_on_error,
+from rdpp_cli.artifacts import (Artifact, read_artifact, released_on_error,
                                 write_manifest)
 from rdpp_cli.artifacts import finish as finish_output
 from rdpp_cli.console import console, info, note, progress, summary_table
@@ -93,8 +94,10 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
+from rdpp_cli.training.loggers import Logger, MetricsCsv, PendingLogs
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
+from rdpp_cli.training.validation import greedy_cider, merge_sums, validation_images
 
 if TYPE_CHECKING:
     from rdpp_cli.training.fast import FastPath
@@ -104,95 +107,6 @@ EpochMetricsFn = Callable[[nn.Module, Batch], dict[str, Any]]
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.csv"
-
-
-class _Methods(nn.Module):
-    """What DDP wraps: its forward runs any method of the model. DDP synchronises gradients only
-    of what runs through its forward, so ``call(net, "token_logprobs", ...)`` goes through here."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args, method: str = "forward", **kwargs):
-        return getattr(self.model, method)(*args, **kwargs)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside the DistributedDataParallel wrapper (or the model itself)."""
-    inner = getattr(model, "module", model)
-    return inner.model if isinstance(inner, _Methods) else inner
-
-
-def call(net: nn.Module, method: str, *args, **kwargs):
-    """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
-    (e.g. ``call(net, "token_logprobs", att, seqs)``); gradients are synchronised under DDP."""
-    if isinstance(net, nn.parallel.DistributedDataParallel):
-        return net(*args, method=method, **kwargs)
-    return getattr(net, method)(*args, **kwargs)
-
-
-def claim_output(out: Path | str | None, **kwargs) -> Path:
-    """``artifacts.prepare_output`` on rank 0 only; every process gets the folder (or its error)."""
-    return Path(D.on_main(lambda: str(prepare_output(out, **kwargs))))
-
-
-def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
-    """Rows of the images validated after each epoch: the val split, or its first ``val_images``."""
-    if val_images == 0:
-        return np.zeros(0, dtype=np.int64)
-    if not (data.split == "val").any():
-        raise RdppError(f"data artifact {data.path} has no val images to validate on; "
-                        "pass --val-images 0 to train without validation")
-    idx = data.split_indices("val")
-    return idx if val_images is None else idx[:val_images]
-
-
-def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, batch_size: int = 100,
-                 device: torch.device | str = "cpu", cider=None,
-                 epoch_metrics_fn: EpochMetricsFn | None = None) -> dict[str, float]:
-    """Sums over ``images`` of the greedy caption's CIDEr-D (the training reward's: training df, end
-    token counted) and of any extra metric.
-
-    Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
-    theirs up). The model is put in eval mode and back.
-    """
-    from rdpp_cli.data.vocab import unk_id
-    from rdpp_cli.decoding.decode import DecodeConfig, decode
-    from rdpp_cli.metrics.train_cider import TrainCider
-
-    cider = cider or TrainCider.for_data(data)
-    m = unwrap(model)
-    greedy = DecodeConfig(method="greedy", max_len=data.seq_length, unk_id=unk_id(data.words))  # no UNK, as `rdpp sample`
-    was_training = m.training
-    m.eval()
-    sums: dict[str, float] = {"val_cider": 0.0, "_n": 0.0}
-    try:
-        if len(images):
-            batches = CaptionBatches(data, images=images, batch_size=batch_size, shuffle=False, seq_per_img=0)
-            for batch in batches.epoch(0):
-                batch = batch.to(device)
-                data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
-                with torch.no_grad():
-                    dec = decode(m, batch.att, greedy, att_mask=batch.att_mask)
-                    hyps = dec.tokens[:, 0].cpu().numpy()
-                    sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
-                    if epoch_metrics_fn is not None:
-                        for k, v in epoch_metrics_fn(m, batch).items():
-                            v = v.detach().cpu().numpy() if isinstance(v, Tensor) else np.asarray(v)
-                            sums[k] = sums.get(k, 0.0) + float(v.sum())
-                sums["_n"] += batch.size
-    finally:
-        m.train(was_training)
-    return sums
-
-
-def _merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for p in parts:
-        for k, v in p.items():
-            total[k] = total.get(k, 0.0) + v
-    return total
 
 
 def _clip(model: nn.Module, opts: TrainLoopOptions) -> None:
@@ -214,31 +128,6 @@ def _split_step(out, on_device: bool = False) -> tuple[Tensor, dict[str, Any]]:
     if on_device:
         return loss, {k: v.detach() if isinstance(v, Tensor) else float(v) for k, v in logs.items()}
     return loss, {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in logs.items()}
-
-
-class PendingLogs:
-    """Steps' numbers kept where they were computed (the device) and read back every ``every``
-    steps in one transfer, so that a step never waits for the device (the fast path)."""
-
-    def __init__(self, every: int):
-        self.every = max(1, int(every))
-        self.items: list[tuple[int, int, dict[str, Any]]] = []
-
-    def add(self, step: int, images: int, logs: dict[str, Any]) -> bool:
-        """Keep one step's numbers; True when ``every`` steps are waiting to be read."""
-        self.items.append((step, images, logs))
-        return len(self.items) >= self.every
-
-    def read(self) -> list[tuple[int, int, dict[str, float]]]:
-        """The waiting steps ``(step, images, {name: float})``, in order; empties the buffer."""
-        items, self.items = self.items, []
-        tensors = [v for _, _, logs in items for v in logs.values() if isinstance(v, Tensor)]
-        values = iter(())
-        if tensors:
-            dev = tensors[0].device
-            values = iter(torch.stack([t.reshape(()).to(dev, torch.float64) for t in tensors]).tolist())
-        return [(step, images, {k: next(values) if isinstance(v, Tensor) else v for k, v in logs.items()})
-                for step, images, logs in items]
 
 
 class Diverged(RdppError):
@@ -293,44 +182,6 @@ _RUNNING: list["TrainingRecipe"] = []
 def current_position() -> Position | None:
     """The position of the training run in progress in this process; None when none is."""
     return _RUNNING[-1].position if _RUNNING else None
-
-
-class Logger:
-    """Receives a run's numbers on rank 0; subclasses override what they need."""
-
-    def start(self, history: list[dict[str, Any]]) -> None:
-        """The run begins; ``history``: the epoch rows of the interrupted run it continues (or [])."""
-
-    def log_step(self, step: int, logs: dict[str, float]) -> None:
-        """After every optimizer step: the step function's numbers ("loss", ...). With the fast path
-        they come when they are read back from the device, every few steps, in step order."""
-
-    def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        """After every epoch (its checkpoints saved): its row of metrics, and every row so far."""
-
-    def close(self) -> None:
-        """The run ended, finished or not."""
-
-    def summary_rows(self) -> list[tuple[str, Any]]:
-        """Rows for the stage's closing table (e.g. where the logger wrote)."""
-        return []
-
-
-class MetricsCsv(Logger):
-    """``metrics.csv``: one row per epoch, the whole file rewritten atomically after each."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def start(self, history: list[dict[str, Any]]) -> None:
-        if history:  # a resumed run: the file as its resume state has it
-            self._write(history)
-
-    def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self._write(history)
-
-    def _write(self, history: list[dict[str, Any]]) -> None:
-        atomic_write_bytes(self.path, pd.DataFrame(history).to_csv(index=False).encode())
 
 
 class TrainingRecipe:
@@ -437,7 +288,7 @@ class TrainingRecipe:
         self.net = self.model
         if rt.distributed:
             self.net = nn.parallel.DistributedDataParallel(
-                _Methods(self.model), device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+                D.DDPMethods(self.model), device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
         self.t0 = time.perf_counter()
         if rt.is_main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -587,7 +438,7 @@ class TrainingRecipe:
         last.pt and the resume state at the start of the next epoch, and the loggers."""
         pos = self.position
         self.flush()
-        total = _merge_sums(D.all_gather_object(self.sums))
+        total = merge_sums(D.all_gather_object(self.sums))
         n_img = total.pop("_images", 0.0) or 1.0
         row: dict[str, Any] = {"epoch": pos.epoch + 1, "step": pos.step}
         row.update({k: v / n_img for k, v in total.items()})
@@ -615,7 +466,7 @@ class TrainingRecipe:
         with autocast(self.precision, self.rt.device):  # decoding in the run's precision, scoring in numpy
             sums = greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
                                 device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn)
-        val = _merge_sums(D.all_gather_object(sums))
+        val = merge_sums(D.all_gather_object(sums))
         n_val = val.pop("_n")
         return {k: v / n_val for k, v in val.items()}
 

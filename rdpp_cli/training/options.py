@@ -19,6 +19,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
                               learning_rate, one_of, option, out_option, precision_option, workspace_option)
 from rdpp_cli.options import seed as seed_check
+from rdpp_cli.training.reward_table import REWARDS as REWARD_TABLE
 
 LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
 GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
@@ -26,7 +27,7 @@ GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every en
 # `train-xe --preset`: the model sizes of rdpp_cli.models.att2in.PRESETS (a test keeps the two equal)
 MODEL_PRESETS = ("paper", "small")
 
-REWARDS = ("dpp", "scst", "scst-mean", "xe-cider")
+REWARDS = tuple(REWARD_TABLE)
 BASELINES = ("none", "mean")
 SAMPLE_MODES = ("train", "eval")
 CHECKPOINTS = ("best", "last")
@@ -123,8 +124,8 @@ class FinetuneOptions(TrainLoopOptions):
         "XE model artifact folder, or its name in the workspace (default: the newest XE model).", from_alias=True)
     data: str | None = option(
         None, "Data artifact (default: the one the XE model was trained on; another is refused).", identity=False)
-    reward: str = option("dpp", "dpp (R-DPP), scst (greedy baseline), scst-mean (leave-one-out mean baseline) or "
-                         "xe-cider (XE + lam x SCST).", check=one_of(*REWARDS, what="a reward"))
+    reward: str = option("dpp", ", ".join(f"{r.name} ({r.help})" for r in REWARD_TABLE.values()) + ".",
+                         check=one_of(*REWARDS, what="a reward"))
     m: int = option(5, "Captions sampled per image each step (R-DPP: the DPP's set size). Under torchrun write "
                     "--samples: torchrun reads --m as an abbreviation of its own options.", "--m", "--samples",
                     check=at_least(1))
@@ -152,8 +153,12 @@ class FinetuneOptions(TrainLoopOptions):
 
     @property
     def seq_per_img(self) -> int:
-        """xe-cider's XE term reads the 5 references of each image; the other rewards none."""
-        return 5 if self.reward == "xe-cider" else 1
+        """A reward with an XE term (xe-cider) reads the 5 references of each image; the others none."""
+        return 5 if REWARD_TABLE[self.reward].xe_mix else 1
+
+    def reward_setting(self, name: str) -> Any:
+        """The option ``name`` (baseline, lam) when it belongs to this run's reward, else None."""
+        return getattr(self, name) if name in REWARD_TABLE[self.reward].settings else None
 
     def with_preset(self) -> "FinetuneOptions":
         """These options with the preset's values where none was given."""
@@ -161,15 +166,12 @@ class FinetuneOptions(TrainLoopOptions):
         return self.replace(**{k: v for k, v in preset.items() if getattr(self, k) is None})
 
     def validate(self) -> None:
-        if self.baseline != "none" and self.reward != "dpp":
-            raise RdppError(f"--baseline {self.baseline} applies to --reward dpp only; for SCST with a mean baseline "
-                            "use --reward scst-mean")
-        if self.reward == "dpp" and self.m < 2:
-            raise RdppError(f"--m {self.m} with --reward dpp: a DPP over one caption has no diversity term; "
-                            "use --m 2 or more (the paper's default is 5)")
-        if self.reward == "scst-mean" and self.m < 2:
-            raise RdppError(f"--m {self.m} with --reward scst-mean: the mean baseline averages the other samples "
-                            "of the image; use --m 2 or more")
-        if self.reward == "xe-cider" and not 0 <= self.lam < float("inf"):
+        spec = REWARD_TABLE[self.reward]
+        if self.baseline != "none" and "baseline" not in spec.settings:
+            with_baseline = [r.name for r in REWARD_TABLE.values() if "baseline" in r.settings]
+            raise RdppError(f"--baseline {self.baseline} applies to --reward {' or '.join(with_baseline)} only; for "
+                            "SCST with a mean baseline use --reward scst-mean")
+        if self.m < spec.min_m:
+            raise RdppError(f"--m {self.m} with --reward {self.reward}: {spec.min_m_why}")
+        if "lam" in spec.settings and not 0 <= self.lam < float("inf"):
             raise RdppError(f"--lam must be ≥ 0 and finite (got {self.lam})")
-

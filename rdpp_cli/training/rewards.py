@@ -10,6 +10,11 @@ Shapes: B images, M sampled captions per image, N = B*M caption rows (image-majo
 - :func:`pg_loss` — the policy-gradient loss ``-Σ w·log p`` over the sampled tokens, per token
 - :func:`sampled_mask` — the tokens a policy drew: without the EOS forced at the length limit
 
+and the weight functions of ``rdpp finetune --reward`` (its table: ``rdpp_cli.training.reward_table``),
+each ``(q, g, K, baseline) -> (weights (B, m), {name: number to log})`` from the sample scores ``q``
+(B, m), the greedy captions' scores ``g`` (B,) and the pairwise kernel ``K`` (B, m, m):
+:func:`dpp_reward`, :func:`scst_reward`, :func:`mean_baseline_reward`.
+
 See docs/rewards.md for the formulas and the decisions taken where the paper is silent.
 """
 
@@ -19,7 +24,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["dpp_ensemble", "dpp_weights", "scst_advantage", "mean_baseline_advantage", "subtract_mean", "pg_loss",
-           "sampled_mask"]
+           "sampled_mask", "dpp_reward", "scst_reward", "mean_baseline_reward"]
 
 
 def dpp_ensemble(q: Tensor, S: Tensor) -> Tensor:
@@ -153,3 +158,23 @@ def sampled_mask(mask: Tensor, lengths: Tensor, max_len: int) -> Tensor:
     out = mask.clone()
     out[:, max_len] = out[:, max_len] * (1 - forced)
     return out
+
+
+def dpp_reward(q: Tensor, g: Tensor | None, K: Tensor | None, baseline: str = "none"
+               ) -> tuple[Tensor, dict[str, Tensor]]:
+    """``--reward dpp``: the R-DPP weights of the samples (``baseline`` "mean": minus their mean);
+    logs the mean weight before the baseline as "reward"."""
+    w = dpp_weights(q, K)
+    return (subtract_mean(w) if baseline == "mean" else w), {"reward": w.mean()}
+
+
+def scst_reward(q: Tensor, g: Tensor | None, K: Tensor | None, baseline: str = "none"
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+    """``--reward scst`` (and xe-cider's SCST term): each sample's score minus its greedy caption's."""
+    return scst_advantage(q, g), {"reward": q.mean(), "greedy_cider": g.mean()}
+
+
+def mean_baseline_reward(q: Tensor, g: Tensor | None, K: Tensor | None, baseline: str = "none"
+                         ) -> tuple[Tensor, dict[str, Tensor]]:
+    """``--reward scst-mean``: each sample's score minus the mean of its image's other samples."""
+    return mean_baseline_advantage(q), {"reward": q.mean()}

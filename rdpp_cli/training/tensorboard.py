@@ -1,4 +1,4 @@
-"""TensorBoard event files beside metrics.csv: ``TensorBoardLogger``, a ``loop.Logger``.
+"""TensorBoard event files beside metrics.csv: ``TensorBoardLogger``, a ``loggers.Logger``.
 
 Written when the ``tensorboard`` package is installed (``pip install tensorboard``, or rdpp's
 ``tensorboard`` extra); without it nothing is written and one note says how to get them.
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from rdpp_cli.console import note
-from rdpp_cli.training.loop import Logger, current_position
+from rdpp_cli.training.loggers import Logger
+from rdpp_cli.training.loop import current_position
 
 TENSORBOARD = "tensorboard"
 INSTALL = "pip install tensorboard"

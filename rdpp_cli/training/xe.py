@@ -27,7 +27,9 @@ from rdpp_cli.options import takes
 from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import FastPath, fast_path
-from rdpp_cli.training.loop import StepFn, TrainingRecipe, call, claim_output, run_settings, unwrap, validation_images
+from rdpp_cli.training.distributed import call, claim_output, unwrap
+from rdpp_cli.training.loop import StepFn, TrainingRecipe, run_settings
+from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
 from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger

@@ -1,0 +1,174 @@
+"""What every rdpp captioner offers the stages: the ``CaptionModel`` interface and its shared parts.
+
+A captioner is an ``nn.Module`` built from one config dataclass (``model.config``: ``vocab_size``,
+``seq_length``, ``att_feat_size`` at least) that decodes a word at a time and scores whole captions
+by teacher forcing. Decoding (``rdpp_cli.decoding.decode``), the XE and RL steps
+(``rdpp_cli.training``) and ``rdpp caption`` see only these methods, so a new model is its file,
+one line in ``rdpp_cli.models.registry`` and its tests (CONTRIBUTING.md, "A new model"):
+
+- ``encode(att, att_mask=None, fc=None, drop=None) -> enc``: the images prepared once (B images);
+  what ``enc`` holds is the model's own business. ``fc`` (B, F): the pooled features, for models
+  whose ``uses_fc`` is True (others ignore them). ``drop``: pre-drawn dropout masks (below).
+- ``expand(enc, n) -> enc``: each image serving ``n`` rows (row ``b*n + j`` is image b), with no
+  copy where the model can avoid one.
+- ``init_state(rows) -> state``: the decoding state of ``rows`` rows, a tuple (nested tuples
+  allowed) of tensors whose first dimension is the row. Nothing else may be in it: beam search
+  reorders the rows of every tensor in it (``select_rows``), whatever the model keeps there (LSTM
+  states, a key/value cache).
+- ``step(it, enc, state, drop=None) -> (logprobs, state)``: feed word ids ``it`` (N,) (0 = BOS at
+  the first step) and get float32-able log-probs (N, V+1) of the next word (0 = EOS). ``drop``:
+  this step's masks, ``DropoutMasks.at(t)``.
+- ``token_logprobs(att, seqs, att_mask=None, drop=None, fc=None) -> (token_logp, mask)``: the
+  log-prob of every token of ``seqs`` (N, L) (B, n, L), then the EOS, under teacher forcing:
+  both (N, L+1), as ``sequence_logprobs(model(att, seqs), seqs)``; ``forward`` gives the full
+  (N, L+1, V+1) log-probs.
+- ``draw_dropout(batch, rows, steps, regions, generator=None) -> DropoutMasks``: every dropout
+  mask a sampling pass of ``steps`` steps over ``rows`` caption rows of ``batch`` images would draw,
+  drawn in advance; passed to ``encode``/``step`` while sampling and to ``token_logprobs`` after,
+  the two passes see the same dropout, so the log-probs that carry the policy gradient are those
+  the captions were drawn with (on-policy RL).
+
+Class attributes: ``uses_fc`` (whether ``encode`` reads ``fc``) and ``supports_fast`` (whether the
+training fast path, ``rdpp_cli.training.fast``, can compile it: it needs ``static_token_logprobs``
+and ``eager_dropout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class CaptionModel(Protocol):
+    """The interface of the module docstring (``isinstance(model, CaptionModel)`` checks the names)."""
+
+    config: Any
+    uses_fc: bool
+    supports_fast: bool
+
+    def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
+               drop: "DropoutMasks | None" = None) -> Any: ...
+
+    def expand(self, enc: Any, n: int) -> Any: ...
+
+    def init_state(self, rows: int) -> tuple: ...
+
+    def step(self, it: Tensor, enc: Any, state: tuple, drop: dict[str, Tensor] | None = None
+             ) -> tuple[Tensor, tuple]: ...
+
+    def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                       drop: "DropoutMasks | None" = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def draw_dropout(self, batch: int, rows: int, steps: int, regions: int,
+                     generator: torch.Generator | None = None) -> "DropoutMasks": ...
+
+
+def select_rows(state: Any, rows: Tensor) -> Any:
+    """``state`` with every tensor's rows (first dimension) taken at ``rows``: how beam search
+    follows each beam's parent, for any model's state (tensors in nested tuples/lists)."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows)
+    if isinstance(state, (tuple, list)):
+        return type(state)(select_rows(s, rows) for s in state)
+    if state is None:
+        return None
+    raise TypeError(f"a decoding state holds tensors in tuples, not {type(state).__name__}")
+
+
+@dataclass
+class DropoutMasks:
+    """Dropout drawn in advance (kept entries 1/(1-p), dropped 0; or bool masks a model scales
+    itself), named by the model that draws them.
+
+    ``image``: masks per image (B, ...), used by ``encode``; ``row``: masks per caption row and
+    step (N, S, ...), step ``t``'s slice used by ``step`` (``at(t)``) and all of them by the
+    teacher-forced pass. Attribute access reads either (``masks.att``, ``masks.embed``)."""
+
+    image: dict[str, Tensor] = field(default_factory=dict)
+    row: dict[str, Tensor] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Tensor:
+        for part in ("image", "row"):
+            d = self.__dict__.get(part, {})
+            if name in d:
+                return d[name]
+        raise AttributeError(name)
+
+    @property
+    def steps(self) -> int:
+        """Steps the row masks cover (0 without row masks)."""
+        return next(iter(self.row.values())).shape[1] if self.row else 0
+
+    def at(self, t: int) -> dict[str, Tensor]:
+        """Step ``t``'s row masks (N, ...), each a tensor of its own (contiguous)."""
+        return {k: v[:, t].contiguous() for k, v in self.row.items()}
+
+    def rows(self, index: Tensor) -> "DropoutMasks":
+        """The masks of caption rows ``index`` (the image masks are kept)."""
+        return DropoutMasks(dict(self.image), {k: v[index] for k, v in self.row.items()})
+
+    def with_rows_before(self, first: "DropoutMasks", images: int) -> "DropoutMasks":
+        """Per image b: ``first``'s rows of image b, then these rows of image b (``first`` and
+        these masks each hold ``images`` × their own rows-per-image rows, image-major); the image
+        masks are these. Both must cover the same steps. (XE+λCIDEr: references, then samples.)"""
+        def interleave(a: Tensor, b: Tensor) -> Tensor:
+            return torch.cat([a.view(images, -1, *a.shape[1:]), b.view(images, -1, *b.shape[1:])], 1).flatten(0, 1)
+
+        return DropoutMasks(dict(self.image), {k: interleave(first.row[k], v) for k, v in self.row.items()})
+
+
+def bernoulli_masks(like: Tensor, p: float, shapes: dict[str, tuple[int, ...]],
+                    generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    """Inverted-dropout masks of the given shapes for dropout probability ``p``, on ``like``'s
+    device and dtype, drawn in the dict's order from ``generator`` (all ones when ``p`` is 0)."""
+    keep = 1.0 - p
+    out = {}
+    for name, shape in shapes.items():
+        out[name] = (like.new_ones(shape) if keep >= 1.0
+                     else like.new_empty(shape).bernoulli_(keep, generator=generator).div_(keep))
+    return out
+
+
+def targets(seqs: Tensor) -> tuple[Tensor, Tensor]:
+    """Targets (N, L+1) = seqs then EOS, and the bool mask of tokens up to and including the first EOS."""
+    target = torch.cat([seqs, seqs.new_zeros(seqs.shape[0], 1)], 1)
+    is_eos = (target == 0).to(torch.int32)
+    return target, (is_eos.cumsum(1) - is_eos) == 0  # no EOS strictly before t
+
+
+def sequence_logprobs(logprobs: Tensor, seqs: Tensor) -> tuple[Tensor, Tensor]:
+    """(token_logp, mask), both (N, L+1), of ``seqs`` (N, L, 0-padded) followed by EOS under
+    logprobs (N, L+1, V+1) from a model's ``forward``: the mask covers every token up to and
+    including the first EOS (counted once; padding never), and token_logp is 0 where the mask is 0."""
+    target, mask = targets(seqs.reshape(-1, seqs.shape[-1]))
+    logp = logprobs.gather(2, target.unsqueeze(2).long()).squeeze(2)
+    mask = mask.to(logp.dtype)
+    return logp * mask, mask
+
+
+def stepwise_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
+                      feed=None) -> Tensor:
+    """Log-probs (N, L+1, V+1) of ``seqs`` (N, L) or (B, n, L) computed a step at a time through
+    ``encode``/``step`` (fresh dropout in train mode): what ``forward`` computes in one pass, and
+    the form scheduled sampling needs. ``feed(t, inputs_t, previous_logprobs) -> inputs_t``, when
+    given, may replace the word fed at step t ≥ 1 (scheduled sampling feeds the model's own)."""
+    seqs = seqs.reshape(-1, seqs.shape[-1])
+    N, L = seqs.shape
+    B = att.shape[0]
+    if N % B:
+        raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
+    enc = model.expand(model.encode(att, att_mask, fc=fc), N // B)
+    state = model.init_state(N)
+    inputs = torch.cat([seqs.new_zeros(N, 1), seqs], 1)
+    out = []
+    for t in range(L + 1):
+        it = inputs[:, t]
+        if feed is not None and t >= 1:
+            it = feed(t, it, out[-1])
+        lp, state = model.step(it, enc, state)
+        out.append(lp)
+    return torch.stack(out, 1)
