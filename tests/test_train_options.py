@@ -34,9 +34,11 @@ VALUES = {
     "precision": "bf16", "workers": 1, "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
     "init_from": "xe/att2in-small-v1", "out": None, "force": True, "workspace": None, "model": "xe/a-v1",
     "reward": "scst", "m": 3, "baseline": "mean", "lam": 2.5, "sample_mode": "eval", "checkpoint": "last",
-    "fast": "on",
+    "fast": "on", "ss_start": 2, "ss_every": 3, "ss_step": 0.1, "ss_max": 0.5, "label_smoothing": 0.1,
+    "lr_schedule": "noam", "warmup": 100, "adam_beta2": 0.98, "adam_eps": 1e-9,
 }
 PRESET = {XEOptions: "small", FinetuneOptions: "paper"}
+OWN = {XEOptions: {"model": "transformer"}}  # a field name both stages have, with values of its own
 STAGES = [("train-xe", XEOptions, "rdpp_cli.training.xe", "train_xe"),
           ("finetune", FinetuneOptions, "rdpp_cli.training.finetune", "finetune")]
 
@@ -66,7 +68,7 @@ def test_every_field_is_a_flag_a_config_key_and_an_rdpp_yaml_key(tmp_path, monke
     ws = tmp_path / "ws"
     ws.mkdir()
     assert set(cls.field_names()) <= set(VALUES), "give every new option a test value in VALUES"
-    values = {**VALUES, "preset": PRESET[cls], "out": tmp_path / "o", "workspace": ws}
+    values = {**VALUES, **OWN.get(cls, {}), "preset": PRESET[cls], "out": tmp_path / "o", "workspace": ws}
     for f in dataclasses.fields(cls):
         want = values[f.name]
         assert want != f.default, f.name  # the value shows that the key was read
@@ -164,11 +166,19 @@ NOT_IDENTITY = {"device", "precision_option", "fast", "fast_option", "workers", 
 
 @pytest.mark.unit
 def test_run_settings_keep_the_identity_and_config_keys():
-    ident, config = loop.run_settings("xe", XEOptions(device="cpu", precision="auto"), "bf16",
+    small = XEOptions(device="cpu", precision="auto", preset="small").with_preset()  # att2in as it always trained
+    ident, config = loop.run_settings("xe", small, "bf16",
                                       identity={"data_sha256": "d", "preset": "paper", "init_sha256": None},
                                       recorded={"data": "data/toy-v1", "init_from": None})
     assert set(ident) == XE_IDENTITY and ident["precision"] == "bf16"
     assert set(config) == XE_IDENTITY | NOT_IDENTITY | {"data", "init_from"}
+    # a setting that changes the run is part of its identity: the model, scheduled sampling (with its
+    # schedule), the Noam schedule (with its warm-up), Adam's constants
+    paper = XEOptions(model="transformer", preset="paper", ss_start=1).with_preset()
+    extra = set(paper.identity()) - XE_IDENTITY
+    assert extra == {"model", "ss_start", "ss_every", "ss_step", "ss_max", "lr_schedule", "warmup", "adam_beta2",
+                     "adam_eps"}, extra
+    assert set(paper.recorded()) - set(small.recorded()) == extra
     assert (config["precision"], config["precision_option"], config["device"]) == ("bf16", "auto", "cpu")
     assert (config["fast"], config["fast_option"]) == ("off", "auto")  # --fast auto: off on this CPU
     opts = FinetuneOptions(reward="dpp", lam=2.0).with_preset()

@@ -162,9 +162,9 @@ def _decode_images(opts: SampleOptions, dec: Decoder, ds: DataArtifact, cfg: Dec
         task = bar.add_task(f"sample {cfg.method}", total=len(images) * cfg.n, info="")
         for start in range(0, len(images), opts.batch_size):
             idx = images[start:start + opts.batch_size]
-            _, att, mask = ds.features(idx, dec.device)
+            fc, att, mask = ds.features(idx, dec.device)
             with autocast(prec, dec.device):
-                out = decode(dec.net, att, cfg, att_mask=mask, generator=gen)
+                out = decode(dec.net, att, cfg, att_mask=mask, generator=gen, fc=fc)
             records += _records(ds, idx, out, opts, chooser)
             bar.advance(task, len(idx) * cfg.n)
     return records

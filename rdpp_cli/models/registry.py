@@ -17,7 +17,8 @@ from typing import Any
 from torch import nn
 
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models import att2in
+from rdpp_cli.models.att2in import PRESETS as ATT2IN_PRESETS
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "att2in": ModelSpec("att2in", att2in.Att2in, att2in.Att2inConfig, att2in.PRESETS, "Att2in"),
+    "att2in": ModelSpec("att2in", Att2in, Att2inConfig, ATT2IN_PRESETS, "Att2in"),
 }
 
 

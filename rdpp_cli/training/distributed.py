@@ -172,16 +172,22 @@ def on_main(fn: Callable[[], T]) -> T:
     return value
 
 
+def _run(model: nn.Module, method, *args, **kwargs):
+    """``model.<method>(...)``, or ``method(model, ...)`` for a function of the model."""
+    return method(model, *args, **kwargs) if callable(method) else getattr(model, method)(*args, **kwargs)
+
+
 class DDPMethods(nn.Module):
-    """What DDP wraps: its forward runs any method of the model. DDP synchronises gradients only
-    of what runs through its forward, so ``call(net, "token_logprobs", ...)`` goes through here."""
+    """What DDP wraps: its forward runs any method of the model (or a function of it). DDP
+    synchronises gradients only of what runs through its forward, so ``call(net, "token_logprobs",
+    ...)`` goes through here."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *args, method: str = "forward", **kwargs):
-        return getattr(self.model, method)(*args, **kwargs)
+    def forward(self, *args, method="forward", **kwargs):
+        return _run(self.model, method, *args, **kwargs)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -190,12 +196,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return inner.model if isinstance(inner, DDPMethods) else inner
 
 
-def call(net: nn.Module, method: str, *args, **kwargs):
+def call(net: nn.Module, method, *args, **kwargs):
     """``net.<method>(*args, **kwargs)`` for the model a step function gets, DDP-wrapped or not
-    (e.g. ``call(net, "token_logprobs", att, seqs)``); gradients are synchronised under DDP."""
+    (e.g. ``call(net, "token_logprobs", att, seqs)``); ``method`` may also be a function called as
+    ``method(model, *args, **kwargs)``. Gradients are synchronised under DDP."""
     if isinstance(net, nn.parallel.DistributedDataParallel):
         return net(*args, method=method, **kwargs)
-    return getattr(net, method)(*args, **kwargs)
+    return _run(net, method, *args, **kwargs)
 
 
 def claim_output(out: "Path | str | None", **kwargs) -> "Path":

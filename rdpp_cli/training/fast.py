@@ -162,10 +162,10 @@ class FastPath:
         """``model`` for ``decode`` with its decoding step compiled."""
         return CompiledDecoder(model, self._step)
 
-    def optimizer(self, params, lr: float) -> torch.optim.Adam:
-        """Adam as the eager loop builds it, fused where the settings say."""
+    def optimizer(self, params, lr: float, **adam) -> torch.optim.Adam:
+        """Adam as the eager loop builds it (``adam``: its betas and eps), fused where the settings say."""
         fused = {"fused": True} if self.settings.fused_adam else {}
-        return torch.optim.Adam(params, lr=lr, **fused)
+        return torch.optim.Adam(params, lr=lr, **adam, **fused)
 
     def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
         """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass, laid

@@ -408,7 +408,7 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
                                force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=inp.data.seq_length, seed=opts.seed, rank=rt.rank,
-                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device))
+                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device, net))
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
                               epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,

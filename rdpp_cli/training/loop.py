@@ -47,8 +47,9 @@ function* that turns one batch into a loss::
   weights are ever written to last.pt, best.pt or the resume state;
 - the output folder stays locked (``artifacts.lock``) for the whole run, released when the
   manifest is written or the run fails;
-- finally the manifest (kind ``rdpp.model``; config with ``stage``, ``precision`` and
-  ``model_config``; the inputs; summary ``val_cider``, ``epochs``) and a summary table.
+- finally the manifest (kind ``rdpp.model``; config with ``stage``, ``model`` (the registry name),
+  ``precision`` and ``model_config``; the inputs; summary ``model``, ``val_cider``, ``epochs``) and a
+  summary table.
 
 Extension points:
 
@@ -92,6 +93,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
+from rdpp_cli.models.registry import model_name
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loggers import Logger, MetricsCsv, PendingLogs
@@ -161,6 +163,29 @@ def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity
               "fast": resolve_fast(opts.fast, D.runtime().device), "fast_option": opts.fast,
               "processes": D.runtime().world_size, **recorded}
     return ident, config
+
+
+def noam_factor(d_model: int, warmup: int):
+    """The Noam schedule's LR multiplier at 0-based optimizer step s: ``d_model^-0.5 x min((s+1)^-0.5,
+    (s+1) x warmup^-1.5)`` (Vaswani et al. 2017; self-critical.pytorch's ``NoamOpt``, whose step
+    counter starts at 1)."""
+    w = max(int(warmup), 1)
+    return lambda s: d_model ** -0.5 * min((s + 1) ** -0.5, (s + 1) * w ** -1.5)
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, opts: TrainLoopOptions, model: nn.Module):
+    """The LR schedule of ``opts.lr_schedule``: "step" (x ``lr_decay_rate`` every ``lr_decay_every``
+    epochs; None when that is 0), stepped once per epoch, or "noam" (``noam_factor`` of the model's
+    ``config.d_model``), stepped after every optimizer step."""
+    if opts.lr_schedule == "noam":
+        d_model = getattr(model.config, "d_model", None)
+        if d_model is None:
+            raise RdppError(f"--lr-schedule noam scales by the model's d_model, which {type(model).__name__} does "
+                            "not have; use --lr-schedule step")
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_factor(d_model, opts.warmup))
+    if opts.lr_decay_every > 0:
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=opts.lr_decay_every, gamma=opts.lr_decay_rate)
+    return None
 
 
 @dataclass
@@ -257,14 +282,14 @@ class TrainingRecipe:
             from rdpp_cli.metrics.train_cider import TrainCider
 
             self.cider = TrainCider.for_data(self.data)
-        self.optimizer = (self.fast.optimizer(self.model.parameters(), o.lr) if self.fast is not None
-                          else torch.optim.Adam(self.model.parameters(), lr=o.lr))
+        adam = {"betas": (0.9, o.adam_beta2), "eps": o.adam_eps}
+        self.optimizer = (self.fast.optimizer(self.model.parameters(), o.lr, **adam) if self.fast is not None
+                          else torch.optim.Adam(self.model.parameters(), lr=o.lr, **adam))
         # the precision the stage resolved into the run's identity (run_settings): `auto` on a CPU is a
         # measurement, and measuring it again here could train in another precision than recorded
         self.precision = self.manifest_config.get("precision") or resolve_precision(o.precision, rt.device)
         self.scaler = grad_scaler(self.precision, rt.device)  # fp16 only
-        self.scheduler = (torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=o.lr_decay_every,
-                                                          gamma=o.lr_decay_rate) if o.lr_decay_every > 0 else None)
+        self.scheduler, self.per_step = lr_schedule(self.optimizer, o, self.model), o.lr_schedule == "noam"
         # Training randomness (dropout, sampling) per process; the stage seeded the model's init.
         seed_everything(o.seed + rt.rank)
         if not rt.is_main:
@@ -422,6 +447,8 @@ class TrainingRecipe:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.per_step:
+            self.scheduler.step()
 
     def check_weights(self, epoch: int) -> None:
         """Stop before non-finite weights are validated or saved (the same on every process: DDP
@@ -446,7 +473,7 @@ class TrainingRecipe:
         if len(self.val_all):
             row.update(self.validate())
             self.last_val = row["val_cider"]
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self.per_step:
             self.scheduler.step()
         row.update({"lr": self.lr_now, "time": round(self.elapsed(), 3),
                     "images_per_s": round(self.images_run / self.epoch_seconds, 3) if self.epoch_seconds > 0 else None})
@@ -498,12 +525,13 @@ class TrainingRecipe:
         if self.rt.is_main:
             model = self.model
             model_config = dataclasses.asdict(model.config) if dataclasses.is_dataclass(getattr(model, "config", None)) else {}
-            head: dict[str, Any] = {"epochs": self.opts.epochs}
+            head: dict[str, Any] = {"model": model_name(model), "epochs": self.opts.epochs}
             if self.best > -math.inf:
                 head["val_cider"] = self.best
             head.update(self.summary)
             write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
-                                                        "precision": self.precision, "model_config": model_config},
+                                                        "model": model_name(model), "precision": self.precision,
+                                                        "model_config": model_config},
                            inputs=self.inputs, summary=head)
             finish_output(self.out_dir)
             console.print(summary_table(f"rdpp {self.stage}: done", self.summary_rows()))

@@ -24,8 +24,30 @@ from rdpp_cli.training.reward_table import REWARDS as REWARD_TABLE
 LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
 GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
 
-# `train-xe --preset`: the model sizes of rdpp_cli.models.att2in.PRESETS (a test keeps the two equal)
+# `train-xe --model`: the names of rdpp_cli.models.registry.MODELS, and `--preset`: each model's sizes
+# (its PRESETS); spelled out here because the options load without torch (a test keeps them equal)
+MODEL_NAMES = ("att2in", "updown", "transformer")
 MODEL_PRESETS = ("paper", "small")
+LR_SCHEDULES = ("step", "noam")
+
+# `train-xe --preset`'s recipe per model: the defaults of the loop's settings that a value given wins
+# over (docs/training.md, "The published recipes", says where each comes from). `small`: the bundled
+# data on a CPU. `paper`: att2in as the authors' R-DPP XE pre-training (run_att.sh: batch 128, lr 5e-4
+# x0.8 every 15 epochs from the start, scheduled sampling from epoch 0, 30 epochs); updown and
+# transformer as self-critical.pytorch's updown.yml and transformer.yml (with its option defaults:
+# decay x0.8 every 3 epochs; the transformer's Noam schedule with 20,000 warm-up steps, Adam
+# betas (0.9, 0.98), eps 1e-9, 15 epochs).
+_SMALL = {"epochs": 30, "batch_size": 50, "lr": 4e-4, "lr_decay_every": 3, "lr_decay_rate": 0.8, "ss_start": -1,
+          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
+XE_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "att2in": {"paper": {**_SMALL, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "ss_start": 0},
+               "small": _SMALL},
+    "updown": {"paper": {**_SMALL, "batch_size": 10, "lr": 5e-4, "ss_start": 0}, "small": _SMALL},
+    "transformer": {"paper": {**_SMALL, "epochs": 15, "batch_size": 10, "lr": 1.0, "lr_schedule": "noam",
+                              "warmup": 20000, "adam_beta2": 0.98, "adam_eps": 1e-9},
+                    "small": {**_SMALL, "lr": 1.0, "lr_schedule": "noam", "warmup": 400, "adam_beta2": 0.98,
+                              "adam_eps": 1e-9}},
+}
 
 REWARDS = tuple(REWARD_TABLE)
 BASELINES = ("none", "mean")
@@ -39,6 +61,11 @@ FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
     # start) and the paper's 100 fine-tuning epochs (Sec. 4)
     "paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8},
 }
+
+
+def _probability(flag: str, value: float | None) -> None:
+    if value is not None and not 0 <= value <= 1:
+        raise RdppError(f"{flag} must be in [0, 1] (got {value})")
 
 
 def _decay_rate(flag: str, value: float | None) -> None:
@@ -85,25 +112,10 @@ class TrainLoopOptions(Options):
                                "--resume/--no-resume", identity=False, record=False)
 
     seq_per_img: ClassVar[int] = 5  # captions per image in a batch: an option of train-xe, finetune's follows its reward
-
-
-@dataclass
-class XEOptions(TrainLoopOptions):
-    """`rdpp train-xe`."""
-
-    section = "train_xe"
-
-    data: str | None = option(
-        None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
-        "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
-    preset: str = option("paper", "Model size: paper (512, dropout 0.5) or small (CPU).",
-                         check=one_of(*MODEL_PRESETS, what="a preset"))
-    init_from: str | None = option(
-        None, "Start from this model artifact's best.pt (or a .pt file); same vocabulary.", identity=False)
-    seq_per_img: int = loop_option(5, "Captions per image in a batch.", check=at_least(1))
-    out: Path | None = out_option("a new version <workspace>/xe/att2in-<preset>-v<k>")
-    force: bool = force_option()
-    workspace: Path | None = workspace_option()
+    lr_schedule: ClassVar[str] = "step"  # train-xe's option; finetune decays by steps of epochs
+    warmup: ClassVar[int] = 0
+    adam_beta2: ClassVar[float] = 0.999
+    adam_eps: ClassVar[float] = 1e-8
 
 
 def _from_preset(name: str) -> Any:
@@ -111,6 +123,82 @@ def _from_preset(name: str) -> Any:
     f = TrainLoopOptions.__dataclass_fields__[name]
     help_ = f.metadata["help"].removesuffix(".") + " (default: the preset's)."
     return loop_option(None, help_, check=f.metadata["check"])
+
+
+@dataclass
+class XEOptions(TrainLoopOptions):
+    """`rdpp train-xe`. The loop settings left unset (None) take the values of ``preset``'s recipe
+    for ``model`` (``XE_RECIPES``; ``with_preset``)."""
+
+    section = "train_xe"
+
+    data: str | None = option(
+        None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
+        "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
+    model: str = option("att2in", "Captioner: att2in (Rennie et al. 2017), updown (Anderson et al. 2018) or "
+                        "transformer (docs/model.md).", check=one_of(*MODEL_NAMES, what="a model"))
+    preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
+                         "(CPU, the bundled data); options given explicitly win.",
+                         check=one_of(*MODEL_PRESETS, what="a preset"))
+    init_from: str | None = option(
+        None, "Start from this model artifact's best.pt (or a .pt file); same vocabulary.", identity=False)
+    seq_per_img: int = loop_option(5, "Captions per image in a batch.", check=at_least(1))
+    epochs: int | None = _from_preset("epochs")
+    batch_size: int | None = _from_preset("batch_size")
+    lr: float | None = _from_preset("lr")
+    lr_decay_every: int | None = _from_preset("lr_decay_every")
+    lr_decay_rate: float | None = _from_preset("lr_decay_rate")
+    ss_start: int | None = loop_option(
+        None, "Scheduled sampling after this epoch: each input word is, with probability ss, the model's own "
+        "sample (-1 = off; default: the preset's).", check=at_least(-1))
+    ss_every: int = loop_option(5, "Scheduled sampling: ss grows every k epochs.", check=at_least(1))
+    ss_step: float = loop_option(0.05, "Scheduled sampling: how much ss grows each time.", check=all_of(finite, at_least(0)))
+    ss_max: float = loop_option(0.25, "Scheduled sampling: the largest ss.", check=_probability)
+    label_smoothing: float = loop_option(0.0, "Label smoothing of the XE loss (0 = off).", check=_probability)
+    lr_schedule: str | None = loop_option(
+        None, "step: x --lr-decay-rate every --lr-decay-every epochs; noam: --lr x d_model^-0.5 x min(s^-0.5, "
+        "s x warmup^-1.5) at step s (the transformer's). Default: the preset's.",
+        check=one_of(*LR_SCHEDULES, what="an LR schedule"))
+    warmup: int | None = loop_option(None, "Noam schedule: warm-up steps (default: the preset's).", check=at_least(0))
+    adam_beta2: float | None = loop_option(None, "Adam's beta2 (default: the preset's).", check=_probability)
+    adam_eps: float | None = loop_option(None, "Adam's eps (default: the preset's).", check=all_of(finite, at_least(0)))
+    out: Path | None = out_option("a new version <workspace>/xe/<model>-<preset>-v<k>")
+    force: bool = force_option()
+    workspace: Path | None = workspace_option()
+
+    def with_preset(self) -> "XEOptions":
+        """These options with the recipe's values where none was given."""
+        recipe = XE_RECIPES[self.model][self.preset]
+        return self.replace(**{k: v for k, v in recipe.items() if getattr(self, k) is None})
+
+    # settings at these values change nothing in today's att2in run: left out of the identity (and so of
+    # the manifest's config), so that a run from before they existed still resumes
+    NEUTRAL: ClassVar[dict[str, Any]] = {"model": "att2in", "ss_start": -1, "label_smoothing": 0.0,
+                                         "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
+    SS_SETTINGS: ClassVar[tuple[str, ...]] = ("ss_every", "ss_step", "ss_max")
+
+    def identity(self) -> dict[str, Any]:
+        ident = super().identity()
+        neutral = {k for k, v in self.NEUTRAL.items() if ident.get(k, v) == v}
+        if "ss_start" in neutral:  # the schedule's shape matters only when it runs
+            neutral |= set(self.SS_SETTINGS)
+        if ident.get("lr_schedule", "step") == "step":
+            neutral.add("warmup")
+        return {k: v for k, v in ident.items() if k not in neutral}
+
+    def recorded(self) -> dict[str, Any]:
+        ident, rec = super().identity(), super().recorded()
+        dropped = set(ident) - set(self.identity())
+        return {k: v for k, v in rec.items() if k not in dropped}
+
+    def ss_prob(self, epoch: int) -> float:
+        """The scheduled-sampling probability of 0-based ``epoch``, as self-critical.pytorch's
+        train.py sets it: ``min(ss_step x ((epoch - ss_start) // ss_every), ss_max)`` after
+        ``ss_start`` (0 before it, and when ``ss_start`` is -1)."""
+        start = -1 if self.ss_start is None else self.ss_start
+        if start < 0 or epoch <= start:
+            return 0.0
+        return min(self.ss_step * ((epoch - start) // self.ss_every), self.ss_max)
 
 
 @dataclass

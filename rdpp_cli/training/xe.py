@@ -1,9 +1,14 @@
-"""`rdpp train-xe`: Att2in trained with cross-entropy (teacher forcing), the paper's first stage.
+"""`rdpp train-xe`: a captioner (``--model``, rdpp_cli.models.registry) trained with cross-entropy,
+the paper's first stage.
 
 The loss is self-critical.pytorch's ``LanguageModelCriterion``: the negative log-likelihood of every
 reference token and of the EOS after it (padding ignored), averaged over those tokens, with five
-captions per image. Everything else (epochs, validation, checkpoints, resume, DDP) is the shared
-loop in ``rdpp_cli.training.loop``.
+captions per image; with ``--label-smoothing`` its ``LabelSmoothing`` (the KL divergence to the
+smoothed target). With scheduled sampling (``--ss-start``; probability ``XEOptions.ss_prob(epoch)``)
+each input word after the first is, with that probability, a word sampled from the model's own
+previous output distribution, as self-critical.pytorch's ``AttModel._forward`` does; the pass then
+runs a step at a time (``models.base.stepwise_logprobs``). Everything else (epochs, validation,
+checkpoints, resume, DDP) is the shared loop in ``rdpp_cli.training.loop``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import math
 
 import h5py
 import numpy as np
@@ -21,8 +28,10 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.att2in import Att2in, config_from_preset
-from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.base import stepwise_logprobs, targets
+from rdpp_cli.models.registry import model_spec
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
 from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
@@ -40,8 +49,60 @@ def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     captions: ``sequence_logprobs(model(att, labels), labels)`` through the model's faster
     ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
     over the whole step's tokens, all processes together, as one process would take it."""
-    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask)
+    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask, fc=batch.fc)
     return -token_logp.sum() / D.per_process_share(mask.sum())
+
+
+def smoothed_nll(logprobs: Tensor, seqs: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
+    """(sum over tokens, number of tokens) of self-critical.pytorch's ``LabelSmoothing`` loss of
+    ``seqs`` (N, L) under ``logprobs`` (N, L+1, V+1): per token ``KL(t || p)`` with ``t`` the target
+    word at ``1 - smoothing`` and every other word at ``smoothing / V``, over the tokens up to and
+    including the EOS. ``smoothing`` 0 gives the negative log-likelihood."""
+    target, mask = targets(seqs.reshape(-1, seqs.shape[-1]))
+    K = logprobs.shape[-1]
+    lp_t = logprobs.gather(2, target.unsqueeze(2).long()).squeeze(2)
+    conf, off = 1.0 - smoothing, smoothing / (K - 1)
+    entropy = sum(p * math.log(p) * n for p, n in ((conf, 1), (off, K - 1)) if p > 0)  # Σ t log t
+    per_token = entropy - conf * lp_t - off * (logprobs.sum(-1) - lp_t)
+    mask = mask.to(per_token.dtype)
+    return (per_token * mask).sum(), mask.sum()
+
+
+def scheduled_sampling_feed(ss_prob: float):
+    """The word fed at step t: the reference's, or with probability ``ss_prob`` one drawn from the
+    model's previous output distribution (no gradient through the draw)."""
+    def feed(t: int, it: Tensor, previous: Tensor) -> Tensor:
+        use = torch.rand(it.shape[0], device=it.device) < ss_prob
+        if not bool(use.any()):
+            return it
+        drawn = torch.multinomial(previous.detach().float().exp(), 1).squeeze(1)
+        return torch.where(use, drawn, it)
+
+    return feed
+
+
+@dataclass
+class XELoss:
+    """The XE step function: ``xe_loss`` while scheduled sampling is off and no label smoothing
+    is asked; otherwise the full log-probs (a step at a time while ``ss_prob(epoch)`` > 0) and
+    ``smoothed_nll``. Logs the epoch's scheduled-sampling probability when it has one."""
+
+    ss_prob: Callable[[int], float] = lambda epoch: 0.0
+    label_smoothing: float = 0.0
+    log_ss: bool = False
+
+    def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        ss = self.ss_prob(batch.epoch)
+        logs = {"ss_prob": ss} if self.log_ss else {}
+        if ss == 0 and self.label_smoothing == 0:
+            return xe_loss(net, batch), logs
+        if ss > 0:
+            logprobs = call(net, stepwise_logprobs, batch.att, batch.labels, batch.att_mask, batch.fc,
+                            feed=scheduled_sampling_feed(ss))
+        else:
+            logprobs = call(net, "forward", batch.att, batch.labels, att_mask=batch.att_mask, fc=batch.fc)
+        total, tokens = smoothed_nll(logprobs, batch.labels, self.label_smoothing)
+        return total / D.per_process_share(tokens), logs
 
 
 def fast_xe_loss(fast: FastPath) -> StepFn:
@@ -88,7 +149,7 @@ def baseline_cider(data: DataArtifact, images: np.ndarray, cider=None) -> tuple[
     return float(np.mean(scores)), data.decode(cap)
 
 
-def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tuple[dict, str]:
+def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact, model: str) -> tuple[dict, str]:
     """The checkpoint dict to start from and where it came from; its vocabulary and feature sizes
     must be the data artifact's."""
     p = Path(init_from)
@@ -100,6 +161,9 @@ def _init_checkpoint(init_from: str | Path, workspace, data: DataArtifact) -> tu
         where = art.file("checkpoints/best.pt")  # checked against the model's manifest
     ckpt = load_checkpoint(where)
     check_fits_data(ckpt, data, f"--init-from {where}", "start from scratch or from a model trained on this data")
+    held = checkpoint_model_name(ckpt)
+    if held != model:
+        raise RdppError(f"--init-from {where} holds a {held} model, not {model}; pass --model {held}")
     return ckpt, str(where)
 
 
@@ -128,18 +192,41 @@ def read_inputs(opts: XEOptions, quiet: bool) -> XEInputs:
         from rdpp_cli.metrics.train_cider import TrainCider
 
         cider = TrainCider.for_data(ds)
-    init, where = _init_checkpoint(opts.init_from, opts.workspace, ds) if opts.init_from else (None, None)
+    init, where = _init_checkpoint(opts.init_from, opts.workspace, ds, opts.model) if opts.init_from else (None, None)
     return XEInputs(art, ds, val_idx, cider, init, where)
 
 
 def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
-    """The model to train, seeded so that every process builds the same initial weights."""
+    """The model to train (``--model`` at ``--preset``'s size), seeded so that every process builds
+    the same initial weights."""
     seed_everything(opts.seed)
     if inp.init is not None:
         return model_from_checkpoint(inp.init, where=inp.init_where)
     ds = inp.data
-    return Att2in(config_from_preset(opts.preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
-                                     seq_length=ds.seq_length))
+    return model_spec(opts.model).build(opts.preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
+                                        fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
+
+
+def _scheduled_sampling(opts: XEOptions) -> bool:
+    return opts.ss_start is not None and opts.ss_start >= 0
+
+
+def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
+    """The run's fast path: none with scheduled sampling or label smoothing (the compiled pass is
+    the plain XE loss's), where ``--fast on`` is refused; else ``fast_path``."""
+    if opts.label_smoothing > 0 or _scheduled_sampling(opts):
+        if opts.fast == "on":
+            raise RdppError("--fast on computes the plain XE loss only; train with scheduled sampling (--ss-start) or "
+                            "label smoothing with --fast auto or off, or pass --ss-start -1 --label-smoothing 0")
+        return None
+    return fast_path(opts.fast, device, model)
+
+
+def step_function(opts: XEOptions, fast: FastPath | None) -> StepFn:
+    """The XE step: through the fast path, or ``XELoss`` (scheduled sampling, label smoothing)."""
+    if fast is not None:
+        return fast_xe_loss(fast)
+    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=_scheduled_sampling(opts))
 
 
 def baseline_summary(inp: XEInputs) -> dict[str, Any]:
@@ -154,32 +241,35 @@ def baseline_summary(inp: XEInputs) -> dict[str, Any]:
 
 @takes(XEOptions)
 def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None) -> Artifact:
-    """Train Att2in with cross-entropy on a data artifact; returns the model artifact.
+    """Train a captioner with cross-entropy on a data artifact; returns the model artifact.
 
     ``opts`` (or its fields as keyword arguments; ``rdpp_cli.training.options.XEOptions``):
-    ``data`` is a data artifact folder or its name in the workspace (default: the newest); ``out``
-    the folder to write (default: a new version ``<workspace>/xe/att2in-<preset>-v<k>``; an
+    ``data`` is a data artifact folder or its name in the workspace (default: the newest); ``model``
+    the captioner (``rdpp_cli.models.registry``) and ``preset`` its size and recipe (the loop
+    settings not given: ``XEOptions.with_preset``); ``out``
+    the folder to write (default: a new version ``<workspace>/xe/<model>-<preset>-v<k>``; an
     unfinished run with the same settings is resumed); ``precision`` fp32, bf16, fp16 or auto
     (``rdpp_cli.precision``; the resolved one is recorded in the manifest and is part of the
     settings a rerun must share to resume); ``fast`` auto, on or off (the fast path,
     ``rdpp_cli.training.fast``: the same numbers; recorded, not part of the resume identity).
     ``after_step`` is for tests.
     """
+    opts = opts.with_preset()
     rt = D.setup(opts.device)  # RdppError for --device cuda without a GPU, before anything is touched
     precision = resolve_precision(opts.precision, rt.device)
     try:
         inp = read_inputs(opts, quiet=not rt.is_main)
         model = build_model(opts, inp)
+        fast = xe_fast_path(opts, rt.device, model)
         identity, config = run_settings(
             "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where},
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None})
-        name = f"att2in-{opts.preset}" if inp.init is None else "att2in-init"
+        name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
                                config=identity, force=opts.force, reads=[inp.artifact.path, inp.init_where])
-        fast = fast_path(opts.fast, rt.device)
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
-                              step_fn=fast_xe_loss(fast) if fast is not None else xe_loss, inputs=[inp.artifact],
+                              step_fn=step_function(opts, fast), inputs=[inp.artifact],
                               manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
                               cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)], fast=fast).run()
     finally:
