@@ -164,3 +164,109 @@ def test_architecture_doc_lists_every_module_where_it_is():
     assert "### Layers" in doc
     layers = doc[doc.index("### Layers"):]
     assert all(f"`{pkg}`" in layers for pkg in RANK), "a package of LAYERS is missing from the doc's layer list"
+
+
+# -- no import circle; models and rewards are tables, not branches ---------------------------------
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The rdpp_cli modules a file imports (top level or inside functions; not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out & modules
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The import circles among the modules under ``root`` (strongly connected components of the
+    graph of explicit imports, with more than one module)."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {m: _module_imports(p, set(files)) - {m} for m, p in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = [stack.pop()]
+            while comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+@pytest.mark.unit
+def test_no_import_circle_between_modules():
+    assert import_cycles(ROOT) == []
+
+
+@pytest.mark.unit
+def test_the_circle_check_finds_a_circle(tmp_path):
+    pkg = tmp_path / "rdpp_cli"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "a" / "x.py").write_text("from rdpp_cli.a.y import f\n")
+    (pkg / "a" / "y.py").write_text("def f():\n    from rdpp_cli.a import x\n")
+    (pkg / "a" / "__init__.py").write_text("")
+    assert import_cycles(pkg) == [["rdpp_cli.a.x", "rdpp_cli.a.y"]]  # a function-level import counts too
+    (pkg / "a" / "y.py").write_text("def f():\n    pass\n")
+    assert import_cycles(pkg) == []
+
+
+# The words of a --select method, a run's artifact stem or a table's label may equal a reward's name;
+# those modules compare them as what they are there
+_NOT_REWARDS = {"decoding/select.py", "decoding/options.py", "reporting/selection.py", "reporting/sweeps.py"}
+
+
+def _branch_words(path: Path) -> set[str]:
+    """String constants compared (==, !=, in, not in) in ``path``."""
+    words = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            for side in [node.left, *node.comparators]:
+                elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                words |= {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return words
+
+
+@pytest.mark.unit
+def test_no_module_outside_the_tables_branches_on_a_model_or_reward_name():
+    from rdpp_cli.models.registry import MODELS
+    from rdpp_cli.training.reward_table import REWARDS
+
+    models = set(MODELS) | {s.cls.__name__ for s in MODELS.values()}
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith("models/") or rel == "training/reward_table.py":
+            continue
+        hits = _branch_words(path) & (models | (set() if rel in _NOT_REWARDS else set(REWARDS)))
+        if hits:
+            wrong.append(f"{rel}: {sorted(hits)}")
+    assert not wrong, "branches on a model or reward name outside models/ and reward_table.py:\n" + "\n".join(wrong)

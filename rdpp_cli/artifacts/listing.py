@@ -16,7 +16,7 @@ from rdpp_cli.options import takes
 # The settings worth a glance, per kind (everything is in each manifest's config).
 _KEY_SETTINGS = {
     "rdpp.data": ("source", "backbone", "att_size", "images"),
-    "rdpp.model": ("model", "stage", "preset", "reward", "m", "baseline", "epochs"),
+    "rdpp.model": ("architecture", "stage", "preset", "reward", "m", "baseline", "epochs"),
     "rdpp.samples": ("method", "n", "split", "beam", "temperature"),
     "rdpp.scores": ("split", "self_cider_variant"),
 }

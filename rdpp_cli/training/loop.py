@@ -47,9 +47,9 @@ function* that turns one batch into a loss::
   weights are ever written to last.pt, best.pt or the resume state;
 - the output folder stays locked (``artifacts.lock``) for the whole run, released when the
   manifest is written or the run fails;
-- finally the manifest (kind ``rdpp.model``; config with ``stage``, ``model`` (the registry name),
-  ``precision`` and ``model_config``; the inputs; summary ``model``, ``val_cider``, ``epochs``) and a
-  summary table.
+- finally the manifest (kind ``rdpp.model``; config with ``stage``, ``architecture`` (the model's
+  registry name), ``precision`` and ``model_config``; the inputs; summary ``architecture``,
+  ``val_cider``, ``epochs``) and a summary table.
 
 Extension points:
 
@@ -525,12 +525,12 @@ class TrainingRecipe:
         if self.rt.is_main:
             model = self.model
             model_config = dataclasses.asdict(model.config) if dataclasses.is_dataclass(getattr(model, "config", None)) else {}
-            head: dict[str, Any] = {"model": model_name(model), "epochs": self.opts.epochs}
+            head: dict[str, Any] = {"architecture": model_name(model), "epochs": self.opts.epochs}
             if self.best > -math.inf:
                 head["val_cider"] = self.best
             head.update(self.summary)
             write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
-                                                        "model": model_name(model), "precision": self.precision,
+                                                        "architecture": model_name(model), "precision": self.precision,
                                                         "model_config": model_config},
                            inputs=self.inputs, summary=head)
             finish_output(self.out_dir)
