@@ -3,10 +3,14 @@
 Shapes (the paper preset on COCO): Att2in 512/512/512 with dropout 0.5, a vocabulary of 9,487 words
 (9,488 logits, 0 = EOS), 14 × 14 = 196 att regions of 2,048 features (CNN features: ≥ 0), captions
 of at most 16 words, 5 per image, batches of 50 images. Every input is drawn from a seeded generator,
-so two sides of a benchmark (and two runs of it) get the same numbers.
+so two sides of a benchmark (and two runs of it) get the same numbers; ``write_artifact`` writes
+them as a data artifact of COCO's feature shape (the loader, epoch and content-check benchmarks).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -93,3 +97,71 @@ def make_refs(rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
         out.append(r)
     return out
 
+
+# -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
+
+def feature_blocks(rows: int, block: int, seed: int = 0):
+    """(start, fc, att) blocks of synthetic CNN-like features (≥ 0, fp16); row i carries i in att[i, 0, 0]."""
+    base = np.maximum(np.random.default_rng(seed).standard_normal((256, REGIONS, ATT_DIM), dtype=np.float32), 0)
+    base = base.astype(np.float16)
+    for s in range(0, rows, block):
+        k = min(block, rows - s)
+        att = base[np.arange(s, s + k) % len(base)]  # a new array (fancy indexing copies)
+        att[:, 0, 0] = np.arange(s, s + k) % 2048
+        yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
+
+
+def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
+                   block: int = 500) -> dict:
+    """A data artifact of ``rows`` COCO-shaped images (train split), features by FeatureWriter;
+    optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``. ``real_df``: the
+    training document frequencies of its captions (the end token counted, as ``prepro`` makes
+    them: what the RL reward looks up) instead of an empty table."""
+    import h5py
+
+    from rdpp_cli.artifacts import write_manifest
+    from rdpp_cli.data.features import FeatureWriter
+
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ids = np.arange(1, rows + 1, dtype=np.int64)
+    (path / "vocab.json").write_text(json.dumps({"words": [f"w{i}" for i in range(VOCAB - 1)] + ["UNK"]}))
+    n_cap = 5 * rows
+    lens = rng.integers(8, SEQ_LEN + 1, n_cap)
+    labels = rng.integers(1, VOCAB + 1, (n_cap, SEQ_LEN)).astype(np.int32)
+    labels[np.arange(SEQ_LEN)[None, :] >= lens[:, None]] = 0
+    with h5py.File(path / "captions.h5", "w") as f:
+        f["labels"], f["lengths"] = labels, lens.astype(np.int32)
+        f["label_start"] = np.arange(0, n_cap, 5, dtype=np.int64)
+        f["label_end"] = np.arange(5, n_cap + 5, 5, dtype=np.int64)
+        f["image_ids"] = ids
+        f["split"] = np.array([b"train"] * rows, dtype="S5")
+        f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
+    if real_df:
+        from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
+
+        caps = [[c[c > 0].tolist() for c in labels[5 * i:5 * i + 5]] for i in range(rows)]
+        doc_freq_with_eos(caps, eos_id(VOCAB)).save_h5(path / "cider_df.h5")
+    else:
+        with h5py.File(path / "cider_df.h5", "w") as f:
+            f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
+            f.attrs["num_docs"] = rows
+    w = FeatureWriter(path / "features.h5", ids, fc_dim=ATT_DIM, regions=REGIONS, block=block,
+                      attrs={"backbone": "synthetic", "att_size": 14})
+    mm_att = mm_fc = None
+    if npy_dir is not None:
+        npy_dir.mkdir(parents=True, exist_ok=True)
+        mm_att = np.lib.format.open_memmap(npy_dir / "att.npy", "w+", np.float16, (rows, REGIONS, ATT_DIM))
+        mm_fc = np.lib.format.open_memmap(npy_dir / "fc.npy", "w+", np.float16, (rows, ATT_DIM))
+    for s, fc, att in feature_blocks(rows, block, seed):
+        w.write(fc, att)
+        if mm_att is not None:
+            mm_att[s:s + len(att)], mm_fc[s:s + len(fc)] = att, fc
+    if mm_att is not None:
+        mm_att.flush(), mm_fc.flush()
+        del mm_att, mm_fc
+    write_manifest(path, "rdpp.data", {"source": "benchmarks/common.py", "rows": rows},
+                   precomputed={"features.h5": w.finish()})
+    with h5py.File(path / "features.h5") as f:
+        layout = {k: {"chunks": f[k].chunks, "compression": f[k].compression} for k in ("att", "fc")}
+    return {"rows": rows, "features_gb": (path / "features.h5").stat().st_size / 1e9, "layout": layout}
