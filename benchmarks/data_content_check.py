@@ -23,7 +23,6 @@ The artifact goes to ``--dir`` (default: a folder under $TMPDIR) and is deleted 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import BATCH, write_artifact  # noqa: E402
+from common import BATCH, data_parser, write_artifact  # noqa: E402
 from timing import drop_cache  # noqa: E402
 
 
@@ -134,11 +133,7 @@ def print_content_check(console, res: dict, cpu_step_s: float, gpu_epoch_s: floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
-    ap.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same --rows reuses them)")
+    ap = data_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved passes of each way (median)")
     ap.add_argument("--check-threads", type=int, default=None, help="hashing threads (default: rdpp's)")
     ap.add_argument("--cpu-step-s", type=float, default=2.4, help="CPU XE seconds per 50-image step")

@@ -21,7 +21,6 @@ Big files go to ``--dir`` (default: a folder under $TMPDIR) and are deleted at t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep inst
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BATCH, write_artifact  # noqa: E402
+from common import BATCH, data_parser, write_artifact  # noqa: E402
 from timing import drop_cache  # noqa: E402
 
 
@@ -134,10 +133,7 @@ def print_table(xe: dict, args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic artifact (0.81 MB each)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
+    ap = data_parser(__doc__, keep=False)
     ap.add_argument("--workers", default="0,1,2", help="DataLoader worker counts, comma-separated")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="paper", help="the XE epochs' model (small: a CPU check of the code path)")

@@ -24,7 +24,6 @@ same ``--rows`` reuses them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -40,7 +39,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ATT_DIM, BATCH, REGIONS, ROW_BYTES, write_artifact  # noqa: E402
+from common import ATT_DIM, BATCH, REGIONS, ROW_BYTES, data_parser, write_artifact  # noqa: E402
 from timing import cached_fraction, drop_cache  # noqa: E402
 
 
@@ -258,11 +257,7 @@ def print_tables(res: dict, built: dict, workers: list[int], args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
-    ap.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same --rows reuses them)")
+    ap = data_parser(__doc__)
     ap.add_argument("--workers", default="0,1,2", help="DataLoader worker counts, comma-separated")
     ap.add_argument("--images", type=int, default=2_500, help="images per timed pass (50 a batch)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved passes per configuration (median)")
