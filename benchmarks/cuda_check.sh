@@ -6,16 +6,16 @@
 #      published R-DPP way (benchmarks/finetune.py)
 #   3. the XE step at batch 200, fp32 and bf16, against the peer (benchmarks/train.py)
 #   4. whole epochs over 10,000 COCO-shaped rows, loading included: XE at batch 50 fp32, 200 fp32 and
-#      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data.py --xe-epoch),
+#      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data_epochs.py),
 #      then the paper recipe's projected GPU-hours (benchmarks/recipe_hours.py)
 #   not by default (STEPS="5 6 7 8 9 10"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
 #   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding on the GPU
-#   against the peer's own decoding, and DPP selection (benchmarks/sample.py); 8. the demo's training
+#   against the peer's own decoding, and DPP selection (benchmarks/sample.py, benchmarks/selection.py); 8. the demo's training
 #   stages (without Java it stops at its first scoring step); 9. the training fast path (--fast on;
 #   about 8 minutes, most of it compiling): its GPU tests in tests/test_cuda.py, then
 #   benchmarks/fast_path.py, eager against fast (CUDA graphs) and fast without CUDA graphs, XE /
 #   R-DPP / SCST steps at the paper's shapes; 10. the content check on read of features.h5 at
-#   COCO's scale (benchmarks/data.py --content-check)
+#   COCO's scale (benchmarks/data_content_check.py)
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
@@ -100,7 +100,7 @@ fi
 if want 4; then
   stamp "4. whole epochs over $ROWS COCO-shaped rows (XE $XE_CONFIGS; R-DPP and SCST m = 5), loading included"
   rm -rf /tmp/rdpp-cuda-epochs
-  run epochs.log 330 $PY benchmarks/data.py --xe-epoch --device "$DEVICE" --preset $PRESET --rows $ROWS \
+  run epochs.log 330 $PY benchmarks/data_epochs.py --device "$DEVICE" --preset $PRESET --rows $ROWS \
     --workers $WORKERS --xe-configs $XE_CONFIGS --caches $CACHES --rl-epoch dpp,scst --threads $THREADS \
     --dir /tmp/rdpp-cuda-epochs --json
   stamp "   the paper recipe (30 XE + 100 R-DPP epochs over 113,287 images), projected from those epochs"
@@ -119,8 +119,8 @@ fi
 
 if want 7; then
   stamp "7. decoding against self-critical.pytorch's own decoding, and selection"
-  run sample.log 150 $PY benchmarks/sample.py --device "$DEVICE" --sections decode $DECODE_ARGS --json
-  run select.log 60 $PY benchmarks/sample.py --device "$DEVICE" --sections select $SELECT_ARGS --json
+  run sample.log 150 $PY benchmarks/sample.py --device "$DEVICE" $DECODE_ARGS --json
+  run select.log 60 $PY benchmarks/selection.py --device "$DEVICE" $SELECT_ARGS --json
 fi
 
 if want 8; then
@@ -138,7 +138,7 @@ fi
 
 if want 10; then
   stamp "10. the content check on read of features.h5 ($ROWS COCO-shaped rows), projected to COCO"
-  run content_check.log 300 $PY benchmarks/data.py --content-check --rows $ROWS --rounds 2 --dir /tmp/rdpp-cuda-content \
+  run content_check.log 300 $PY benchmarks/data_content_check.py --rows $ROWS --rounds 2 --dir /tmp/rdpp-cuda-content \
     --gpu-epoch-s 80 --json
   rm -rf /tmp/rdpp-cuda-content
 fi

@@ -58,13 +58,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune as rl_inputs  # noqa: E402
-import train as xe_inputs  # noqa: E402
+from common import SEQ_LEN, VOCAB, make_batch, make_refs, paper_model, parse_words  # noqa: E402
 from timing import count_gflop, interleaved, machine_info, matmul_gflops, peak_mib, sync  # noqa: E402
 
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
 from rdpp_cli.metrics.train_cider_torch import references_tensor  # noqa: E402
-from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
+from rdpp_cli.models.att2in import Att2in  # noqa: E402
 from rdpp_cli.training import fast as F  # noqa: E402
 from rdpp_cli.training.finetune import RewardStep  # noqa: E402
 from rdpp_cli.training.xe import fast_xe_loss, xe_loss  # noqa: E402
@@ -128,7 +127,7 @@ def compare(loss_a, loss_b, ga: dict, gb: dict) -> dict:
 # -- the XE step ------------------------------------------------------------------------------------
 
 def xe_sides(args, device: torch.device, base: Att2in):
-    batch = xe_inputs.make_batch(args.batch, xe_inputs.parse_words(args.xe_words), device)
+    batch = make_batch(args.batch, parse_words(args.xe_words), device)
     sides, checks, models = {}, {}, {}
     for name, fast in {"eager": None, **fast_paths(args, device)}.items():
         m = copy.deepcopy(base).train()
@@ -169,18 +168,18 @@ def check_xe(base: Att2in, fast: F.FastPath, batch) -> dict:
 # -- the RL steps -----------------------------------------------------------------------------------
 
 def rl_sides(args, device: torch.device, reward: str):
-    model = rl_inputs.make_model(args.words).to(device)
-    batch = rl_inputs.make_batch(args.batch).to(device)
-    refs = rl_inputs.make_refs(np.random.default_rng(0), args.batch)
-    df = doc_freq_with_eos([[list(r[r > 0]) for r in rs] for rs in refs], eos_id(rl_inputs.VOCAB))
-    cider = TrainCider(df, eos_id(rl_inputs.VOCAB), rl_inputs.MAX_LEN)
+    model = paper_model(words=args.words, device=device)
+    batch = make_batch(args.batch, device=device)
+    refs = make_refs(np.random.default_rng(0), args.batch)
+    df = doc_freq_with_eos([[list(r[r > 0]) for r in rs] for rs in refs], eos_id(VOCAB))
+    cider = TrainCider(df, eos_id(VOCAB), SEQ_LEN)
 
     class Refs:  # RewardStep's data: the batch's references
         @staticmethod
         def references_ids(index):
             return [refs[i] for i in index]
 
-    kw = dict(data=Refs, cider=cider, reward=reward, m=args.m, max_len=rl_inputs.MAX_LEN, seed=1)
+    kw = dict(data=Refs, cider=cider, reward=reward, m=args.m, max_len=SEQ_LEN, seed=1)
     sides, checks, models = {}, {}, {}
     for name, fast in {"eager": None, **fast_paths(args, device)}.items():
         m = copy.deepcopy(model).train()
@@ -228,11 +227,8 @@ def check_rl(base: Att2in, eager: RewardStep, fast: RewardStep, batch, refs: lis
 # -- timing -------------------------------------------------------------------------------------------
 
 def bench(args, device: torch.device, section: str) -> dict:
-    torch.manual_seed(0)
     if section == "xe":
-        cfg = config_from_preset("paper", vocab_size=xe_inputs.VOCAB, att_feat_size=xe_inputs.ATT_DIM,
-                                 seq_length=xe_inputs.SEQ_LEN)
-        sides, checks, flop_fn, images = xe_sides(args, device, Att2in(cfg).to(device))
+        sides, checks, flop_fn, images = xe_sides(args, device, paper_model(device=device))
     else:
         sides, checks, flop_fn, images = rl_sides(args, device, section)
     for name in [n for n in sides if n != "eager"]:  # warm-up (CUDA graphs record here), a failure reported

@@ -71,65 +71,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
+from common import ATT_DIM, REGIONS, SEQ_LEN as MAX_LEN, VOCAB, make_batch, make_refs, paper_model  # noqa: E402
 from timing import machine_info, steps_on_roofline, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
-from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
-from rdpp_cli.training.finetune import RewardStep  # noqa: E402
+from rdpp_cli.models.att2in import Att2in  # noqa: E402
 from rdpp_cli.precision import autocast  # noqa: E402
+from rdpp_cli.training.finetune import RewardStep  # noqa: E402
 from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
-
-VOCAB, REGIONS, ATT_DIM, MAX_LEN, REFS = 9487, 196, 2048, 16, 5
-
-
-# ----------------------------------------------------------------------------------------------
-# synthetic inputs
-# ----------------------------------------------------------------------------------------------
-
-def make_refs(rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
-    """5 references per image, 8–12 words drawn from a Zipf-like distribution over the vocabulary."""
-    p = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
-    p /= p.sum()
-    out = []
-    for _ in range(n_images):
-        r = np.zeros((REFS, MAX_LEN), np.int64)
-        for k in range(REFS):
-            n = rng.integers(8, 13)
-            r[k, :n] = rng.choice(VOCAB, size=n, p=p) + 1
-        out.append(r)
-    return out
-
-
-def eos_probability(words: float, max_len: int = MAX_LEN) -> float:
-    """The per-step EOS probability p that gives captions of ``words`` words on average when the
-    length limit cuts them at ``max_len``: E[words] = Σ_{k=1..L} (1 − p)^k."""
-    if words >= max_len - 1e-3:
-        return 0.0
-    lo, hi = 1e-9, 1.0
-    for _ in range(100):
-        p = (lo + hi) / 2
-        mean = (1 - p) * (1 - (1 - p) ** max_len) / p
-        lo, hi = (p, hi) if mean > words else (lo, p)
-    return (lo + hi) / 2
-
-
-def make_model(words: float, seed: int = 0) -> Att2in:
-    torch.manual_seed(seed)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=MAX_LEN))
-    p = eos_probability(words)
-    with torch.no_grad():  # the other logits are ≈ 0: P(EOS) = e^b / (e^b + V)
-        model.logit.bias[0] = float(np.log(p * VOCAB / (1 - p))) if p > 0 else -30.0
-    return model
-
-
-def make_batch(B: int, seed: int = 0) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    att = torch.randn(B, REGIONS, ATT_DIM, generator=g).relu_()
-    return Batch(index=np.arange(B), fc=att.mean(1), att=att, att_mask=None,
-                 labels=torch.zeros(B, 1, MAX_LEN, dtype=torch.long), epoch=0, batch=0, global_images=B)
-
 
 mean_words = peer.mean_words
 
@@ -229,7 +180,7 @@ def summarise(o: dict) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     ap.add_argument("--threads", type=int, default=2)
@@ -249,56 +200,91 @@ def main() -> None:
     ap.add_argument("--sample-modes", action="store_true",
                     help="also time m=5 with --sample-mode eval (off-policy sampling) to price on-policy sampling")
     args = ap.parse_args()
+    args.ms = [int(x) for x in args.ms.split(",")]
+    args.precision = [p for p in args.precision.split(",") if p]
+    return args
+
+
+def check_or_stop(model: Att2in, ref: peer.Peer, cider: TrainCider, batch: Batch, refs: list[np.ndarray]) -> dict:
+    """``check_same_numbers``; SystemExit when rdpp and the peer disagree."""
+    check = check_same_numbers(model, ref, cider, batch, refs)
+    bad = [k for k in ("q", "kernel", "dpp_weights", "scst_advantage", "scst_inlined_vs_losswrapper")
+           if not check[k] <= 1e-9]
+    if bad or not check["same_greedy_captions"] or not check["greedy_logprob"] <= 1e-4:
+        raise SystemExit(f"rdpp and the reference disagree: {check}")
+    return check
+
+
+def build_sides(args, model, opt, batch, refs, cider, ref: peer.Peer | None) -> tuple[dict, dict]:
+    """The timed settings: rdpp's SCST and R-DPP steps for each M and precision (and eval-mode
+    sampling with ``--sample-modes``), the peer's SCST step and the published R-DPP step; and
+    each setting's (side, reward, M, precision)."""
+    sides, labels = {}, {}
+
+    def add(name, label, **kw):
+        st = RewardStep(data=None, cider=cider, max_len=MAX_LEN, seed=0, **kw)
+        sides[name] = lambda: rdpp_step(st, model, opt, batch, refs, label[3])
+        labels[name] = label
+
+    for M in args.ms:
+        for prec in args.precision:
+            for reward in ("scst", "dpp"):
+                add(f"rdpp {reward} m={M} {prec}", ("rdpp", reward, M, prec), reward=reward, m=M)
+    if args.sample_modes and 5 in args.ms:  # what on-policy sampling costs: the same steps sampled in eval mode
+        for reward in ("scst", "dpp"):
+            add(f"rdpp {reward} m=5 fp32 eval-mode sampling", ("rdpp eval-mode", reward, 5, "fp32"), reward=reward,
+                m=5, sample_mode="eval")
+    if ref is not None:
+        synced = lambda: sync(batch.att.device)  # noqa: E731
+        sides[PEER_SCST] = lambda: ref.scst_step(batch.fc, batch.att, refs, synced)
+        labels[PEER_SCST] = ("peer", "scst", 5, "fp32")
+        sides[PUBLISHED] = lambda: ref.dpp_step(batch.fc, batch.att, refs, 5, synced)
+        labels[PUBLISHED] = ("published", "dpp", 5, "fp32")
+    return sides, labels
+
+
+def ratios_of(rows: dict, args) -> dict[str, float]:
+    """The ratios of medians the tables quote: R-DPP over SCST, bf16's speed-up, against the peer,
+    the price of on-policy sampling."""
+    out, total = {}, (lambda name: rows[name]["total"])
+    for prec in args.precision:
+        for M in args.ms:
+            out[f"dpp_over_scst_m{M}_{prec}"] = total(f"rdpp dpp m={M} {prec}") / total(f"rdpp scst m={M} {prec}")
+    if "fp32" in args.precision and "bf16" in args.precision:
+        for M in args.ms:
+            for reward in ("scst", "dpp"):
+                out[f"{reward}_m{M}_bf16_speedup"] = total(f"rdpp {reward} m={M} fp32") / total(f"rdpp {reward} m={M} bf16")
+    if 5 in args.ms and not args.no_reference:
+        for prec in args.precision:
+            out[f"scst_m5_{prec}_vs_peer"] = total(PEER_SCST) / total(f"rdpp scst m=5 {prec}")
+            out[f"dpp_m5_{prec}_vs_published"] = total(PUBLISHED) / total(f"rdpp dpp m=5 {prec}")
+    if args.sample_modes and 5 in args.ms:
+        for reward in ("scst", "dpp"):
+            out[f"{reward}_m5_on_policy_cost"] = (total(f"rdpp {reward} m=5 fp32")
+                                                  / total(f"rdpp {reward} m=5 fp32 eval-mode sampling"))
+    return out
+
+
+def main() -> None:
+    args = parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    ms = [int(x) for x in args.ms.split(",")]
-    precisions = [p for p in args.precision.split(",") if p]
-
     rng = np.random.default_rng(0)
     train_refs = make_refs(rng, 2000)  # a "training set" of 2,000 images; the df counts their EOS
     cider = TrainCider(doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], eos_id(VOCAB)),
                        eos_id(VOCAB), MAX_LEN)
     refs = make_refs(rng, args.batch)
-    batch = make_batch(args.batch).to(device)
-    model = make_model(args.words).to(device)
+    batch = make_batch(args.batch, device=device)
+    model = paper_model(words=args.words, device=device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-6)  # tiny steps: the shapes of the captions stay put
     ref = None
     if not args.no_reference:
         ref = peer.Peer(peer.modules(peer.find_repo(args.peer_repo)), model, lr=1e-6)
         ref.init_reward(train_refs, peer.workdir())
-
-    check = None
-    if ref is not None:
-        check = check_same_numbers(model, ref, cider, batch, refs)
-        bad = [k for k in ("q", "kernel", "dpp_weights", "scst_advantage", "scst_inlined_vs_losswrapper")
-               if not check[k] <= 1e-9]
-        if bad or not check["same_greedy_captions"] or not check["greedy_logprob"] <= 1e-4:
-            raise SystemExit(f"rdpp and the reference disagree: {check}")
-
-    sides, labels = {}, {}
-    for M in ms:
-        for prec in precisions:
-            for reward in ("scst", "dpp"):
-                st = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=MAX_LEN, seed=0)
-                name = f"rdpp {reward} m={M} {prec}"
-                sides[name] = lambda st=st, prec=prec: rdpp_step(st, model, opt, batch, refs, prec)
-                labels[name] = ("rdpp", reward, M, prec)
-    if args.sample_modes and 5 in ms:  # what on-policy sampling costs: the same steps sampled in eval mode
-        for reward in ("scst", "dpp"):
-            st = RewardStep(data=None, cider=cider, reward=reward, m=5, max_len=MAX_LEN, seed=0, sample_mode="eval")
-            name = f"rdpp {reward} m=5 fp32 eval-mode sampling"
-            sides[name] = lambda st=st: rdpp_step(st, model, opt, batch, refs, "fp32")
-            labels[name] = ("rdpp eval-mode", reward, 5, "fp32")
-    if ref is not None:
-        synced = lambda: sync(device)  # noqa: E731
-        sides[PEER_SCST] = lambda: ref.scst_step(batch.fc, batch.att, refs, synced)
-        labels[PEER_SCST] = ("peer", "scst", 5, "fp32")
-        sides[PUBLISHED] = lambda: ref.dpp_step(batch.fc, batch.att, refs, 5, synced)
-        labels[PUBLISHED] = ("published", "dpp", 5, "fp32")
-
-    t, mm, load = steps_on_roofline(sides, args.repeats, device, precisions, args.matmul_size)
+    check = None if ref is None else check_or_stop(model, ref, cider, batch, refs)
+    sides, labels = build_sides(args, model, opt, batch, refs, cider, ref)
+    t, mm, load = steps_on_roofline(sides, args.repeats, device, args.precision, args.matmul_size)
     rate = {p: v["median"] for p, v in mm.items()}
-
     results: dict = {"setting": dict(batch=args.batch, vocab=VOCAB, att=f"{REGIONS}x{ATT_DIM}", preset="paper",
                                      max_len=MAX_LEN, device=args.device, target_words=args.words,
                                      repeats=args.repeats),
@@ -307,29 +293,10 @@ def main() -> None:
                      "matmul_gflops": mm, "steps": {}}
     for name, o in t.items():
         s = summarise(o)
-        prec = labels[name][3]
         s.update(gflop=o["gflop"], gflops=o["gflop"] / s["total"],
-                 matmul_fraction=o["gflop"] / s["total"] / rate[prec], images_per_s=args.batch / s["total"])
+                 matmul_fraction=o["gflop"] / s["total"] / rate[labels[name][3]], images_per_s=args.batch / s["total"])
         results["steps"][name] = s
-    rows = results["steps"]
-    ratios = {}
-    for prec in precisions:
-        for M in ms:
-            ratios[f"dpp_over_scst_m{M}_{prec}"] = rows[f"rdpp dpp m={M} {prec}"]["total"] / rows[f"rdpp scst m={M} {prec}"]["total"]
-    if "fp32" in precisions and "bf16" in precisions:
-        for M in ms:
-            for reward in ("scst", "dpp"):
-                ratios[f"{reward}_m{M}_bf16_speedup"] = (rows[f"rdpp {reward} m={M} fp32"]["total"]
-                                                         / rows[f"rdpp {reward} m={M} bf16"]["total"])
-    if 5 in ms and not args.no_reference:
-        for prec in precisions:
-            ratios[f"scst_m5_{prec}_vs_peer"] = rows[PEER_SCST]["total"] / rows[f"rdpp scst m=5 {prec}"]["total"]
-            ratios[f"dpp_m5_{prec}_vs_published"] = rows[PUBLISHED]["total"] / rows[f"rdpp dpp m=5 {prec}"]["total"]
-    if args.sample_modes and 5 in ms:
-        for reward in ("scst", "dpp"):
-            ratios[f"{reward}_m5_on_policy_cost"] = (rows[f"rdpp {reward} m=5 fp32"]["total"]
-                                                     / rows[f"rdpp {reward} m=5 fp32 eval-mode sampling"]["total"])
-    results["ratios"] = ratios
+    results["ratios"] = ratios_of(results["steps"], args)
     report(results, args)
     if args.json:
         print(json.dumps(results))

@@ -182,108 +182,95 @@ def pyco_self_cider(caps: np.ndarray, pdf: dict, ref_len: float) -> np.ndarray:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    ap.add_argument("--repeat", type=int, default=7, help="runs of every implementation on every shape")
-    ap.add_argument("--self-images", type=int, default=100,
-                    help="images of the self-CIDEr shape timed on both sides (pycocoevalcap: ~0.13 s each)")
-    args = ap.parse_args()
-    x = make_inputs()
-    pdf = pyco_df(x.df)
-    cd = CiderD(x.df)
-    rows, diffs = {}, {}  # shape -> (label, pycocoevalcap timing or None, rdpp timing)
+class Shapes:
+    """The timed shapes, run in order; ``rows``: shape -> (label, pycocoevalcap timing or None, rdpp
+    timing); ``diffs``: shape -> largest |rdpp - pycocoevalcap| on an untimed run, checked first."""
 
-    def row(shape: str, label: str, ref, ours) -> None:
-        rows[shape] = (label, ref, ours)
+    def __init__(self, repeat: int):
+        self.repeat, self.x = repeat, make_inputs()
+        self.pdf, self.cd = pyco_df(self.x.df), CiderD(self.x.df)
+        self.rows: dict = {}
+        self.diffs: dict[str, float] = {}
 
-    def agree(shape: str, theirs, ours, tol: float = 1e-9) -> None:
+    def agree(self, shape: str, theirs, ours, tol: float = 1e-9) -> None:
         """Both sides compute the same numbers (checked on an untimed run, before timing)."""
-        diffs[shape] = float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
-        if not diffs[shape] <= tol:
-            raise SystemExit(f"shape ({shape}): rdpp and pycocoevalcap differ by {diffs[shape]:.2e}; not timed")
+        self.diffs[shape] = float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
+        if not self.diffs[shape] <= tol:
+            raise SystemExit(f"shape ({shape}): rdpp and pycocoevalcap differ by {self.diffs[shape]:.2e}; not timed")
 
-    # (a) corpus mode, strings --------------------------------------------------------------
-    gts, res = {k: x.R[k] for k in range(2000)}, {k: [x.H[k]] for k in range(2000)}
-    agree("a", Cider().compute_score(gts, res)[1], CiderD().score(x.H, x.R))
-    t = interleaved({"pycocoevalcap": lambda: Cider().compute_score(gts, res)[1],
-                     "rdpp": lambda: CiderD().score(x.H, x.R)}, args.repeat)
-    row("a", "(a) corpus mode, 2,000 x 5 refs, strings", t["pycocoevalcap"], t["rdpp"])
-
-    # (b) the training-reward call ------------------------------------------------------------
-    s, r = x.samples, x.ref_ids
-    idx = np.repeat(np.arange(len(s)), s.shape[1])
-    iu5 = np.triu_indices(s.shape[1])
-
-    def flat(q, K):
-        return np.concatenate([np.concatenate([q[b], K[b][iu5]]) for b in range(len(q))])
-
-    def two_calls():
-        return cd.score(s.reshape(-1, T), r, idx).reshape(s.shape[:2]), cd.pairwise(s)
-
-    theirs = pyco_reward(s, r, pdf, x.df.ref_len)
-    agree("b", theirs, flat(*cd.score_and_pairwise(s, r)))  # also builds the df hash table, as training does
-    agree("b two calls", theirs, flat(*two_calls()))
-    t = interleaved({"pycocoevalcap": lambda: pyco_reward(s, r, pdf, x.df.ref_len),
-                     "rdpp": lambda: cd.score_and_pairwise(s, r), "rdpp two calls": two_calls}, args.repeat)
-    row("b", "(b) reward call: 250 vs 5 refs + 50 5x5, ids (score_and_pairwise)", t["pycocoevalcap"], t["rdpp"])
-    row("b two calls", "    same, as score() + pairwise()", t["pycocoevalcap"], t["rdpp two calls"])
-    two_calls_vs_one = t["rdpp two calls"].median / t["rdpp"].median
-
-    # (c) self-CIDEr: both sides on the same images, then rdpp alone on 5,000 x 20 --------------
-    nb = args.self_images
-    few = x.caps[:nb]
-    # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
-    # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
-    agree("c", pyco_self_cider(few, pdf, x.df.ref_len), self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
-    t = interleaved({"pycocoevalcap": lambda: pyco_self_cider(few, pdf, x.df.ref_len),
-                     "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, args.repeat)
-    row("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
-
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        sc = self_cider_from_kernel(cd.pairwise(x.caps))
-        times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    assert np.isfinite(sc).all()
-    big_self = SimpleNamespace(median=float(np.median(times)), best=min(times), times=times)
-    row("c 5000", f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None, big_self)
-
-    # (b') the reward call with a COCO-sized df table, in the same rounds as the small table (last,
-    # so that the peak RSS above is the self-CIDEr step's)
-    big = CiderD(coco_sized(x.df, len(x.vocab)))
-    agree("b'", theirs, flat(*big.score_and_pairwise(s, r)))
-    tb = interleaved({"small": lambda: cd.score_and_pairwise(s, r), "big": lambda: big.score_and_pairwise(s, r)},
-                     args.repeat)
-    row("b'", f"    same call, df table of {len(big.df.df) / 1e6:.1f}M n-grams (COCO-sized)", None, tb["big"])
-
-    def ratio(shape: str) -> float:
-        _, ref, ours = rows[shape]
+    def ratio(self, shape: str) -> float:
+        _, ref, ours = self.rows[shape]
         return ref.median / ours.median
 
-    out = {
-        "repeat": args.repeat,
-        "corpus_ratio": round(ratio("a"), 2),
-        "reward_call_ms": round(rows["b"][2].median * 1e3, 3),
-        "reward_ratio": round(ratio("b"), 1),
-        "two_calls_vs_one": round(two_calls_vs_one, 2),
-        "reward_call_ms_coco_sized_df": round(rows["b'"][2].median * 1e3, 3),
-        "self_cider_ratio": round(ratio("c"), 1),
-        "self_cider_images": nb,
-        "self_cider_5000_s": round(big_self.median, 3),
-        "max_abs_diff": max(diffs.values()),
-        "peak_rss_mb": round(peak, 1),
-        "machine": machine(),
-    }
-    if args.json:
-        print(json.dumps(out))
-        return
+    def corpus(self) -> None:
+        """(a) corpus mode, strings."""
+        x = self.x
+        gts, res = {k: x.R[k] for k in range(2000)}, {k: [x.H[k]] for k in range(2000)}
+        self.agree("a", Cider().compute_score(gts, res)[1], CiderD().score(x.H, x.R))
+        t = interleaved({"pycocoevalcap": lambda: Cider().compute_score(gts, res)[1],
+                         "rdpp": lambda: CiderD().score(x.H, x.R)}, self.repeat)
+        self.rows["a"] = ("(a) corpus mode, 2,000 x 5 refs, strings", t["pycocoevalcap"], t["rdpp"])
+
+    def _flat(self, q, K):
+        iu5 = np.triu_indices(self.x.samples.shape[1])
+        return np.concatenate([np.concatenate([q[b], K[b][iu5]]) for b in range(len(q))])
+
+    def reward(self) -> float:
+        """(b) the training-reward call, in one call and as two; returns two calls' time over one's."""
+        s, r, cd, df = self.x.samples, self.x.ref_ids, self.cd, self.x.df
+        idx = np.repeat(np.arange(len(s)), s.shape[1])
+
+        def two_calls():
+            return cd.score(s.reshape(-1, T), r, idx).reshape(s.shape[:2]), cd.pairwise(s)
+
+        self.theirs = pyco_reward(s, r, self.pdf, df.ref_len)
+        self.agree("b", self.theirs, self._flat(*cd.score_and_pairwise(s, r)))  # also builds the df hash table
+        self.agree("b two calls", self.theirs, self._flat(*two_calls()))
+        t = interleaved({"pycocoevalcap": lambda: pyco_reward(s, r, self.pdf, df.ref_len),
+                         "rdpp": lambda: cd.score_and_pairwise(s, r), "rdpp two calls": two_calls}, self.repeat)
+        self.rows["b"] = ("(b) reward call: 250 vs 5 refs + 50 5x5, ids (score_and_pairwise)", t["pycocoevalcap"],
+                          t["rdpp"])
+        self.rows["b two calls"] = ("    same, as score() + pairwise()", t["pycocoevalcap"], t["rdpp two calls"])
+        return t["rdpp two calls"].median / t["rdpp"].median
+
+    def self_cider(self, nb: int) -> tuple[float, float]:
+        """(c) self-CIDEr: both sides on ``nb`` images, then rdpp alone on 5,000 x 20; returns the
+        peak RSS (MB) before and after the big one."""
+        x, cd, pdf = self.x, self.cd, self.pdf
+        few = x.caps[:nb]
+        # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
+        # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
+        self.agree("c", pyco_self_cider(few, pdf, x.df.ref_len), self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
+        t = interleaved({"pycocoevalcap": lambda: pyco_self_cider(few, pdf, x.df.ref_len),
+                         "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, self.repeat)
+        self.rows["c"] = (f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            sc = self_cider_from_kernel(cd.pairwise(x.caps))
+            times.append(time.perf_counter() - t0)
+        assert np.isfinite(sc).all()
+        self.rows["c 5000"] = (f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None,
+                               SimpleNamespace(median=float(np.median(times)), best=min(times), times=times))
+        return rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def coco_df(self) -> None:
+        """(b') the reward call with a COCO-sized df table, in the same rounds as the small table
+        (last, so that the peak RSS of ``self_cider`` is the self-CIDEr step's)."""
+        s, r = self.x.samples, self.x.ref_ids
+        big = CiderD(coco_sized(self.x.df, len(self.x.vocab)))
+        self.agree("b'", self.theirs, self._flat(*big.score_and_pairwise(s, r)))
+        tb = interleaved({"small": lambda: self.cd.score_and_pairwise(s, r),
+                          "big": lambda: big.score_and_pairwise(s, r)}, self.repeat)
+        self.rows["b'"] = (f"    same call, df table of {len(big.df.df) / 1e6:.1f}M n-grams (COCO-sized)", None, tb["big"])
+
+
+def print_table(sh: Shapes, out: dict, rss0: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"CIDEr-D: rdpp vs pycocoevalcap, {args.repeat} interleaved runs each, medians "
+    table = Table(title=f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians "
                   "(best in brackets)", title_justify="left")
     for col in ("shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"):
         table.add_column(col, justify="left" if col == "shape" else "right")
@@ -292,14 +279,45 @@ def main() -> None:
         return "-" if tm is None else f"{tm.median * 1e3:,.1f} ({tm.best * 1e3:,.1f})"
 
     for shape in ("a", "b", "b two calls", "b'", "c", "c 5000"):
-        name, ref, ours = rows[shape]
+        name, ref, ours = sh.rows[shape]
         table.add_row(name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
                       "-" if ref is None else f"{ref.best / ours.best:,.1f}x")
     Console(width=150).print(table)
-    print(f"score() + pairwise() take {two_calls_vs_one:.2f}x the time of score_and_pairwise() (medians)")
-    print(f"max |rdpp - pycocoevalcap| = {max(diffs.values()):.2e} ({', '.join(f'{k}: {v:.1e}' for k, v in diffs.items())}); "
-          f"peak RSS {peak:,.0f} MB (before the 5,000-image self-CIDEr {rss0:,.0f} MB)")
+    print(f"score() + pairwise() take {out['two_calls_vs_one']:.2f}x the time of score_and_pairwise() (medians)")
+    print(f"max |rdpp - pycocoevalcap| = {out['max_abs_diff']:.2e} "
+          f"({', '.join(f'{k}: {v:.1e}' for k, v in sh.diffs.items())}); "
+          f"peak RSS {out['peak_rss_mb']:,.0f} MB (before the 5,000-image self-CIDEr {rss0:,.0f} MB)")
     print(f"machine: {out['machine']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--repeat", type=int, default=7, help="runs of every implementation on every shape")
+    ap.add_argument("--self-images", type=int, default=100,
+                    help="images of the self-CIDEr shape timed on both sides (pycocoevalcap: ~0.13 s each)")
+    args = ap.parse_args()
+    sh = Shapes(args.repeat)
+    sh.corpus()
+    two_calls_vs_one = sh.reward()
+    rss0, peak = sh.self_cider(args.self_images)
+    sh.coco_df()
+    out = {
+        "repeat": args.repeat,
+        "corpus_ratio": round(sh.ratio("a"), 2),
+        "reward_call_ms": round(sh.rows["b"][2].median * 1e3, 3),
+        "reward_ratio": round(sh.ratio("b"), 1),
+        "two_calls_vs_one": round(two_calls_vs_one, 2),
+        "reward_call_ms_coco_sized_df": round(sh.rows["b'"][2].median * 1e3, 3),
+        "self_cider_ratio": round(sh.ratio("c"), 1),
+        "self_cider_images": args.self_images,
+        "self_cider_5000_s": round(sh.rows["c 5000"][2].median, 3),
+        "max_abs_diff": max(sh.diffs.values()),
+        "peak_rss_mb": round(peak, 1),
+        "machine": machine(),
+    }
+    if not args.json:
+        print_table(sh, out, rss0)
     print(json.dumps(out))
 
 

@@ -37,20 +37,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import upstream  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 PEER_DIR = "self-critical.pytorch-4c48a33"
 DEFAULT_PLACES = (ROOT.parent / "shared" / "peers" / PEER_DIR, ROOT / ".peer" / PEER_DIR)
 HOW = ("point --peer-repo (or $SCP_REPO) at a checkout of ruotianluo/self-critical.pytorch with its cider "
        "submodule (git clone --recursive ...; benchmarks/README.md), and pip install yacs six")
 
-# rdpp's Att2in parameter names -> the peer's Att2in2Model's (the replica keeps the peer's names)
-RDPP_TO_PEER = upstream.RDPP_TO_UPSTREAM
-# rdpp's labels (B, n, L) -> the layout of the peer's DataLoader.get_batch: labels (B, n, L+2) with a
-# BOS column first and room for the EOS, masks over the words, the EOS and the BOS column (nonzeros + 2)
-xe_labels = upstream.xe_labels
+# rdpp's Att2in parameter names -> the peer's Att2in2Model's (``embed.0``, ``att_embed.0``, ``core.*``)
+RDPP_TO_PEER = {
+    "embed.weight": "embed.0.weight", "att_embed.weight": "att_embed.0.weight", "att_embed.bias": "att_embed.0.bias",
+    "ctx2att.weight": "ctx2att.weight", "ctx2att.bias": "ctx2att.bias", "logit.weight": "logit.weight",
+    "logit.bias": "logit.bias",
+    **{f"{k}.{p}": f"core.{k}.{p}" for k in ("a2c", "i2h", "h2h") for p in ("weight", "bias")},
+    **{f"{k}.{p}": f"core.attention.{k}.{p}" for k in ("h2att", "alpha_net") for p in ("weight", "bias")},
+}
+
+
+def xe_labels(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rdpp's labels (B, n, L) in the layout of the peer's ``DataLoader.get_batch``: labels (B, n, L+2)
+    with a BOS column first and room for the EOS; masks over the words, the EOS and the BOS column."""
+    B, n, L = labels.shape
+    lab = labels.new_zeros(B, n, L + 2)
+    lab[:, :, 1:L + 1] = labels
+    nonzero = (lab != 0).sum(2) + 2
+    mask = (torch.arange(L + 2, device=labels.device) < nonzero.unsqueeze(-1)).float()
+    return lab, mask
 
 
 def find_repo(path: str | os.PathLike | None = None) -> Path:

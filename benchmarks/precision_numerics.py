@@ -26,33 +26,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-import numpy as np
 import torch
 
-from rdpp_cli.data.loader import Batch
-from rdpp_cli.decoding.decode import DecodeConfig, decode
-from rdpp_cli.models.att2in import Att2in, config_from_preset
-from rdpp_cli.training.finetune import RewardStep
-from rdpp_cli.precision import autocast, native_bf16
-from rdpp_cli.training.xe import xe_loss
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SEQ_LEN as L, make_batch, paper_model  # noqa: E402
 
-VOCAB, REGIONS, ATT_DIM, L = 9487, 196, 2048, 16
+from rdpp_cli.data.loader import Batch  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.models.att2in import Att2in  # noqa: E402
+from rdpp_cli.precision import autocast, native_bf16  # noqa: E402
+from rdpp_cli.training.finetune import RewardStep  # noqa: E402
+from rdpp_cli.training.xe import xe_loss  # noqa: E402
+
 TOL = {"xe_loss_rel": 1e-2, "xe_grad_rel": 1e-1, "replay_fp32_max": 1e-4, "replay_bf16_p99": 0.1,
        "replay_bf16_mean": 0.01}
 
 
 def make(batch: int, device: torch.device) -> tuple[Att2in, Batch]:
-    torch.manual_seed(0)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=L)).to(device)
+    model = paper_model(device=device)
     with torch.no_grad():
         model.logit.weight.mul_(30.0)  # peaked: sampled tokens' mean |log p| ≈ 2.4, as a trained model's
         model.logit.bias[0] = 15.0  # captions of ≈ 8.5 words
-    g = torch.Generator().manual_seed(0)
-    att = torch.randn(batch, REGIONS, ATT_DIM, generator=g).relu_()
-    b = Batch(index=np.arange(batch), fc=att.mean(1), att=att, att_mask=None,
-              labels=torch.zeros(batch, 1, L, dtype=torch.long), epoch=0, batch=0, global_images=batch).to(device)
-    return model, b
+    return model, make_batch(batch, device=device)
 
 
 def xe_numerics(model: Att2in, batch: Batch) -> dict[str, float]:

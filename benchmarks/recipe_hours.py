@@ -2,7 +2,7 @@
 
 The recipe (Wang & Chan 2019, Sec. 4): 30 cross-entropy epochs, then 100 R-DPP epochs at m = 5,
 over COCO's 113,287 training images (Karpathy split, restval included). The epochs are those
-``benchmarks/data.py --xe-epoch ... --rl-epoch dpp,scst --json`` measured on ``--rows`` COCO-shaped
+``benchmarks/data_epochs.py ... --rl-epoch dpp,scst --json`` measured on ``--rows`` COCO-shaped
 images (196 × 2,048 fp16 features, data loading included, ``rdpp train-xe`` and ``rdpp finetune
 --preset paper`` as a user runs them); a COCO epoch is 113,287 images at the measured images/s.
 Validation, checkpoints beyond the epoch's own and start-up are not in it.
@@ -11,8 +11,8 @@ Which measurement stands for a setting: of its cache states, the slower (an epoc
 features is read cold at first, and is not sure to stay in the page cache), and of its worker
 counts, the faster (the one a user would pick).
 
-    python benchmarks/recipe_hours.py data_epochs.json          # the JSON line of data.py --json
-    python benchmarks/data.py --xe-epoch ... --json | python benchmarks/recipe_hours.py -
+    python benchmarks/recipe_hours.py data_epochs.json          # the JSON line of data_epochs.py --json
+    python benchmarks/data_epochs.py ... --json | python benchmarks/recipe_hours.py -
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def epoch_seconds(images_per_s: float, images: int = COCO_TRAIN_IMAGES) -> float
 
 
 def settings(epochs: list[dict]) -> dict[tuple, float]:
-    """{(stage, batch, precision): images/s} from data.py's epoch rows: the slower cache state of
+    """{(stage, batch, precision): images/s} from data_epochs.py's epoch rows: the slower cache state of
     each worker count, then the fastest worker count."""
     worst: dict[tuple, float] = {}
     for e in epochs:
@@ -71,17 +71,18 @@ def recipes(rates: dict[tuple, float]) -> list[dict]:
 
 
 def load(path: str) -> dict:
-    """data.py's JSON line (the last line starting with '{"benchmark": "data"') from a file or stdin."""
+    """data_epochs.py's JSON line (the last with an "xe_epoch" entry: logs of the earlier data.py
+    --xe-epoch too) from a file or stdin."""
     text = sys.stdin.read() if path == "-" else open(path).read()
-    lines = [ln for ln in text.splitlines() if ln.startswith('{"benchmark": "data"')]
+    lines = [ln for ln in text.splitlines() if ln.startswith('{"benchmark": "data') and '"xe_epoch"' in ln]
     if not lines:
-        raise SystemExit(f"{path}: no line of `benchmarks/data.py --xe-epoch ... --json` in it")
+        raise SystemExit(f"{path}: no line of `benchmarks/data_epochs.py ... --json` in it")
     return json.loads(lines[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="file holding data.py --xe-epoch --json's output, or - for stdin")
+    ap.add_argument("results", help="file holding data_epochs.py --json's output, or - for stdin")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args()
     res = load(args.results)["xe_epoch"]
@@ -99,7 +100,7 @@ def main() -> None:
         print(f"  {r['recipe']:<72} {XE_EPOCHS} × {r['xe_epoch_s']:,.0f} s + {RL_EPOCHS} × {r['rl_epoch_s']:,.0f} s"
               f" = {r['gpu_hours']:.2f} {unit}")
     if not rows:
-        print("  (needs an XE epoch and an RL epoch: data.py --xe-epoch --rl-epoch dpp)")
+        print("  (needs an XE epoch and an RL epoch: data_epochs.py --rl-epoch dpp)")
     if args.json:
         print(json.dumps({"benchmark": "recipe_hours", "device": where, "rates": {"/".join(map(str, k)): v
                           for k, v in rates.items()}, "recipes": rows}))

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -206,3 +209,43 @@ def machine_info() -> dict:
 
     return {"machine": machine(), "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+# ----------------------------------------------------------------------------------------------
+# Cold reads (benchmarks/data_loader.py, data_epochs.py, data_content_check.py): files out of the page cache
+# ----------------------------------------------------------------------------------------------
+
+def drop_cache(paths) -> str:
+    """Drop ``paths`` from the page cache: ``posix_fadvise(DONTNEED)`` per file (clean pages of
+    just these files; needs no privilege and leaves other users' caches alone), checked with
+    ``fincore`` where it exists; ``/proc/sys/vm/drop_caches`` (whole machine, root only) if pages
+    stayed. Returns the method that worked, or "none"."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    left = [cached_fraction(Path(p)) for p in paths]
+    if all(x is not None and x < 0.01 for x in left):
+        return "fadvise"
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        return "fadvise (unchecked)" if all(x is None for x in left) else "none"
+
+
+def cached_fraction(path: Path) -> float | None:
+    """Share of ``path``'s pages in the page cache (util-linux ``fincore``), None if unavailable."""
+    if not shutil.which("fincore"):
+        return None
+    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                       capture_output=True, text=True)
+    try:
+        return int(p.stdout.split()[0]) / path.stat().st_size
+    except (ValueError, IndexError, ZeroDivisionError):
+        return None

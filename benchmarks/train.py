@@ -13,9 +13,8 @@ The reference is the peer's code itself (benchmarks/peer.py: self-critical.pytor
 runs it), float32 (its training script has no mixed precision), found by ``--peer-repo`` or
 ``$SCP_REPO``. All sides start from the same weights (separate copies, each with its own Adam)
 and get the same batch. Before timing, the script checks in float64 with dropout off, on 8 of the
-images, that rdpp, the peer and benchmarks/upstream.py's replica of the peer (a correctness
-reference only, never timed) compute the same loss and gradients; and reports how far rdpp's bf16
-loss is from its fp32 loss on the same batch.
+images, that rdpp and the peer's code compute the same loss and gradients (not with
+``--no-reference``); and reports how far rdpp's bf16 loss is from its fp32 loss on the same batch.
 
 Timing (benchmarks/timing.py ``steps``): one warm-up call per side (its matrix-product FLOPs
 counted with torch.utils.flop_counter), one untimed call for its peak memory, then ``--steps``
@@ -44,40 +43,19 @@ from pathlib import Path
 if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep instead of spinning
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
-import upstream  # noqa: E402
+from common import ATT_DIM, REGIONS, SEQ_LEN, SEQ_PER_IMG, VOCAB, make_batch, paper_model, parse_words  # noqa: E402
 from timing import machine_info, steps_on_roofline  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
-from rdpp_cli.models.att2in import Att2in, config_from_preset  # noqa: E402
+from rdpp_cli.models.att2in import Att2in  # noqa: E402
 from rdpp_cli.precision import BF16_MIN_SPEEDUP, ProbeShape, autocast, choose_precision, probe_cpu_bf16  # noqa: E402
 from rdpp_cli.training.xe import xe_loss  # noqa: E402
 
-VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG = 9487, 196, 2048, 16, 5
 REF = "self-critical.pytorch fp32"
-
-
-def parse_words(s: str) -> tuple[int, int]:
-    lo, _, hi = s.partition("-")
-    lo, hi = int(lo), int(hi or lo)
-    if not 1 <= lo <= hi <= SEQ_LEN:
-        raise SystemExit(f"--words {s}: give N or MIN-MAX with 1 ≤ MIN ≤ MAX ≤ {SEQ_LEN}")
-    return lo, hi
-
-
-def make_batch(batch: int, words: tuple[int, int], device: torch.device, seed: int = 0) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    att = torch.randn(batch, REGIONS, ATT_DIM, generator=g).relu_()  # CNN features are ≥ 0
-    fc = att.mean(1)
-    labels = torch.randint(1, VOCAB + 1, (batch, SEQ_PER_IMG, SEQ_LEN), generator=g)
-    n = torch.randint(words[0], words[1] + 1, (batch, SEQ_PER_IMG, 1), generator=g)
-    labels = labels * (torch.arange(SEQ_LEN) < n)
-    return Batch(index=np.arange(batch), fc=fc, att=att, att_mask=None, labels=labels, epoch=0, batch=0,
-                 global_images=batch).to(device)
 
 
 def peer_inputs(batch: Batch) -> tuple:
@@ -108,22 +86,16 @@ def _grad_rel_diff(ours: Att2in, named: dict[str, torch.Tensor]) -> float:
 
 
 def check_same_math(base: Att2in, batch: Batch, mods: peer.Modules | None, images: int = 8) -> dict[str, float]:
-    """rdpp against the peer's code and the replica on the batch's first ``images`` images, in
-    float64 and dropout off (so float rounding cannot hide a difference): |loss difference| and the
-    largest relative gradient difference; and rdpp's bf16 loss against its fp32 loss on the whole batch."""
-    ours = copy.deepcopy(base).double().eval()
-    small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
-                     "labels": batch.labels[:images], "index": batch.index[:images]})
-    a = xe_loss(ours, small)
-    a.backward()
-    replica = upstream.from_rdpp(ours).eval()
-    labels, masks = upstream.xe_labels(small.labels)
-    b = upstream.language_model_criterion(replica._forward(small.fc, small.att, labels[..., :-1]), labels[..., 1:],
-                                          masks[..., 1:])
-    b.backward()
-    out = {"replica_loss_abs_diff": abs(float(a.detach()) - float(b.detach())),
-           "replica_grad_rel_diff": _grad_rel_diff(ours, dict(replica.named_parameters()))}
+    """rdpp against the peer's code on the batch's first ``images`` images, in float64 and dropout
+    off (so float rounding cannot hide a difference): |loss difference| and the largest relative
+    gradient difference; and rdpp's bf16 loss against its fp32 loss on the whole batch."""
+    out = {}
     if mods is not None:
+        ours = copy.deepcopy(base).double().eval()
+        small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
+                         "labels": batch.labels[:images], "index": batch.index[:images]})
+        a = xe_loss(ours, small)
+        a.backward()
         theirs = peer.Peer(mods, ours)
         theirs.lw.eval()
         c = theirs.xe_loss(*peer_inputs(small))
@@ -154,9 +126,7 @@ def build_sides(base: Att2in, batch: Batch, args, mods: peer.Modules | None) -> 
 
 
 def bench_device(device: torch.device, args, mods: peer.Modules | None) -> dict:
-    torch.manual_seed(0)
-    cfg = config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN)
-    base = Att2in(cfg).to(device)
+    base = paper_model(device=device)
     batch = make_batch(args.batch, args.words, device)
     check = check_same_math(base, batch, mods)
     bad = {k: v for k, v in check.items() if k.endswith(("loss_abs_diff", "grad_rel_diff")) and not v <= 1e-9}
@@ -258,13 +228,10 @@ def print_table(results: list[dict], args) -> None:
             con.print(f"--precision auto's probe here (rdpp_cli/precision.py, paper widths): fp32 {p['fp32_s']:.3f} s, "
                       f"bf16 {p['bf16_s'] or float('nan'):.3f} s ({ratio}; bf16 needs {BF16_MIN_SPEEDUP:.2f}×) "
                       f"-> {p['choice']}")
-        peer_check = (f"the peer's code: loss {r['peer_loss_abs_diff']:.1e}, gradients {r['peer_grad_rel_diff']:.1e}; "
+        peer_check = (f"checked first (float64, dropout off): rdpp against the peer's code: loss "
+                      f"{r['peer_loss_abs_diff']:.1e}, gradients {r['peer_grad_rel_diff']:.1e} relative; "
                       if r.get("peer_loss_abs_diff") is not None else "")
-        con.print(f"checked first (float64, dropout off): rdpp against {peer_check}"
-                  f"{'against ' if peer_check else ''}the replica "
-                  f"(benchmarks/upstream.py): loss {r['replica_loss_abs_diff']:.1e}, gradients "
-                  f"{r['replica_grad_rel_diff']:.1e} relative; rdpp bf16 loss within {r['bf16_loss_rel_diff']:.1e} "
-                  f"relative of fp32 (same batch)")
+        con.print(f"{peer_check}rdpp bf16 loss within {r['bf16_loss_rel_diff']:.1e} relative of fp32 (same batch)")
         if r["peer_repo"]:
             con.print(f"peer: {r['peer_repo']}")
         con.print(f"load average {r['load_average_start_end'][0]:.2f} at the start, {r['load_average_start_end'][1]:.2f} "
@@ -284,7 +251,7 @@ def main() -> None:
     ap.add_argument("--peer-repo", default=None,
                     help="self-critical.pytorch checkout with its cider submodule (default: $SCP_REPO, then the "
                          "project's copy of 4c48a33)")
-    ap.add_argument("--no-reference", action="store_true", help="time rdpp only (the replica check still runs)")
+    ap.add_argument("--no-reference", action="store_true", help="time rdpp only (no check against the peer)")
     ap.add_argument("--profile", action="store_true",
                     help="print torch.profiler tables of one step of each side, and rdpp's fp32 and bf16 op by op")
     ap.add_argument("--profile-rows", type=int, default=15)

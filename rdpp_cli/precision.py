@@ -13,9 +13,8 @@ whose state is part of the resume state.
 before. On a CPU that lists no bf16 arithmetic (``/proc/cpuinfo``: ``avx512_bf16``, ``amx_bf16``,
 Arm's ``bf16``) it is fp32; on one that does, it is chosen by measurement, since the flag alone
 does not say whether the step gains (1.73x on an AMD EPYC with AVX-512 BF16, 1.23x on an Intel
-Xeon with AMX): a short step-shaped probe (``probe_step``: the model's op mix -- the att
-embedding, per-step LSTM gates and attention scores over the regions, the output layer over the
-vocabulary, backward and an Adam step -- at the run's widths on a few images) is timed in fp32
+Xeon with AMX): a short probe (``probe_step``: one XE training step of the model itself, ``Att2in`` at the
+run's widths on a few images -- forward, backward and an Adam step) is timed in fp32
 and under bf16 autocast, interleaved, and bf16 is chosen only when its median is at least
 ``BF16_MIN_SPEEDUP`` times faster (``choose_precision``). The result is cached per machine
 (``$XDG_CACHE_HOME/rdpp/precision.json``, keyed by CPU model, torch version, threads and widths),
@@ -131,68 +130,54 @@ def choose_precision(fp32_s: float, bf16_s: float | None, min_speedup: float = B
     return "bf16" if fp32_s / bf16_s >= min_speedup else "fp32"
 
 
-def _probe_params(shape: ProbeShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    H, D, V = shape.rnn_size, shape.att_feat_size, shape.vocab_size + 1
+def probe_model(shape: ProbeShape) -> torch.nn.Module:
+    """The model ``auto`` times: rdpp's ``Att2in`` at ``shape``'s widths (the paper's dropout), its
+    weights drawn from a fixed seed without touching the caller's random state."""
+    from rdpp_cli.models.att2in import Att2in, Att2inConfig  # the model layer, only when measuring
 
-    def w(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) / size[-1] ** 0.5).requires_grad_()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Att2in(Att2inConfig(vocab_size=shape.vocab_size, input_encoding_size=shape.rnn_size,
+                                   rnn_size=shape.rnn_size, att_hid_size=shape.rnn_size,
+                                   att_feat_size=shape.att_feat_size, seq_length=shape.steps)).train()
 
-    return {"att_embed": w(H, D), "ctx2att": w(H, H), "embed": w(V, H), "i2h": w(5 * H, H),
-            "hq": w(6 * H, H), "alpha": w(H), "a2c": w(2 * H, H), "logit": w(V, H)}
 
-
-def probe_step(p: dict[str, torch.Tensor], att: torch.Tensor, words: torch.Tensor, opt, precision: str) -> None:
-    """One training step of Att2in's op mix on ``att`` (B, R, D) and word ids ``words`` (N, T):
-    forward under ``precision``'s autocast (attention scores, cell state and log-softmax in
-    float32, as the model keeps them), the NLL of the next words, backward, Adam."""
-    B, N, T = att.shape[0], words.shape[0], words.shape[1]
-    H = p["ctx2att"].shape[0]
+def probe_step(model: torch.nn.Module, att: torch.Tensor, words: torch.Tensor, opt, precision: str) -> float:
+    """One XE training step of ``model`` on ``att`` (B, R, D) and captions ``words`` (B, n, T), as
+    ``rdpp train-xe`` takes it: the teacher-forced ``token_logprobs`` under ``precision``'s autocast,
+    the mean negative log-likelihood per token, backward, the optimizer's step. Returns the loss."""
     with autocast(precision, "cpu"):
-        a = torch.relu(torch.nn.functional.linear(att, p["att_embed"]))  # (B, R, H)
-        k2 = 2.0 * torch.nn.functional.linear(a, p["ctx2att"]).float()
-        x = torch.nn.functional.linear(torch.relu(p["embed"][words]), p["i2h"])  # (N, T, 5H)
-        h, c, hs = att.new_zeros(N, H), att.new_zeros(N, H), []
-        for t in range(T):
-            hh, q = torch.nn.functional.linear(h, p["hq"]).split([5 * H, H], 1)
-            with torch.autocast("cpu", enabled=False):  # the scores in float32, as Att2in computes them
-                u = torch.sigmoid(k2.unsqueeze(1) + 2.0 * q.float().view(B, N // B, 1, H))  # (B, n, R, H)
-                weight = torch.softmax(u @ p["alpha"], -1)
-            z = torch.bmm(weight, a).view(N, H)
-            gates, s_in = (x[:, t] + hh).split([3 * H, 2 * H], 1)
-            i, f, o = torch.sigmoid(gates).float().chunk(3, 1)
-            g = torch.maximum(*(s_in + torch.nn.functional.linear(z, p["a2c"])).float().chunk(2, 1))
-            c = f * c + i * g
-            h = o * torch.tanh(c)
-            hs.append(h)
-        logp = torch.log_softmax(torch.nn.functional.linear(torch.stack(hs, 1), p["logit"]).float(), -1)
-    loss = -logp.gather(2, words.roll(-1, 1).unsqueeze(2)).mean()
+        token_logp, mask = model.token_logprobs(att, words)
+    loss = -token_logp.sum() / mask.sum()
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 def probe_cpu_bf16(shape: ProbeShape, repeats: int = 3) -> dict[str, float | None]:
     """Median seconds of ``probe_step`` in fp32 and bf16 on this CPU, interleaved (fp32, bf16,
     bf16, fp32, ...) after one warm-up of each. bf16 is None when its warm-up took over ``_ABANDON``
-    times fp32's (conversion-only bf16)."""
+    times fp32's (conversion-only bf16). The dropout it draws leaves the caller's random state as it was."""
     gen = torch.Generator().manual_seed(0)
     att = torch.randn(shape.images, shape.regions, shape.att_feat_size, generator=gen).relu_()
-    words = torch.randint(1, shape.vocab_size + 1, (shape.images * shape.seq_per_img, shape.steps), generator=gen)
-    params = _probe_params(shape, gen)
-    opt = torch.optim.Adam(params.values(), lr=1e-4)
+    words = torch.randint(1, shape.vocab_size + 1, (shape.images, shape.seq_per_img, shape.steps), generator=gen)
+    model = probe_model(shape)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def timed(prec: str) -> float:
         t = time.perf_counter()
-        probe_step(params, att, words, opt, prec)
+        probe_step(model, att, words, opt, prec)
         return time.perf_counter() - t
 
-    warm = {prec: timed(prec) for prec in ("fp32", "bf16")}
-    if warm["bf16"] > _ABANDON * warm["fp32"]:
-        return {"fp32_s": warm["fp32"], "bf16_s": None}
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    for r in range(repeats):
-        for prec in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
-            times[prec].append(timed(prec))
+    with torch.random.fork_rng(devices=[]):
+        warm = {prec: timed(prec) for prec in ("fp32", "bf16")}
+        if warm["bf16"] > _ABANDON * warm["fp32"]:
+            return {"fp32_s": warm["fp32"], "bf16_s": None}
+        times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        for r in range(repeats):
+            for prec in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
+                times[prec].append(timed(prec))
     return {"fp32_s": statistics.median(times["fp32"]), "bf16_s": statistics.median(times["bf16"])}
 
 
@@ -203,7 +188,8 @@ def cache_path() -> Path:
 
 
 def cpu_key(shape: ProbeShape) -> str:
-    """The cache key: what the measurement depends on (CPU model, torch, threads, widths)."""
+    """The cache key: what the measurement depends on (CPU model, torch, threads, widths, what the
+    probe times: an entry measured by another probe is measured again)."""
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -211,7 +197,7 @@ def cpu_key(shape: ProbeShape) -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     widths = f"{shape.rnn_size}/{shape.att_feat_size}/{shape.regions}/{shape.vocab_size}"
-    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads | {widths}"
+    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads | {widths} | Att2in XE step"
 
 
 def read_cache(path: Path) -> dict:

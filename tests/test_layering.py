@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
 # docs/architecture.md, "Layers": a package imports only from its own layer or the ones above it
 # in this list. So the core never imports the CLI, and decoding never imports training.
 LAYERS = [
-    {"errors", "console", "device", "precision", "checks", "options", "artifacts", "metrics"},
-    {"data", "models"},
+    {"errors", "console", "device", "checks", "options", "artifacts", "metrics"},
+    {"data", "models", "precision"},  # precision: --precision auto times the model itself
     {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
     {"demo"},

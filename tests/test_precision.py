@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.data.loader import CaptionBatches
+from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import Att2in
@@ -138,6 +138,38 @@ def test_auto_resolves_to_fp32_or_bf16_on_this_machine(monkeypatch, tmp_path):
     if P.native_bf16("cpu"):
         entry = json.loads((tmp_path / "rdpp" / "precision.json").read_text())[P.cpu_key(small)]
         assert entry["fp32_s"] > 0 and entry["choice"] == choice == P.choose_precision(entry["fp32_s"], entry["bf16_s"])
+
+
+@pytest.mark.unit
+def test_the_auto_probe_times_the_models_own_xe_step(tiny):
+    """``probe_step`` is a training step of rdpp's Att2in (not a replica of its arithmetic): on the
+    same weights, captions and dropout draws it computes ``xe_loss``'s loss and ends at the weights
+    an XE step with the same Adam ends at; ``probe_model`` leaves the caller's random state alone."""
+    shape = P.ProbeShape(rnn_size=32, att_feat_size=tiny.att_dim, regions=8, vocab_size=tiny.vocab_size,
+                         images=3, seq_per_img=2, steps=5)
+    torch.manual_seed(11)
+    before = torch.random.get_rng_state()
+    model = P.probe_model(shape)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert isinstance(model, Att2in) and model.training and model.config.rnn_size == 32
+    twin = P.probe_model(shape)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    g = torch.Generator().manual_seed(0)
+    att = torch.randn(3, 8, tiny.att_dim, generator=g).relu_()
+    words = torch.randint(1, tiny.vocab_size + 1, (3, 2, 5), generator=g)
+    batch = Batch(index=np.arange(3), fc=att.mean(1), att=att, att_mask=None, labels=words, epoch=0, batch=0,
+                  global_images=3)
+    opt_a, opt_b = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (model, twin))
+    torch.manual_seed(5)
+    got = P.probe_step(model, att, words, opt_a, "fp32")
+    torch.manual_seed(5)
+    want = xe_loss(twin, batch)
+    want.backward()
+    opt_b.step()
+    assert got == float(want.detach()) and got > 0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    start = P.probe_model(shape)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), start.parameters()))  # a step was taken
 
 
 # -- numerics ---------------------------------------------------------------------------------------------

@@ -1,0 +1,180 @@
+"""What the benchmarks here share: COCO's shapes, the paper-size model and synthetic batches.
+
+Shapes (the paper preset on COCO): Att2in 512/512/512 with dropout 0.5, a vocabulary of 9,487 words
+(9,488 logits, 0 = EOS), 14 × 14 = 196 att regions of 2,048 features (CNN features: ≥ 0), captions
+of at most 16 words, 5 per image, batches of 50 images. Every input is drawn from a seeded generator,
+so two sides of a benchmark (and two runs of it) get the same numbers; ``write_artifact`` writes
+them as a data artifact of COCO's feature shape (the loader, epoch and content-check benchmarks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rdpp_cli.data.loader import Batch
+from rdpp_cli.models.att2in import Att2in, config_from_preset
+
+VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG, BATCH = 9487, 196, 2048, 16, 5, 50
+REFS = 5  # references per image
+ROW_BYTES = (REGIONS * ATT_DIM + ATT_DIM) * 2  # one image's att + fc features in float16 (0.81 MB)
+
+
+def parse_words(s: str) -> tuple[int, int]:
+    """``--words N`` or ``MIN-MAX`` -> (MIN, MAX), within 1..SEQ_LEN."""
+    lo, _, hi = s.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi <= SEQ_LEN:
+        raise SystemExit(f"--words {s}: give N or MIN-MAX with 1 ≤ MIN ≤ MAX ≤ {SEQ_LEN}")
+    return lo, hi
+
+
+def eos_probability(words: float, max_len: int = SEQ_LEN) -> float:
+    """The per-step EOS probability p that gives captions of ``words`` words on average when the
+    length limit cuts them at ``max_len``: E[words] = Σ_{k=1..L} (1 − p)^k."""
+    if words >= max_len - 1e-3:
+        return 0.0
+    lo, hi = 1e-9, 1.0
+    for _ in range(100):
+        p = (lo + hi) / 2
+        mean = (1 - p) * (1 - (1 - p) ** max_len) / p
+        lo, hi = (p, hi) if mean > words else (lo, p)
+    return (lo + hi) / 2
+
+
+def paper_model(seed: int = 0, words: float | None = None, device="cpu") -> Att2in:
+    """A random Att2in of the paper preset at COCO's shapes (``torch.manual_seed(seed)`` first).
+    ``words``: the EOS logit's bias set so that sampled captions have that many words on average
+    (the other logits are ≈ 0: P(EOS) = e^b / (e^b + V))."""
+    torch.manual_seed(seed)
+    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN))
+    if words is not None:
+        p = eos_probability(words)
+        with torch.no_grad():
+            model.logit.bias[0] = float(np.log(p * VOCAB / (1 - p))) if p > 0 else -30.0
+    return model.to(device)
+
+
+def features(images: int, generator: torch.Generator) -> torch.Tensor:
+    """(images, REGIONS, ATT_DIM) att features: Gaussian, cut at 0 as a CNN's are."""
+    return torch.randn(images, REGIONS, ATT_DIM, generator=generator).relu_()
+
+
+def make_batch(images: int, words: tuple[int, int] | None = None, device="cpu", seed: int = 0) -> Batch:
+    """A training batch of ``images`` images: features, and with ``words`` (MIN, MAX) SEQ_PER_IMG
+    random captions per image of MIN..MAX words (uniform); without, one empty caption per image
+    (the RL steps sample their own)."""
+    g = torch.Generator().manual_seed(seed)
+    att = features(images, g)
+    if words is None:
+        labels = torch.zeros(images, 1, SEQ_LEN, dtype=torch.long)
+    else:
+        labels = torch.randint(1, VOCAB + 1, (images, SEQ_PER_IMG, SEQ_LEN), generator=g)
+        n = torch.randint(words[0], words[1] + 1, (images, SEQ_PER_IMG, 1), generator=g)
+        labels = labels * (torch.arange(SEQ_LEN) < n)
+    return Batch(index=np.arange(images), fc=att.mean(1), att=att, att_mask=None, labels=labels, epoch=0, batch=0,
+                 global_images=images).to(device)
+
+
+def zipf_p(exponent: float = 1.1) -> np.ndarray:
+    """Word frequencies over the vocabulary ∝ 1 / rank^exponent (word i + 1 has rank i + 1)."""
+    p = 1.0 / np.arange(1, VOCAB + 1) ** exponent
+    return p / p.sum()
+
+
+def make_refs(rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
+    """REFS references per image, (REFS, SEQ_LEN) word ids each: 8–12 Zipf-distributed words, 0-padded."""
+    p = zipf_p()
+    out = []
+    for _ in range(n_images):
+        r = np.zeros((REFS, SEQ_LEN), np.int64)
+        for k in range(REFS):
+            n = rng.integers(8, 13)
+            r[k, :n] = rng.choice(VOCAB, size=n, p=p) + 1
+        out.append(r)
+    return out
+
+
+# -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
+
+def data_parser(doc: str, keep: bool = True):
+    """The options every data benchmark shares: --json, --rows, --dir (and --keep)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
+    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
+    if keep:
+        ap.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same --rows reuses them)")
+    return ap
+
+
+def feature_blocks(rows: int, block: int, seed: int = 0):
+    """(start, fc, att) blocks of synthetic CNN-like features (≥ 0, fp16); row i carries i in att[i, 0, 0]."""
+    base = np.maximum(np.random.default_rng(seed).standard_normal((256, REGIONS, ATT_DIM), dtype=np.float32), 0)
+    base = base.astype(np.float16)
+    for s in range(0, rows, block):
+        k = min(block, rows - s)
+        att = base[np.arange(s, s + k) % len(base)]  # a new array (fancy indexing copies)
+        att[:, 0, 0] = np.arange(s, s + k) % 2048
+        yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
+
+
+def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
+                   block: int = 500) -> dict:
+    """A data artifact of ``rows`` COCO-shaped images (train split), features by FeatureWriter;
+    optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``. ``real_df``: the
+    training document frequencies of its captions (the end token counted, as ``prepro`` makes
+    them: what the RL reward looks up) instead of an empty table."""
+    import h5py
+
+    from rdpp_cli.artifacts import write_manifest
+    from rdpp_cli.data.features import FeatureWriter
+
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ids = np.arange(1, rows + 1, dtype=np.int64)
+    (path / "vocab.json").write_text(json.dumps({"words": [f"w{i}" for i in range(VOCAB - 1)] + ["UNK"]}))
+    n_cap = 5 * rows
+    lens = rng.integers(8, SEQ_LEN + 1, n_cap)
+    labels = rng.integers(1, VOCAB + 1, (n_cap, SEQ_LEN)).astype(np.int32)
+    labels[np.arange(SEQ_LEN)[None, :] >= lens[:, None]] = 0
+    with h5py.File(path / "captions.h5", "w") as f:
+        f["labels"], f["lengths"] = labels, lens.astype(np.int32)
+        f["label_start"] = np.arange(0, n_cap, 5, dtype=np.int64)
+        f["label_end"] = np.arange(5, n_cap + 5, 5, dtype=np.int64)
+        f["image_ids"] = ids
+        f["split"] = np.array([b"train"] * rows, dtype="S5")
+        f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
+    if real_df:
+        from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
+
+        caps = [[c[c > 0].tolist() for c in labels[5 * i:5 * i + 5]] for i in range(rows)]
+        doc_freq_with_eos(caps, eos_id(VOCAB)).save_h5(path / "cider_df.h5")
+    else:
+        with h5py.File(path / "cider_df.h5", "w") as f:
+            f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
+            f.attrs["num_docs"] = rows
+    w = FeatureWriter(path / "features.h5", ids, fc_dim=ATT_DIM, regions=REGIONS, block=block,
+                      attrs={"backbone": "synthetic", "att_size": 14})
+    mm_att = mm_fc = None
+    if npy_dir is not None:
+        npy_dir.mkdir(parents=True, exist_ok=True)
+        mm_att = np.lib.format.open_memmap(npy_dir / "att.npy", "w+", np.float16, (rows, REGIONS, ATT_DIM))
+        mm_fc = np.lib.format.open_memmap(npy_dir / "fc.npy", "w+", np.float16, (rows, ATT_DIM))
+    for s, fc, att in feature_blocks(rows, block, seed):
+        w.write(fc, att)
+        if mm_att is not None:
+            mm_att[s:s + len(att)], mm_fc[s:s + len(fc)] = att, fc
+    if mm_att is not None:
+        mm_att.flush(), mm_fc.flush()
+        del mm_att, mm_fc
+    write_manifest(path, "rdpp.data", {"source": "benchmarks/common.py", "rows": rows},
+                   precomputed={"features.h5": w.finish()})
+    with h5py.File(path / "features.h5") as f:
+        layout = {k: {"chunks": f[k].chunks, "compression": f[k].compression} for k in ("att", "fc")}
+    return {"rows": rows, "features_gb": (path / "features.h5").stat().st_size / 1e9, "layout": layout}
