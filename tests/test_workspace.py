@@ -183,6 +183,20 @@ def test_bad_config_is_one_clear_line(tmp_path, content, match):
         pytest.fail(r.output)
 
 
+@pytest.mark.integration
+def test_yaml_integer_with_a_leading_zero_is_refused(tmp_path):
+    """``epochs: 010`` is 8 to YAML 1.1 (octal): refused as ambiguous, naming the line; quoted or
+    without the zero it is read as written."""
+    (tmp_path / "rdpp.yaml").write_text("demo_cmd:\n  lr: 0.2\n  epochs: 010\n")
+    r = CliRunner().invoke(_cmd, ["--workspace", str(tmp_path)])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "rdpp.yaml, line 3: 010 has a leading zero, which YAML reads as an octal number; write 10" in lines[0]
+    (tmp_path / "rdpp.yaml").write_text("demo_cmd:\n  epochs: 10\n  lr: 0\n")
+    r = CliRunner().invoke(_cmd, ["--workspace", str(tmp_path)])
+    assert r.exit_code == 0 and _seen["epochs"] == 10 and _seen["lr"] == 0, r.output
+
+
 @pytest.mark.unit
 def test_find_reusable_matches_settings_and_inputs(tmp_path):
     from rdpp_cli.artifacts import find_reusable

@@ -27,6 +27,30 @@ ConfigOpt = typer.Option(
 )
 
 
+class _LeadingZero(ValueError):
+    """A YAML integer written with a leading zero (``010``): YAML 1.1 reads it as octal (8)."""
+
+    def __init__(self, text: str, line: int):
+        super().__init__(text)
+        self.text, self.line = text, line
+
+
+@functools.cache
+def _yaml_loader():
+    """yaml.SafeLoader refusing integers with a leading zero (``seed: 010`` would be 8, octal)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_yaml_int(self, node):
+            text = str(node.value).replace("_", "")
+            if len(text.lstrip("+-")) > 1 and text.lstrip("+-")[0] == "0" and text.lstrip("+-")[1:].isdigit():
+                raise _LeadingZero(str(node.value), node.start_mark.line + 1)
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    return Loader
+
+
 def load_config_file(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -36,9 +60,12 @@ def load_config_file(path: Path) -> dict:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or {}
         else:
             data = json.loads(text)
+    except _LeadingZero as e:
+        raise RdppError(f"{path}, line {e.line}: {e.text} has a leading zero, which YAML reads as an octal number; "
+                        f"write {int(e.text.replace('_', ''), 10)} (or quote it for a text)") from None
     except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RdppError(f"config file {path} could not be parsed ({first}); fix its syntax") from None
