@@ -12,12 +12,14 @@ run writes it; rerunning the same command with the same settings resumes an unfi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -146,6 +148,7 @@ def prepare_output(
     holds is refused with one line naming it.
     """
     ident = _identity(config)  # a NaN option is refused before any folder is made
+    refuse_unwritable(out, workspace=workspace, group=group)
     if out is None:
         parent = workspace_dir(workspace) / group
         parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +194,28 @@ def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict) ->
     _lock.acquire(path)
     _mark_partial(path, kind, config)
     return path
+
+
+def refuse_unwritable(out: Path | str | None, *, workspace: Path | str | None, group: str) -> None:
+    """RdppError when the folder a stage would write (``out``, else ``<workspace>/<group>``) lies on a
+    read-only file system or one this user may not write, found by creating (and removing) an empty
+    file in its nearest existing folder. ``prepare_output`` checks it; a stage that works long before
+    claiming its folder checks it first too, so that a read-only workspace is said before any work."""
+    target = Path(out) if out is not None else workspace_dir(workspace) / group
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return  # --out names a file: prepare_output says so
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rdpp-probe-", dir=probe)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return  # not a question of permission: the write itself will say what it is
+        where = "--out DIR" if out is not None else "--out DIR (or --workspace DIR)"
+        raise RdppError(f"{probe} is read-only ({e.strerror}); pass {where}, a folder you can write") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def refuse_overlap(out: Path | str | None, reads: Iterable[Path | str | None]) -> None:

@@ -9,6 +9,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from rich.markup import escape
 
 from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
 from rdpp_cli.console import err_console
-from rdpp_cli.errors import RdppError
+from rdpp_cli.errors import RdppError, file_failure
 
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
@@ -159,7 +160,9 @@ def interrupted_line(position: str | None) -> str:
 
 
 def stage(fn):
-    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; Ctrl-C
+    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; a failed
+    file operation (``OSError``: a full disk, a read-only file system) one line naming the file,
+    exit code 1 (``RDPP_DEBUG=1``: its traceback); Ctrl-C
     (SIGINT) and SIGTERM one line saying how far the stage got (``console.position``), exit 130 and
     143. Either way the locks the stage took are released and its unfinished folder resumes on a rerun."""
 
@@ -181,6 +184,13 @@ def stage(fn):
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
+        except OSError as e:  # a full disk, a read-only file system, an I/O error: not a bug
+            if os.environ.get("RDPP_DEBUG") == "1":
+                raise
+            folder = next(iter(sorted(held() - before)), None)  # the folder this stage was writing
+            err_console.print(f"[red]error:[/red] {escape(str(file_failure(e, folder)))}", soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(1) from None
         except ImportError as e:
             if (e.name or "").split(".")[0] not in TRAINER_MODULES:
                 raise

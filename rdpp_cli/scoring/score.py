@@ -32,7 +32,7 @@ from rdpp_cli.artifacts import (
     sha256_file,
     write_manifest,
 )
-from rdpp_cli.artifacts.workspace import refuse_overlap
+from rdpp_cli.artifacts.workspace import refuse_overlap, refuse_unwritable
 from rdpp_cli.console import console, info, note, summary_table, warning
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
@@ -285,6 +285,7 @@ def score(opts: ScoreOptions) -> Path:
     split = opts.split or (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
     ref = load_references(smp, data=opts.data, split=split, refs=opts.refs, workspace=opts.workspace)
     refuse_overlap(opts.out, _reads(smp, ref, opts))  # now, not after the evaluation
+    refuse_unwritable(opts.out, workspace=opts.workspace, group="scores")
     coco_eval.java()  # one clear line before any work when Java is missing
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
