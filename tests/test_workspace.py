@@ -209,3 +209,28 @@ def test_find_reusable_matches_settings_and_inputs(tmp_path):
     assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d1]).path == m1.path
     assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d2]) is None  # other lineage
     assert find_reusable(tmp_path, "xe", {"epochs": 3}, [d1]) is None
+
+
+@pytest.mark.integration
+def test_force_refuses_to_orphan_descendants_unless_told(tmp_path):
+    """`--force` over an artifact others were made from would leave them refused as inputs: it is
+    refused, listing them, unless --orphan-descendants says so."""
+    ws = tmp_path / "ws"
+    runner = CliRunner()
+    env = {"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"}
+    r = runner.invoke(app, ["prepro", "toy", "--images", "20", "--workspace", str(ws)], env=env)
+    assert r.exit_code == 0, r.output
+    data = read_artifact(ws / "data" / "toy-v1")
+    model = _make(ws, group="xe", name="att2in", kind="rdpp.model", inputs=[data])
+    _make(ws, group="samples", name="att2in-v1.greedy", kind="rdpp.samples", inputs=[model])
+    _make(ws, group="data", name="other", inputs=[])  # not made from toy-v1
+    force = ["prepro", "toy", "--images", "20", "--seed", "1", "--out", str(data.path), "--force", "--workspace", str(ws)]
+    r = runner.invoke(app, force, env=env)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "has 2 artifact(s) made from it (xe/att2in-v1, samples/att2in-v1.greedy-v1)" in lines[0]
+    assert "pass --orphan-descendants with --force" in lines[0]
+    assert read_artifact(data.path).manifest_sha256 == data.manifest_sha256  # untouched
+    r = runner.invoke(app, force + ["--orphan-descendants"], env=env)
+    assert r.exit_code == 0, r.output
+    assert read_artifact(data.path).config["seed"] == 1

@@ -12,6 +12,8 @@ run writes it; rerunning the same command with the same settings resumes an unfi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import hashlib
 import json
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from rdpp_cli.artifacts import lock as _lock
 from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, Artifact, atomic_write_json, is_complete,
-                                         read_artifact)
+                                         read_artifact, workspace_root)
 from rdpp_cli.console import info
 from rdpp_cli.errors import RdppError
 
@@ -167,7 +169,7 @@ def prepare_output(
             if not is_complete(path) and _partial_matches(path, kind, config):
                 info(f"resuming unfinished {path}")
                 return path
-            _make_room(path, kind, force)
+            _make_room(path, kind, force, workspace)
         _mark_partial(path, kind, config)
     return path
 
@@ -236,12 +238,14 @@ def refuse_overlap(out: Path | str | None, reads: Iterable[Path | str | None]) -
                             "(not even --force writes over a stage's input)")
 
 
-def _make_room(path: Path, kind: str, force: bool) -> None:
+def _make_room(path: Path, kind: str, force: bool, workspace: Path | str | None) -> None:
     """Empty ``path`` for a new run of ``kind`` (``force``), or refuse: only an artifact of the
-    same kind, or an unfinished run of it, is ever replaced."""
+    same kind, or an unfinished run of it, is ever replaced, and an artifact others were made from
+    only when orphaning them was asked for (``orphaning``)."""
     if is_complete(path):
         try:
-            existing = read_artifact(path).kind
+            art = read_artifact(path)
+            existing = art.kind
         except RdppError:
             existing = None
         if existing != kind:
@@ -249,6 +253,7 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
                             "(--force replaces only an artifact of the same stage)")
         if not force:
             raise RdppError(f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it")
+        _refuse_orphaning(art, workspace)
         (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
     elif (path / PARTIAL).exists():
         started = (read_partial(path) or {}).get("kind")
@@ -262,6 +267,47 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
         raise RdppError(f"{path} holds files that are not an rdpp artifact; choose another --out "
                         "(--force replaces only an artifact of the same stage, never other files)")
     _clear(path)
+
+
+_orphan_descendants = contextvars.ContextVar("orphan_descendants", default=False)
+
+
+@contextlib.contextmanager
+def orphaning(allowed: bool = True):
+    """Within the block, ``--force`` may replace an artifact that others were made from (the command
+    line's ``--orphan-descendants``); they are then refused as inputs, their input having changed."""
+    token = _orphan_descendants.set(allowed)
+    try:
+        yield
+    finally:
+        _orphan_descendants.reset(token)
+
+
+def descendants(art: Artifact, workspace: Path | str | None = None) -> list[Artifact]:
+    """Every complete artifact made from ``art``, directly or through others, in its workspace (and
+    ``workspace``), found by the manifest hashes their inputs record."""
+    roots = {r.resolve() for r in (workspace_root(art.path), Path(workspace) if workspace else None)
+             if r is not None and r.is_dir()}
+    arts = [a for r in sorted(roots) for a in list_artifacts(r)]
+    found, todo, seen = [], [art.manifest_sha256], {art.manifest_sha256}
+    while todo:
+        sha = todo.pop()
+        for a in arts:
+            if a.manifest_sha256 not in seen and any(i.get("manifest_sha256") == sha for i in a.inputs):
+                seen.add(a.manifest_sha256)
+                found.append(a)
+                todo.append(a.manifest_sha256)
+    return found
+
+
+def _refuse_orphaning(art: Artifact, workspace: Path | str | None) -> None:
+    if _orphan_descendants.get():
+        return
+    below = descendants(art, workspace)
+    if below:
+        names = ", ".join(f"{a.path.parent.name}/{a.name}" for a in below[:6]) + (", ..." if len(below) > 6 else "")
+        raise RdppError(f"{art.path} has {len(below)} artifact(s) made from it ({names}): replacing it would orphan "
+                        "them; choose another --out, or pass --orphan-descendants with --force")
 
 
 def _clear(path: Path) -> None:

@@ -18,10 +18,12 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML, orphaning
 from rdpp_cli.console import err_console
 from rdpp_cli.errors import RdppError, file_failure
 
+ORPHAN_HELP = ("With --force: replace the artifact even when others were made from it (they are then refused "
+               "as inputs; without it --force refuses and lists them).")
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
     dir_okay=False,
@@ -243,6 +245,10 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
         at = 1 + sum(bool(f.metadata.get("argument")) for f in fields)
         params.insert(at, inspect.Parameter("from_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                             default=typer.Option(None, "--from", help=f"Same as {alias.name.upper()}.")))
+    forcing = any(f.name == "force" for f in fields)
+    if forcing:  # beside --force: its permission to orphan what was made from the artifact it replaces
+        params.append(inspect.Parameter("orphan_descendants", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                        default=typer.Option(False, "--orphan-descendants", help=ORPHAN_HELP)))
     if config:
         params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                                         default=ConfigOpt))
@@ -253,7 +259,8 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
             values[alias.name] = parent_option({"from_": values.pop("from_"), alias.name: values[alias.name]},
                                                alias.name, alias.name)
         module, name = target.split(":")
-        result = getattr(importlib.import_module(module), name)(cls(**values))
+        with orphaning(bool(values.pop("orphan_descendants", False))):
+            result = getattr(importlib.import_module(module), name)(cls(**values))
         if after is not None:
             after(result)
 
