@@ -234,3 +234,67 @@ def test_force_refuses_to_orphan_descendants_unless_told(tmp_path):
     r = runner.invoke(app, force + ["--orphan-descendants"], env=env)
     assert r.exit_code == 0, r.output
     assert read_artifact(data.path).config["seed"] == 1
+
+
+def _claimed(ws, group, name, kind="rdpp.samples", created=None):
+    """A complete artifact claimed in ``ws`` (numbered by the workspace), its manifest's time ``created``."""
+    path = prepare_output(None, workspace=ws, group=group, name=name, kind=kind, config={"n": name})
+    (path / "x.txt").write_text(name)
+    art = write_manifest(path, kind, {"n": name})
+    finish(path)
+    if created is not None:  # a clock set wrong when it was made
+        m = json.loads((path / "manifest.json").read_text())
+        (path / "manifest.json").write_text(json.dumps({**m, "created": created}))
+    return read_artifact(path)
+
+
+@pytest.mark.unit
+def test_newest_is_the_workspace_order_not_the_clock(tmp_path):
+    """An artifact made with the clock a day ahead is still older than one claimed after it."""
+    ahead = _claimed(tmp_path, "samples", "greedy", created="2999-01-01T00:00:00+00:00")
+    later = _claimed(tmp_path, "samples", "beam")
+    assert (ahead.sequence, later.sequence) == (1, 2)
+    assert [a.name for a in list_artifacts(tmp_path)] == ["greedy-v1", "beam-v1"]
+    chosen = resolve_input(None, workspace=tmp_path, groups=("samples",), kind="rdpp.samples", what="samples",
+                           make_with="x", quiet=True)
+    assert chosen.path == later.path
+
+
+@pytest.mark.unit
+def test_skipped_newer_folders_are_named_in_the_info_line(tmp_path, capsys):
+    old = _claimed(tmp_path, "samples", "greedy")
+    bad = _claimed(tmp_path, "samples", "beam")
+    (bad.path / "manifest.json").write_text((bad.path / "manifest.json").read_text()[:40])  # truncated
+    chosen = resolve_input(None, workspace=tmp_path, groups=("samples",), kind="rdpp.samples", what="samples",
+                           make_with="x")
+    err = " ".join(capsys.readouterr().err.split())
+    assert chosen.path == old.path
+    assert "skipped samples/beam-v1 (" in err and "manifest" in err, err
+    # an unfinished fine-tune, the only one: the XE model is used, and the line says why
+    xe = _claimed(tmp_path, "xe", "att2in", kind="rdpp.model")
+    prepare_output(None, workspace=tmp_path, group="finetune", name="dpp", kind="rdpp.model", config={"m": 5})
+    chosen = resolve_input(None, workspace=tmp_path, groups=("finetune", "xe"), kind="rdpp.model", what="model",
+                           make_with="x")
+    err = " ".join(capsys.readouterr().err.split())
+    assert chosen.path == xe.path and "skipped finetune/dpp-v1 (unfinished run)" in err, err
+    # an unfinished run claimed before the chosen artifact is not news
+    assert _claimed(tmp_path, "xe", "att2in", kind="rdpp.model").sequence == 5  # after the fine-tune's 4
+    resolve_input(None, workspace=tmp_path, groups=("finetune", "xe"), kind="rdpp.model", what="model", make_with="x")
+    assert "; skipped" not in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_dangling_artifact_link_is_reported_by_verify_and_ls(tmp_path):
+    _claimed(tmp_path, "samples", "greedy")
+    gone = _claimed(tmp_path / "elsewhere", "samples", "beam")
+    (tmp_path / "samples" / "beam-v1").symlink_to(gone.path)
+    import shutil
+
+    shutil.rmtree(gone.path)
+    env = {"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"}
+    r = CliRunner().invoke(app, ["verify", "--workspace", str(tmp_path)], env=env)
+    assert r.exit_code == 1, r.output
+    assert "2 artifact(s) checked" in r.output and "1 with problems" in r.output, r.output
+    assert "which does not exist" in r.output
+    r = CliRunner().invoke(app, ["ls", "--workspace", str(tmp_path)], env=env)
+    assert "samples/beam-v1 (a link to" in " ".join(r.output.split()), r.output

@@ -63,6 +63,18 @@ def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str
     return h.hexdigest()
 
 
+PARTIAL = ".rdpp-partial.json"  # the marker of a folder being written: its kind, identity and sequence number
+
+
+def claimed_sequence(folder: Path) -> int | None:
+    """The workspace's sequence number this folder was claimed with (its partial marker's), or None."""
+    try:
+        seq = json.loads((Path(folder) / PARTIAL).read_text()).get("sequence")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
     readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
@@ -191,6 +203,13 @@ class Artifact:
     @property
     def created(self) -> str:
         return self.manifest.get("created", "")
+
+    @property
+    def sequence(self) -> int:
+        """The workspace's sequence number of the claim that made it (0: made outside a workspace, or
+        by an rdpp that did not number claims)."""
+        seq = self.manifest.get("sequence")
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
 
     @property
     def inputs(self) -> list[dict]:
@@ -328,6 +347,8 @@ def write_manifest(
     }
     if summary:
         manifest["summary"] = _jsonable(summary)
+    if (seq := claimed_sequence(out_dir)) is not None:
+        manifest["sequence"] = seq  # the workspace's order of claims: what "newest" means, whatever the clock
     remember(out_dir, seen)
     atomic_write_json(out_dir / MANIFEST, manifest)
     return Artifact(out_dir, manifest)

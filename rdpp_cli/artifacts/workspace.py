@@ -26,12 +26,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rdpp_cli.artifacts import lock as _lock
-from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, Artifact, atomic_write_json, is_complete,
-                                         read_artifact, workspace_root)
+from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, PARTIAL, Artifact, atomic_write_json,
+                                         claimed_sequence, is_complete, read_artifact, workspace_root)
+from rich.markup import escape
+
 from rdpp_cli.console import info
 from rdpp_cli.errors import RdppError
 
-PARTIAL = ".rdpp-partial.json"
+SEQUENCE = ".rdpp-sequence"  # in the workspace folder: the number of the last claim (``next_sequence``)
 ENV = "RDPP_WORKSPACE"
 WORKSPACE_YAML = "rdpp.yaml"  # per-workspace option defaults, one section per command (docs/workspace.md)
 GROUPS = {
@@ -111,7 +113,13 @@ def _partial_matches(path: Path, kind: str, config: dict) -> bool:
 
 
 def _mark_partial(path: Path, kind: str, config: dict) -> None:
-    atomic_write_json(path / PARTIAL, {"kind": kind, "config": _identity(config)})
+    """The unfinished-run marker, with the workspace's next sequence number when ``path`` is in a
+    workspace: the order of claims decides which artifact is the newest, not the clock."""
+    marker = {"kind": kind, "config": _identity(config)}
+    root = workspace_root(path)
+    if root is not None:
+        marker["sequence"] = _lock.next_number(root / SEQUENCE)
+    atomic_write_json(path / PARTIAL, marker)
 
 
 def finish(path: Path) -> None:
@@ -330,7 +338,54 @@ def list_artifacts(workspace: Path | str | None = None, groups: tuple[str, ...] 
                     found.append(read_artifact(p, GROUPS[group]))
                 except RdppError:
                     continue
-    return sorted(found, key=lambda a: (a.created, str(a.path)))
+    return sorted(found, key=newest_last)
+
+
+def newest_last(art: Artifact) -> tuple:
+    """The order of a workspace's artifacts, oldest first: the sequence number of their claims (a
+    clock set wrong cannot reorder them), then, for those made before rdpp numbered claims (0), the
+    time written in their manifests."""
+    return (art.sequence, art.created, str(art.path))
+
+
+def group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
+    """The folders (and links to folders, even broken ones) of the workspace's ``groups``."""
+    return sorted(p for g in groups if (root / g).is_dir() for p in (root / g).iterdir()
+                  if (p.is_dir() or p.is_symlink()) and not p.name.startswith("."))
+
+
+def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset(),
+                  groups=tuple(GROUPS)) -> list[tuple[Path, str]]:
+    """The folders under the workspace's groups that are not complete, readable artifacts of their
+    group's kind, each with why: ``unfinished run``, ``no manifest.json``, a broken link or the
+    reading error. ``listed``: folders already read as artifacts (``list_artifacts``), not read again."""
+    out = []
+    for p in group_folders(workspace_dir(workspace), groups):
+        if p in listed:
+            continue
+        if p.is_symlink() and not p.exists():
+            out.append((p, f"a link to {os.readlink(p)}, which does not exist"))
+        elif (p / MANIFEST).is_file():
+            try:
+                read_artifact(p, GROUPS[p.parent.name])
+            except RdppError as e:
+                out.append((p, str(e)))
+        else:
+            out.append((p, "unfinished run" if (p / PARTIAL).is_file() else "no manifest.json"))
+    return out
+
+
+def _skipped(root: Path, groups: tuple[str, ...], chosen: Artifact, listed: set[Path]) -> str:
+    """``; skipped ...`` naming the folders of ``groups`` that are not usable artifacts and may be newer
+    than ``chosen`` (an unfinished run claimed after it, or a folder whose order cannot be read)."""
+    skipped = [(p, why) for p, why in stray_folders(root, listed, groups)
+               if (seq := claimed_sequence(p)) is None or seq > chosen.sequence]
+    if not skipped:
+        return ""
+    short = [(p, why if (p / MANIFEST).is_symlink() or not (p / MANIFEST).is_file() else "manifest not readable as "
+              f"{GROUPS[p.parent.name]}; `rdpp verify` says why") for p, why in skipped]
+    return "; skipped " + ", ".join(f"{p.parent.name}/{p.name} ({why})" for p, why in short[:3]) \
+        + (f" and {len(short) - 3} more" if len(short) > 3 else "")
 
 
 def resolve_input(
@@ -364,12 +419,14 @@ def resolve_input(
                 return read_artifact(c, kind)
         raise RdppError(f"{what} '{from_}' not found as a path nor under {root}/{{{','.join(groups)}}}; "
                         f"see `rdpp ls`")
-    for group in groups:
+    for k, group in enumerate(groups):
         arts = list_artifacts(root, (group,))
         if arts:
             chosen = arts[-1]
             if not quiet:
-                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another)")
+                skipped = _skipped(root, groups[:k + 1], chosen, {a.path for a in arts})
+                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another"
+                     f"{escape(skipped)})")
             return chosen
     raise RdppError(f"no {what} in workspace {root}; make one with `{make_with}`")
 
