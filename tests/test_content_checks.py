@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import h5py
@@ -143,6 +144,22 @@ def test_a_file_edited_after_it_was_read_is_refused_at_the_next_read(ws):
     assert "data/toy-v1/features.h5 changed after" in line
 
 
+@pytest.mark.parametrize("rel, edit", [("data/toy-v1/captions.h5", "edit_captions"),
+                                       ("data/toy-v1/features.h5", "edit_features")])
+def test_an_edit_whose_mtime_was_set_back_is_still_seen(ws, rel, edit):
+    """``touch -r backup file`` after a same-size edit restores size, mtime and inode: the ctime,
+    which no one can set back, tells the remembered hash apart from the new content."""
+    assert rdpp("sample", "--from", XE, "--n", "2", "--device", "cpu", "--workspace", ws).exit_code == 0
+    p = ws / rel
+    st = p.stat()
+    time.sleep(0.01)  # a ctime tick later than the read's
+    same_size(p, globals()[edit])
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # touch -r
+    assert (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    line = error_line(rdpp("sample", "--from", XE, "--n", "3", "--device", "cpu", "--workspace", ws))
+    assert f"{rel} changed after" in line, line
+
+
 def test_an_unchanged_file_is_hashed_once_and_remembered_by_size_mtime_and_inode(ws):
     from rdpp_cli.artifacts import verified
 
@@ -151,7 +168,7 @@ def test_an_unchanged_file_is_hashed_once_and_remembered_by_size_mtime_and_inode
     p = ws / "data" / "toy-v1" / "captions.h5"
     kept = json.loads((art.path / verified.VERIFIED).read_text())["captions.h5"]
     assert kept == {"key": verified.stat_key(p), "hash_of": "file", "sha256": art.manifest["files"]["captions.h5"]["sha256"]}
-    assert kept["key"] == [p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino]
+    assert kept["key"] == [p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino, p.stat().st_ctime_ns]
     # an unchanged file is not hashed again: a (made-up) wrong remembered hash is what decides ...
     (art.path / verified.VERIFIED).write_text(json.dumps({"captions.h5": {**kept, "sha256": "0" * 64}}))
     verified._SEEN.clear()  # as a new process

@@ -114,6 +114,22 @@ def test_truncated_image_is_named_before_anything_is_written(coco):
     assert nothing_written(ws)
 
 
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "PPM"])
+def test_truncated_photo_without_end_marker_is_decoded_up_front(coco, fmt):
+    """A format with no end marker to look at (BMP, TIFF, PPM), cut short: the up-front check decodes it
+    in full, so it is named before any folder is made (not halfway through extraction)."""
+    import io
+
+    from PIL import Image
+
+    js, images, ws = coco
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (9, 99, 199)).save(buf, fmt)
+    (images / "val2014" / "c.png").write_bytes(buf.getvalue()[:len(buf.getvalue()) * 2 // 3])
+    one_line_error(prepro(js, images, ws), "c.png", "truncated or damaged")
+    assert nothing_written(ws)
+
+
 def test_image_that_breaks_while_decoding_is_named_and_run_resumes(coco):
     """A file whose header and end are fine but whose data is damaged: found during extraction (no
     manifest is written), named in one line; after fixing it the same command resumes and finishes."""

@@ -199,7 +199,11 @@ def test_coco_results_form_and_refs_file(ws, tmp_path):
     refs = tmp_path / "refs.json"
     refs.write_text(json.dumps({"annotations": [{"image_id": i, "caption": c} for i, (_, cs) in IMAGES.items()
                                                 for c in cs]}))
-    r = rdpp("score", res, "--refs", refs, "--self-cider", "--metrics", "CIDEr", "--out", tmp_path / "out")
+    r = rdpp("score", res, "--refs", refs, "--metrics", "CIDEr", "--out", tmp_path / "refused")
+    assert r.exit_code == 2 and "entry 2 names image 21 again; pass --merge-duplicates" in error_line(r)
+    assert not (tmp_path / "refused").exists()
+    r = rdpp("score", res, "--refs", refs, "--self-cider", "--metrics", "CIDEr", "--out", tmp_path / "out",
+             "--merge-duplicates")
     assert r.exit_code == 0, r.output
     s = json.loads((tmp_path / "out" / "scores.json").read_text())
     assert s["settings"]["captions_per_image"] == [1, 2]  # image 21 got two captions
@@ -222,6 +226,10 @@ def test_coco_results_form_and_refs_file(ws, tmp_path):
     ('[{"image_id": 21, "captions": ["a man"]', "is not valid JSON"),
     ('{"image_id": 21}', "must hold a non-empty JSON list"),
     ('[{"image_id": "x", "captions": ["a"]}]', "no integer image_id"),
+    ('[{"image_id": "\u00b2", "captions": ["a"]}]', r"no integer image_id \(got '²'\)"),  # "²".isdigit()
+    ('[{"image_id": 21, "caption": "a man"}, {"image_id": 21, "caption": "a dog"}]', "names image 21 again"),
+    ('[{"image_id": 21, "captions": ["a man", "' + "big " * 20000 + '"]}]',
+     "image 21 has a caption of 20,000 words .* over the 1,000 rdpp scores"),
     ('[{"image_id": 21, "captions": ["a"]}, {"image_id": 22, "caption": "b"}]', "mix 'captions' and 'caption'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(ws, tmp_path, content, message):

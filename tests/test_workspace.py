@@ -183,6 +183,20 @@ def test_bad_config_is_one_clear_line(tmp_path, content, match):
         pytest.fail(r.output)
 
 
+@pytest.mark.integration
+def test_yaml_integer_with_a_leading_zero_is_refused(tmp_path):
+    """``epochs: 010`` is 8 to YAML 1.1 (octal): refused as ambiguous, naming the line; quoted or
+    without the zero it is read as written."""
+    (tmp_path / "rdpp.yaml").write_text("demo_cmd:\n  lr: 0.2\n  epochs: 010\n")
+    r = CliRunner().invoke(_cmd, ["--workspace", str(tmp_path)])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "rdpp.yaml, line 3: 010 has a leading zero, which YAML reads as an octal number; write 10" in lines[0]
+    (tmp_path / "rdpp.yaml").write_text("demo_cmd:\n  epochs: 10\n  lr: 0\n")
+    r = CliRunner().invoke(_cmd, ["--workspace", str(tmp_path)])
+    assert r.exit_code == 0 and _seen["epochs"] == 10 and _seen["lr"] == 0, r.output
+
+
 @pytest.mark.unit
 def test_find_reusable_matches_settings_and_inputs(tmp_path):
     from rdpp_cli.artifacts import find_reusable
@@ -195,3 +209,92 @@ def test_find_reusable_matches_settings_and_inputs(tmp_path):
     assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d1]).path == m1.path
     assert find_reusable(tmp_path, "xe", {"epochs": 2}, [d2]) is None  # other lineage
     assert find_reusable(tmp_path, "xe", {"epochs": 3}, [d1]) is None
+
+
+@pytest.mark.integration
+def test_force_refuses_to_orphan_descendants_unless_told(tmp_path):
+    """`--force` over an artifact others were made from would leave them refused as inputs: it is
+    refused, listing them, unless --orphan-descendants says so."""
+    ws = tmp_path / "ws"
+    runner = CliRunner()
+    env = {"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"}
+    r = runner.invoke(app, ["prepro", "toy", "--images", "20", "--workspace", str(ws)], env=env)
+    assert r.exit_code == 0, r.output
+    data = read_artifact(ws / "data" / "toy-v1")
+    model = _make(ws, group="xe", name="att2in", kind="rdpp.model", inputs=[data])
+    _make(ws, group="samples", name="att2in-v1.greedy", kind="rdpp.samples", inputs=[model])
+    _make(ws, group="data", name="other", inputs=[])  # not made from toy-v1
+    force = ["prepro", "toy", "--images", "20", "--seed", "1", "--out", str(data.path), "--force", "--workspace", str(ws)]
+    r = runner.invoke(app, force, env=env)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "has 2 artifact(s) made from it (xe/att2in-v1, samples/att2in-v1.greedy-v1)" in lines[0]
+    assert "pass --orphan-descendants with --force" in lines[0]
+    assert read_artifact(data.path).manifest_sha256 == data.manifest_sha256  # untouched
+    r = runner.invoke(app, force + ["--orphan-descendants"], env=env)
+    assert r.exit_code == 0, r.output
+    assert read_artifact(data.path).config["seed"] == 1
+
+
+def _claimed(ws, group, name, kind="rdpp.samples", created=None):
+    """A complete artifact claimed in ``ws`` (numbered by the workspace), its manifest's time ``created``."""
+    path = prepare_output(None, workspace=ws, group=group, name=name, kind=kind, config={"n": name})
+    (path / "x.txt").write_text(name)
+    art = write_manifest(path, kind, {"n": name})
+    finish(path)
+    if created is not None:  # a clock set wrong when it was made
+        m = json.loads((path / "manifest.json").read_text())
+        (path / "manifest.json").write_text(json.dumps({**m, "created": created}))
+    return read_artifact(path)
+
+
+@pytest.mark.unit
+def test_newest_is_the_workspace_order_not_the_clock(tmp_path):
+    """An artifact made with the clock a day ahead is still older than one claimed after it."""
+    ahead = _claimed(tmp_path, "samples", "greedy", created="2999-01-01T00:00:00+00:00")
+    later = _claimed(tmp_path, "samples", "beam")
+    assert (ahead.sequence, later.sequence) == (1, 2)
+    assert [a.name for a in list_artifacts(tmp_path)] == ["greedy-v1", "beam-v1"]
+    chosen = resolve_input(None, workspace=tmp_path, groups=("samples",), kind="rdpp.samples", what="samples",
+                           make_with="x", quiet=True)
+    assert chosen.path == later.path
+
+
+@pytest.mark.unit
+def test_skipped_newer_folders_are_named_in_the_info_line(tmp_path, capsys):
+    old = _claimed(tmp_path, "samples", "greedy")
+    bad = _claimed(tmp_path, "samples", "beam")
+    (bad.path / "manifest.json").write_text((bad.path / "manifest.json").read_text()[:40])  # truncated
+    chosen = resolve_input(None, workspace=tmp_path, groups=("samples",), kind="rdpp.samples", what="samples",
+                           make_with="x")
+    err = " ".join(capsys.readouterr().err.split())
+    assert chosen.path == old.path
+    assert "skipped samples/beam-v1 (" in err and "manifest" in err, err
+    # an unfinished fine-tune, the only one: the XE model is used, and the line says why
+    xe = _claimed(tmp_path, "xe", "att2in", kind="rdpp.model")
+    prepare_output(None, workspace=tmp_path, group="finetune", name="dpp", kind="rdpp.model", config={"m": 5})
+    chosen = resolve_input(None, workspace=tmp_path, groups=("finetune", "xe"), kind="rdpp.model", what="model",
+                           make_with="x")
+    err = " ".join(capsys.readouterr().err.split())
+    assert chosen.path == xe.path and "skipped finetune/dpp-v1 (unfinished run)" in err, err
+    # an unfinished run claimed before the chosen artifact is not news
+    assert _claimed(tmp_path, "xe", "att2in", kind="rdpp.model").sequence == 5  # after the fine-tune's 4
+    resolve_input(None, workspace=tmp_path, groups=("finetune", "xe"), kind="rdpp.model", what="model", make_with="x")
+    assert "; skipped" not in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_dangling_artifact_link_is_reported_by_verify_and_ls(tmp_path):
+    _claimed(tmp_path, "samples", "greedy")
+    gone = _claimed(tmp_path / "elsewhere", "samples", "beam")
+    (tmp_path / "samples" / "beam-v1").symlink_to(gone.path)
+    import shutil
+
+    shutil.rmtree(gone.path)
+    env = {"COLUMNS": "300", "RDPP_NO_PROGRESS": "1"}
+    r = CliRunner().invoke(app, ["verify", "--workspace", str(tmp_path)], env=env)
+    assert r.exit_code == 1, r.output
+    assert "2 artifact(s) checked" in r.output and "1 with problems" in r.output, r.output
+    assert "which does not exist" in r.output
+    r = CliRunner().invoke(app, ["ls", "--workspace", str(tmp_path)], env=env)
+    assert "samples/beam-v1 (a link to" in " ".join(r.output.split()), r.output

@@ -8,8 +8,7 @@ from rich.table import Table
 
 from rdpp_cli.artifacts.lineage import entry_name
 from rdpp_cli.artifacts.options import LsOptions
-from rdpp_cli.artifacts.workspace import list_artifacts, workspace_dir
-from rdpp_cli.artifacts.verify import stray_folders
+from rdpp_cli.artifacts.workspace import list_artifacts, stray_folders, workspace_dir
 from rdpp_cli.console import console, note
 from rdpp_cli.options import takes
 

@@ -154,6 +154,22 @@ def claiming(parent: Path | str, key: str) -> Iterator[None]:
         _release_fd(fd)
 
 
+def next_number(path: Path | str) -> int:
+    """One more than the number in file ``path`` (1 when it is missing or unreadable), written back
+    under an exclusive ``flock``: a counter that runs started together share without a race."""
+    fd = _open_locked(Path(path), fcntl.LOCK_EX if fcntl is not None else 0)
+    try:
+        raw = os.read(fd, 64).decode("ascii", "replace").strip()
+        n = int(raw) + 1 if raw.isdigit() else 1
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{n}\n".encode())
+        os.fsync(fd)
+        return n
+    finally:
+        _release_fd(fd)
+
+
 def _release_fd(fd: int) -> None:
     if fcntl is not None:
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -62,6 +63,18 @@ def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str
     return h.hexdigest()
 
 
+PARTIAL = ".rdpp-partial.json"  # the marker of a folder being written: its kind, identity and sequence number
+
+
+def claimed_sequence(folder: Path) -> int | None:
+    """The workspace's sequence number this folder was claimed with (its partial marker's), or None."""
+    try:
+        seq = json.loads((Path(folder) / PARTIAL).read_text()).get("sequence")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
     readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
@@ -75,9 +88,38 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             Path(tmp).unlink(missing_ok=True)
-            raise
+            failed = write_failure(e, path)
+            if failed is None:
+                raise
+            raise failed from e
+
+
+# what torch.save raises when the file object under it fails (a full disk): a RuntimeError, no path
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
+def write_failure(e: BaseException, path: Path) -> OSError | None:
+    """``e``, an error while writing ``path``, as an ``OSError`` naming ``path`` (what the stage wrapper
+    prints as one line), with the free space left on its disk; None for an error that is not a failed
+    write (a bug, Ctrl-C), to be raised as it is."""
+    if isinstance(e, OSError) and e.filename:
+        return None  # names its file already
+    if isinstance(e, OSError):
+        errno, why = e.errno, e.strerror or str(e)
+    elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):
+        errno, why = None, "torch.save could not write the whole file"
+    else:
+        return None
+    try:
+        free = shutil.disk_usage(path.parent).free
+        why += f"; {free / 2**20:,.1f} MiB free there"
+    except OSError:
+        free = None
+    if errno is None and free is not None and free < 2**20:
+        errno = 28  # torch says no more than "unexpected pos": a full disk, as the free space shows
+    return OSError(errno, why, str(path))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -161,6 +203,13 @@ class Artifact:
     @property
     def created(self) -> str:
         return self.manifest.get("created", "")
+
+    @property
+    def sequence(self) -> int:
+        """The workspace's sequence number of the claim that made it (0: made outside a workspace, or
+        by an rdpp that did not number claims)."""
+        seq = self.manifest.get("sequence")
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
 
     @property
     def inputs(self) -> list[dict]:
@@ -298,6 +347,8 @@ def write_manifest(
     }
     if summary:
         manifest["summary"] = _jsonable(summary)
+    if (seq := claimed_sequence(out_dir)) is not None:
+        manifest["sequence"] = seq  # the workspace's order of claims: what "newest" means, whatever the clock
     remember(out_dir, seen)
     atomic_write_json(out_dir / MANIFEST, manifest)
     return Artifact(out_dir, manifest)

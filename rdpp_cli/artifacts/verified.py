@@ -39,9 +39,11 @@ def own_progress_bar():
 
 
 def stat_key(p: Path) -> list[int]:
-    """What identifies one version of a file on disk: size, modification time (ns), inode."""
+    """What identifies one version of a file on disk: size, modification time (ns), inode and
+    status-change time (ns). The ctime is what ``touch -r`` or ``os.utime`` cannot set back: an edit
+    whose mtime was restored afterwards still changes it (git's index keeps it for the same reason)."""
     st = p.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def _load(folder: Path) -> dict:

@@ -12,11 +12,13 @@ For each artifact:
 
 Every folder under the workspace's groups is looked at: one without a manifest is reported as a
 problem, unless it holds ``.rdpp-partial.json`` (an unfinished run, listed as such); a manifest
-that cannot be read is a problem. ``stray_folders`` is the same survey for ``rdpp ls``.
+that cannot be read is a problem, and so is a link to a folder that is gone. ``workspace.stray_folders`` is
+the same survey for ``rdpp ls``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
 from rdpp_cli.artifacts.options import VerifyOptions
 from rdpp_cli.artifacts.verified import own_progress_bar
-from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, read_partial, workspace_dir
+from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, group_folders, read_partial, workspace_dir
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
 
@@ -50,32 +52,9 @@ class Checked:
         return not self.problems
 
 
-def _group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
-    return sorted(p for g in groups if (root / g).is_dir() for p in (root / g).iterdir()
-                  if p.is_dir() and not p.name.startswith("."))
-
-
-def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset()) -> list[tuple[Path, str]]:
-    """The folders under the workspace's groups that are not complete, readable artifacts of their
-    group's kind, each with why: ``unfinished run``, ``no manifest.json`` or the reading error.
-    ``listed``: folders already read as artifacts (``list_artifacts``), not read again."""
-    out = []
-    for p in _group_folders(workspace_dir(workspace)):
-        if p in listed:
-            continue
-        if (p / MANIFEST).is_file():
-            try:
-                read_artifact(p, GROUPS[p.parent.name])
-            except RdppError as e:
-                out.append((p, str(e)))
-        else:
-            out.append((p, "unfinished run" if (p / PARTIAL).is_file() else "no manifest.json"))
-    return out
-
-
 def _folders(names: list[str] | None, root: Path) -> list[Path]:
     if not names:
-        return _group_folders(root)
+        return group_folders(root)
     out = []
     for name in names:
         candidates = [Path(name), root / name, *(root / g / name for g in GROUPS)]
@@ -90,6 +69,10 @@ def _folders(names: list[str] | None, root: Path) -> list[Path]:
 def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
     """The verdict on one folder (its own files and inputs; ``verify`` adds its ancestors' problems)."""
     res = Checked(Path(path))
+    if res.path.is_symlink() and not res.path.exists():
+        res.problems.append(f"a link to {os.readlink(res.path)}, which does not exist; restore what it points to, "
+                            "or delete the link")
+        return res
     if not (res.path / MANIFEST).is_file() and (res.path / PARTIAL).is_file():
         res.unfinished, res.kind = True, str((read_partial(res.path) or {}).get("kind", "?"))
         return res

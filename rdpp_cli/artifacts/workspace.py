@@ -12,22 +12,28 @@ run writes it; rerunning the same command with the same settings resumes an unfi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from rdpp_cli.artifacts import lock as _lock
-from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, Artifact, atomic_write_json, is_complete,
-                                         read_artifact)
+from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, PARTIAL, Artifact, atomic_write_json,
+                                         claimed_sequence, is_complete, read_artifact, workspace_root)
+from rich.markup import escape
+
 from rdpp_cli.console import info
 from rdpp_cli.errors import RdppError
 
-PARTIAL = ".rdpp-partial.json"
+SEQUENCE = ".rdpp-sequence"  # in the workspace folder: the number of the last claim (``next_sequence``)
 ENV = "RDPP_WORKSPACE"
 WORKSPACE_YAML = "rdpp.yaml"  # per-workspace option defaults, one section per command (docs/workspace.md)
 GROUPS = {
@@ -107,7 +113,13 @@ def _partial_matches(path: Path, kind: str, config: dict) -> bool:
 
 
 def _mark_partial(path: Path, kind: str, config: dict) -> None:
-    atomic_write_json(path / PARTIAL, {"kind": kind, "config": _identity(config)})
+    """The unfinished-run marker, with the workspace's next sequence number when ``path`` is in a
+    workspace: the order of claims decides which artifact is the newest, not the clock."""
+    marker = {"kind": kind, "config": _identity(config)}
+    root = workspace_root(path)
+    if root is not None:
+        marker["sequence"] = _lock.next_number(root / SEQUENCE)
+    atomic_write_json(path / PARTIAL, marker)
 
 
 def finish(path: Path) -> None:
@@ -146,6 +158,7 @@ def prepare_output(
     holds is refused with one line naming it.
     """
     ident = _identity(config)  # a NaN option is refused before any folder is made
+    refuse_unwritable(out, workspace=workspace, group=group)
     if out is None:
         parent = workspace_dir(workspace) / group
         parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +177,7 @@ def prepare_output(
             if not is_complete(path) and _partial_matches(path, kind, config):
                 info(f"resuming unfinished {path}")
                 return path
-            _make_room(path, kind, force)
+            _make_room(path, kind, force, workspace)
         _mark_partial(path, kind, config)
     return path
 
@@ -193,6 +206,28 @@ def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict) ->
     return path
 
 
+def refuse_unwritable(out: Path | str | None, *, workspace: Path | str | None, group: str) -> None:
+    """RdppError when the folder a stage would write (``out``, else ``<workspace>/<group>``) lies on a
+    read-only file system or one this user may not write, found by creating (and removing) an empty
+    file in its nearest existing folder. ``prepare_output`` checks it; a stage that works long before
+    claiming its folder checks it first too, so that a read-only workspace is said before any work."""
+    target = Path(out) if out is not None else workspace_dir(workspace) / group
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return  # --out names a file: prepare_output says so
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rdpp-probe-", dir=probe)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return  # not a question of permission: the write itself will say what it is
+        where = "--out DIR" if out is not None else "--out DIR (or --workspace DIR)"
+        raise RdppError(f"{probe} is read-only ({e.strerror}); pass {where}, a folder you can write") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def refuse_overlap(out: Path | str | None, reads: Iterable[Path | str | None]) -> None:
     """RdppError when ``out`` (``--out``; None: a new version folder, nothing to check) is, lies
     inside or holds a path the stage reads. ``prepare_output`` checks it; a stage that works long
@@ -211,12 +246,14 @@ def refuse_overlap(out: Path | str | None, reads: Iterable[Path | str | None]) -
                             "(not even --force writes over a stage's input)")
 
 
-def _make_room(path: Path, kind: str, force: bool) -> None:
+def _make_room(path: Path, kind: str, force: bool, workspace: Path | str | None) -> None:
     """Empty ``path`` for a new run of ``kind`` (``force``), or refuse: only an artifact of the
-    same kind, or an unfinished run of it, is ever replaced."""
+    same kind, or an unfinished run of it, is ever replaced, and an artifact others were made from
+    only when orphaning them was asked for (``orphaning``)."""
     if is_complete(path):
         try:
-            existing = read_artifact(path).kind
+            art = read_artifact(path)
+            existing = art.kind
         except RdppError:
             existing = None
         if existing != kind:
@@ -224,6 +261,7 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
                             "(--force replaces only an artifact of the same stage)")
         if not force:
             raise RdppError(f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it")
+        _refuse_orphaning(art, workspace)
         (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
     elif (path / PARTIAL).exists():
         started = (read_partial(path) or {}).get("kind")
@@ -237,6 +275,47 @@ def _make_room(path: Path, kind: str, force: bool) -> None:
         raise RdppError(f"{path} holds files that are not an rdpp artifact; choose another --out "
                         "(--force replaces only an artifact of the same stage, never other files)")
     _clear(path)
+
+
+_orphan_descendants = contextvars.ContextVar("orphan_descendants", default=False)
+
+
+@contextlib.contextmanager
+def orphaning(allowed: bool = True):
+    """Within the block, ``--force`` may replace an artifact that others were made from (the command
+    line's ``--orphan-descendants``); they are then refused as inputs, their input having changed."""
+    token = _orphan_descendants.set(allowed)
+    try:
+        yield
+    finally:
+        _orphan_descendants.reset(token)
+
+
+def descendants(art: Artifact, workspace: Path | str | None = None) -> list[Artifact]:
+    """Every complete artifact made from ``art``, directly or through others, in its workspace (and
+    ``workspace``), found by the manifest hashes their inputs record."""
+    roots = {r.resolve() for r in (workspace_root(art.path), Path(workspace) if workspace else None)
+             if r is not None and r.is_dir()}
+    arts = [a for r in sorted(roots) for a in list_artifacts(r)]
+    found, todo, seen = [], [art.manifest_sha256], {art.manifest_sha256}
+    while todo:
+        sha = todo.pop()
+        for a in arts:
+            if a.manifest_sha256 not in seen and any(i.get("manifest_sha256") == sha for i in a.inputs):
+                seen.add(a.manifest_sha256)
+                found.append(a)
+                todo.append(a.manifest_sha256)
+    return found
+
+
+def _refuse_orphaning(art: Artifact, workspace: Path | str | None) -> None:
+    if _orphan_descendants.get():
+        return
+    below = descendants(art, workspace)
+    if below:
+        names = ", ".join(f"{a.path.parent.name}/{a.name}" for a in below[:6]) + (", ..." if len(below) > 6 else "")
+        raise RdppError(f"{art.path} has {len(below)} artifact(s) made from it ({names}): replacing it would orphan "
+                        "them; choose another --out, or pass --orphan-descendants with --force")
 
 
 def _clear(path: Path) -> None:
@@ -259,7 +338,54 @@ def list_artifacts(workspace: Path | str | None = None, groups: tuple[str, ...] 
                     found.append(read_artifact(p, GROUPS[group]))
                 except RdppError:
                     continue
-    return sorted(found, key=lambda a: (a.created, str(a.path)))
+    return sorted(found, key=newest_last)
+
+
+def newest_last(art: Artifact) -> tuple:
+    """The order of a workspace's artifacts, oldest first: the sequence number of their claims (a
+    clock set wrong cannot reorder them), then, for those made before rdpp numbered claims (0), the
+    time written in their manifests."""
+    return (art.sequence, art.created, str(art.path))
+
+
+def group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
+    """The folders (and links to folders, even broken ones) of the workspace's ``groups``."""
+    return sorted(p for g in groups if (root / g).is_dir() for p in (root / g).iterdir()
+                  if (p.is_dir() or p.is_symlink()) and not p.name.startswith("."))
+
+
+def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset(),
+                  groups=tuple(GROUPS)) -> list[tuple[Path, str]]:
+    """The folders under the workspace's groups that are not complete, readable artifacts of their
+    group's kind, each with why: ``unfinished run``, ``no manifest.json``, a broken link or the
+    reading error. ``listed``: folders already read as artifacts (``list_artifacts``), not read again."""
+    out = []
+    for p in group_folders(workspace_dir(workspace), groups):
+        if p in listed:
+            continue
+        if p.is_symlink() and not p.exists():
+            out.append((p, f"a link to {os.readlink(p)}, which does not exist"))
+        elif (p / MANIFEST).is_file():
+            try:
+                read_artifact(p, GROUPS[p.parent.name])
+            except RdppError as e:
+                out.append((p, str(e)))
+        else:
+            out.append((p, "unfinished run" if (p / PARTIAL).is_file() else "no manifest.json"))
+    return out
+
+
+def _skipped(root: Path, groups: tuple[str, ...], chosen: Artifact, listed: set[Path]) -> str:
+    """``; skipped ...`` naming the folders of ``groups`` that are not usable artifacts and may be newer
+    than ``chosen`` (an unfinished run claimed after it, or a folder whose order cannot be read)."""
+    skipped = [(p, why) for p, why in stray_folders(root, listed, groups)
+               if (seq := claimed_sequence(p)) is None or seq > chosen.sequence]
+    if not skipped:
+        return ""
+    short = [(p, why if (p / MANIFEST).is_symlink() or not (p / MANIFEST).is_file() else "manifest not readable as "
+              f"{GROUPS[p.parent.name]}; `rdpp verify` says why") for p, why in skipped]
+    return "; skipped " + ", ".join(f"{p.parent.name}/{p.name} ({why})" for p, why in short[:3]) \
+        + (f" and {len(short) - 3} more" if len(short) > 3 else "")
 
 
 def resolve_input(
@@ -293,12 +419,14 @@ def resolve_input(
                 return read_artifact(c, kind)
         raise RdppError(f"{what} '{from_}' not found as a path nor under {root}/{{{','.join(groups)}}}; "
                         f"see `rdpp ls`")
-    for group in groups:
+    for k, group in enumerate(groups):
         arts = list_artifacts(root, (group,))
         if arts:
             chosen = arts[-1]
             if not quiet:
-                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another)")
+                skipped = _skipped(root, groups[:k + 1], chosen, {a.path for a in arts})
+                info(f"using {what}: [bold]{chosen.path}[/bold] (newest in {root}/{group}; {option} to pick another"
+                     f"{escape(skipped)})")
             return chosen
     raise RdppError(f"no {what} in workspace {root}; make one with `{make_with}`")
 

@@ -9,6 +9,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -17,14 +18,40 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from rdpp_cli.artifacts.workspace import WORKSPACE_YAML
+from rdpp_cli.artifacts.workspace import WORKSPACE_YAML, orphaning
 from rdpp_cli.console import err_console
-from rdpp_cli.errors import RdppError
+from rdpp_cli.errors import RdppError, file_failure
 
+ORPHAN_HELP = ("With --force: replace the artifact even when others were made from it (they are then refused "
+               "as inputs; without it --force refuses and lists them).")
 ConfigOpt = typer.Option(
     None, "--config", help="JSON or YAML file whose keys are this command's options; flags override it.",
     dir_okay=False,
 )
+
+
+class _LeadingZero(ValueError):
+    """A YAML integer written with a leading zero (``010``): YAML 1.1 reads it as octal (8)."""
+
+    def __init__(self, text: str, line: int):
+        super().__init__(text)
+        self.text, self.line = text, line
+
+
+@functools.cache
+def _yaml_loader():
+    """yaml.SafeLoader refusing integers with a leading zero (``seed: 010`` would be 8, octal)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_yaml_int(self, node):
+            text = str(node.value).replace("_", "")
+            if len(text.lstrip("+-")) > 1 and text.lstrip("+-")[0] == "0" and text.lstrip("+-")[1:].isdigit():
+                raise _LeadingZero(str(node.value), node.start_mark.line + 1)
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    return Loader
 
 
 def load_config_file(path: Path) -> dict:
@@ -36,9 +63,12 @@ def load_config_file(path: Path) -> dict:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or {}
         else:
             data = json.loads(text)
+    except _LeadingZero as e:
+        raise RdppError(f"{path}, line {e.line}: {e.text} has a leading zero, which YAML reads as an octal number; "
+                        f"write {int(e.text.replace('_', ''), 10)} (or quote it for a text)") from None
     except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RdppError(f"config file {path} could not be parsed ({first}); fix its syntax") from None
@@ -132,7 +162,9 @@ def interrupted_line(position: str | None) -> str:
 
 
 def stage(fn):
-    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; Ctrl-C
+    """Decorate a Typer command: bad input becomes one red line on stderr and exit code 2; a failed
+    file operation (``OSError``: a full disk, a read-only file system) one line naming the file,
+    exit code 1 (``RDPP_DEBUG=1``: its traceback); Ctrl-C
     (SIGINT) and SIGTERM one line saying how far the stage got (``console.position``), exit 130 and
     143. Either way the locks the stage took are released and its unfinished folder resumes on a rerun."""
 
@@ -154,6 +186,13 @@ def stage(fn):
         except RdppError as e:
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True, highlight=False)
             raise typer.Exit(2) from None
+        except OSError as e:  # a full disk, a read-only file system, an I/O error: not a bug
+            if os.environ.get("RDPP_DEBUG") == "1":
+                raise
+            folder = next(iter(sorted(held() - before)), None)  # the folder this stage was writing
+            err_console.print(f"[red]error:[/red] {escape(str(file_failure(e, folder)))}", soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(1) from None
         except ImportError as e:
             if (e.name or "").split(".")[0] not in TRAINER_MODULES:
                 raise
@@ -206,6 +245,10 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
         at = 1 + sum(bool(f.metadata.get("argument")) for f in fields)
         params.insert(at, inspect.Parameter("from_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                             default=typer.Option(None, "--from", help=f"Same as {alias.name.upper()}.")))
+    forcing = any(f.name == "force" for f in fields)
+    if forcing:  # beside --force: its permission to orphan what was made from the artifact it replaces
+        params.append(inspect.Parameter("orphan_descendants", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                        default=typer.Option(False, "--orphan-descendants", help=ORPHAN_HELP)))
     if config:
         params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                                         default=ConfigOpt))
@@ -216,7 +259,8 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
             values[alias.name] = parent_option({"from_": values.pop("from_"), alias.name: values[alias.name]},
                                                alias.name, alias.name)
         module, name = target.split(":")
-        result = getattr(importlib.import_module(module), name)(cls(**values))
+        with orphaning(bool(values.pop("orphan_descendants", False))):
+            result = getattr(importlib.import_module(module), name)(cls(**values))
         if after is not None:
             after(result)
 

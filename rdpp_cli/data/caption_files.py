@@ -214,14 +214,19 @@ def read_csv(path: Path, text: str) -> list[Photo]:
     reader = csv.reader(io.StringIO(text))
     photos: dict[str, Photo] = {}
     cols = None
+    width, form = 0, ""  # the most fields a row may have: the header's, or image,caption,split without one
     for row in reader:
         if not any(c.strip() for c in row):
             continue
         if cols is None:
             cols = _csv_columns(row)
+            width, form = (3, "image,caption,split form") if "headerless" in cols else (len(row), "header")
             if "headerless" not in cols:
                 continue
         where = f"{path}, line {reader.line_num}"
+        if any(c.strip() for c in row[width:]):
+            raise RdppError(f"{where} has {len(row)} fields but the {form} has {width}; quote a caption that "
+                            'holds commas ("a cat, on a mat")')
         _table_row(photos, where, lambda what: row[cols[what]] if what in cols and cols[what] < len(row)
                    else None)
     return list(photos.values())

@@ -247,9 +247,10 @@ def _pil():
 
 
 def image_problem(p: Path, what: str = "remove it from the caption file or replace it") -> RdppError | None:
-    """Why ``p`` cannot be used as an image (None when it can), reading only its header and its
-    last bytes: a JPEG/PNG/GIF that does not end with its end marker (a truncated download, a
-    copy that stopped) is decoded in full to tell a truncated file from one with trailing bytes.
+    """Why ``p`` cannot be used as an image (None when it can). A JPEG/PNG/GIF is read by its header
+    and its last bytes: one that does not end with its end marker (a truncated download, a copy
+    that stopped) is decoded in full to tell a truncated file from one with trailing bytes. Any other
+    format (BMP, TIFF, WebP, PPM, ...) has no end marker to look at and is decoded in full.
     ``what``: what the user should do about it (the end of the message). An image larger than
     PIL's decompression-bomb limit (but under twice it, which PIL refuses) is used, with a note."""
     from PIL import UnidentifiedImageError
@@ -259,7 +260,7 @@ def image_problem(p: Path, what: str = "remove it from the caption file or repla
         with Image.open(p) as im:
             w, h = im.size  # header only
             markers = _END_MARKERS.get(im.format or "")
-            if markers and not _ends_with(p, markers):
+            if not markers or not _ends_with(p, markers):
                 try:
                     im.load()
                 except (OSError, ValueError, SyntaxError) as e:

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
-from rdpp_cli.artifacts.manifest import file_ref, workspace_root
+from rdpp_cli.artifacts.manifest import file_ref, workspace_root, write_failure
 from rdpp_cli.artifacts.workspace import workspace_dir
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
@@ -243,6 +243,11 @@ def _write_h5_atomic(path: Path, write) -> None:
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:  # h5py's "Can't write data" names no file: the line names this one
+        failed = write_failure(e, path)
+        if failed is None:
+            raise
+        raise failed from e
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -50,6 +50,9 @@ class ScoreOptions(Options):
     metrics: str | None = option(
         None, "Comma-separated subset of Bleu_1..Bleu_4,METEOR,ROUGE_L,CIDEr,SPICE (default: all).",
         check=lambda flag, value: metric_list(value))
+    merge_duplicates: bool = option(
+        False, 'Score the {"image_id", "caption"} entries that name one image again as that image\'s captions '
+        "(default: an image named twice is refused).")
     out: Path | None = out_option("<workspace>/scores/<samples name>, then <samples name>-v2, ...")
     force: bool = force_option()
     workspace: Path | None = workspace_option()

@@ -11,6 +11,7 @@ See docs/scoring.md for every definition.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from rdpp_cli.artifacts import (
     sha256_file,
     write_manifest,
 )
-from rdpp_cli.artifacts.workspace import refuse_overlap
+from rdpp_cli.artifacts.workspace import refuse_overlap, refuse_unwritable
 from rdpp_cli.console import console, info, note, summary_table, warning
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics import coco_eval
@@ -42,6 +43,9 @@ from rdpp_cli.options import takes
 from rdpp_cli.scoring.options import ScoreOptions, metric_list
 
 MAKE_SAMPLES = "rdpp sample --n 20 --method random"
+# the longest caption scored: METEOR's Java process runs out of memory long before 20,000 words, and
+# no caption (generated or written by a person) comes near this
+MAX_CAPTION_WORDS = 1000
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,13 +82,25 @@ def _read_json(path: Path, what: str) -> Any:
 
 def _image_id(entry: dict, path: Path, k: int) -> int:
     iid = entry.get("image_id")
-    if isinstance(iid, bool) or not isinstance(iid, (int, str)) or (isinstance(iid, str) and not iid.isdigit()):
+    digits = isinstance(iid, str) and re.fullmatch(r"[0-9]+", iid.strip()) is not None  # not "²" nor "٣"
+    if isinstance(iid, bool) or not (isinstance(iid, int) or digits):
         raise RdppError(f"{path}: entry {k} has no integer image_id (got {iid!r}); every entry needs one")
     return int(iid)
 
 
-def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
-    """``[{"image_id", "captions": [...]}]`` or ``[{"image_id", "caption"}]`` (grouped by image)."""
+def _checked_caption(c: Any, path: Path, iid: int, what: str) -> str:
+    """``c``, a caption of image ``iid`` in ``path``, when it is a string of at most ``MAX_CAPTION_WORDS`` words."""
+    if not isinstance(c, str):
+        raise RdppError(f"{path}: image {iid}: {what} must be a string")
+    if len(c.split()) > MAX_CAPTION_WORDS:
+        raise RdppError(f"{path}: image {iid} has a caption of {len(c.split()):,} words ({c[:40]!r}...), over the "
+                        f"{MAX_CAPTION_WORDS:,} rdpp scores; shorten or remove it")
+    return c
+
+
+def parse_samples(data: Any, path: Path, merge_duplicates: bool = False) -> tuple[list[int], list[list[str]]]:
+    """``[{"image_id", "captions": [...]}]`` or ``[{"image_id", "caption"}]``. An image named twice is
+    refused, unless ``merge_duplicates``: then the ``caption`` entries of an image are grouped, in order."""
     if not isinstance(data, list) or not data:
         raise RdppError(f"{path} must hold a non-empty JSON list of {{\"image_id\", \"captions\": [...]}} "
                         "or {\"image_id\", \"caption\"} entries")
@@ -104,8 +120,9 @@ def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
         iid = _image_id(e, path, k)
         if form == "captions":
             c = e["captions"]
-            if not isinstance(c, list) or not all(isinstance(x, str) for x in c):
+            if not isinstance(c, list):
                 raise RdppError(f"{path}: image {iid}: 'captions' must be a list of strings")
+            c = [_checked_caption(x, path, iid, "each of 'captions'") for x in c]
             if not c:
                 raise RdppError(f"{path}: image {iid} has an empty caption list; every image needs at least one caption")
             if iid in caps:
@@ -113,9 +130,10 @@ def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
             caps[iid] = list(c)
             order.append(iid)
         else:
-            c = e["caption"]
-            if not isinstance(c, str):
-                raise RdppError(f"{path}: image {iid}: 'caption' must be a string")
+            c = _checked_caption(e["caption"], path, iid, "'caption'")
+            if iid in caps and not merge_duplicates:
+                raise RdppError(f"{path}: entry {k} names image {iid} again; pass --merge-duplicates to score "
+                                "its captions together, or give each image one entry")
             if iid not in caps:
                 caps[iid] = []
                 order.append(iid)
@@ -123,20 +141,20 @@ def parse_samples(data: Any, path: Path) -> tuple[list[int], list[list[str]]]:
     return order, [caps[i] for i in order]
 
 
-def load_samples(samples: str | Path | None, workspace: Path | str | None) -> Samples:
+def load_samples(samples: str | Path | None, workspace: Path | str | None, merge_duplicates: bool = False) -> Samples:
     """A samples artifact (folder, workspace name or the ``samples.json`` inside it; default: the
     newest) or a plain JSON file of captions."""
     if samples is not None and Path(samples).is_file():
         path = Path(samples)
         art = _artifact_holding(path)
         if art is None:
-            ids, caps = parse_samples(_read_json(path, "samples file"), path)
+            ids, caps = parse_samples(_read_json(path, "samples file"), path, merge_duplicates)
             return Samples(ids, caps, path)
     else:
         art = resolve_input(samples, workspace=workspace, groups=("samples",), kind="rdpp.samples",
                             what="samples", make_with=MAKE_SAMPLES)
     path = art.file("samples.json")
-    ids, caps = parse_samples(_read_json(path, "samples file"), path)
+    ids, caps = parse_samples(_read_json(path, "samples file"), path, merge_duplicates)
     return Samples(ids, caps, path, art)
 
 
@@ -163,7 +181,8 @@ def load_coco_refs(path: Path) -> dict[int, list[str]]:
     for k, a in enumerate(anns):
         if not isinstance(a, dict) or not isinstance(a.get("caption"), str):
             raise RdppError(f"{path}: annotation {k} has no 'caption' string")
-        refs.setdefault(_image_id(a, path, k), []).append(a["caption"])
+        iid = _image_id(a, path, k)
+        refs.setdefault(iid, []).append(_checked_caption(a["caption"], path, iid, "'caption'"))
     return refs
 
 
@@ -262,10 +281,11 @@ def score(opts: ScoreOptions) -> Path:
     subset of the coco-caption metrics ("CIDEr,Bleu_4" or a list). See docs/scoring.md.
     """
     wanted = metric_list(opts.metrics)
-    smp = load_samples(opts.samples, opts.workspace)
+    smp = load_samples(opts.samples, opts.workspace, opts.merge_duplicates)
     split = opts.split or (smp.artifact.config.get("split") if smp.artifact is not None else None) or "test"
     ref = load_references(smp, data=opts.data, split=split, refs=opts.refs, workspace=opts.workspace)
     refuse_overlap(opts.out, _reads(smp, ref, opts))  # now, not after the evaluation
+    refuse_unwritable(opts.out, workspace=opts.workspace, group="scores")
     coco_eval.java()  # one clear line before any work when Java is missing
     ev = coco_eval.evaluate(smp.captions, ref.refs, metrics=wanted)
     names = [m for m in coco_eval.METRICS if m in wanted]
