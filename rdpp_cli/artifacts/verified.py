@@ -70,7 +70,7 @@ def remembered(folder: Path, name: str, key: list[int], hash_of: str) -> str | N
 def remember(folder: Path, found: dict[str, tuple[list[int], str, str]]) -> None:
     """Add ``{name: (key, hash_of, sha256)}`` to the folder's remembered hashes (atomically); a
     folder rdpp cannot write to keeps none."""
-    from rdpp_cli.artifacts.manifest import atomic_write_json
+    from rdpp_cli.artifacts.files import atomic_write_json
 
     for name, (key, hash_of, sha) in found.items():
         _SEEN[str(folder / name)] = (key, hash_of, sha)
@@ -85,8 +85,8 @@ def remember(folder: Path, found: dict[str, tuple[list[int], str, str]]) -> None
 def hash_now(p: Path, hash_of: str, label: str | None = None) -> str:
     """The file's hash as the manifest defines it (``hash_of``: ``file`` or an ``h5rows:`` spec),
     read from disk now; a progress bar for files over 256 MB (``label`` names it)."""
-    from rdpp_cli.artifacts import content_hash
-    from rdpp_cli.artifacts.manifest import sha256_file
+    import rdpp_cli.artifacts.content_hash as content_hash
+    from rdpp_cli.artifacts.files import sha256_file
     from rdpp_cli.console import progress
 
     big = p.stat().st_size > (256 << 20)

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from rdpp_cli.artifacts import lock as _lock
+import rdpp_cli.artifacts.lock as _lock
 from rdpp_cli.artifacts.manifest import (GROUP_NAMES, MANIFEST, PARTIAL, Artifact, atomic_write_json,
                                          claimed_sequence, is_complete, read_artifact, workspace_root)
 from rich.markup import escape

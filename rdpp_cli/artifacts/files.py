@@ -1,0 +1,118 @@
+"""Files written whole or not at all, and their hashes: the writes every artifact uses.
+
+``atomic_write`` (and its ``_bytes`` and ``_json`` forms) writes a temp file in the same folder,
+fsyncs it and renames it over the target, so a reader sees the old file or the whole new one;
+``write_failure`` turns a failed write (a full disk, torch's stream errors) into an ``OSError``
+naming the file; ``json_bytes`` refuses what is not strict JSON; ``sha256_file`` hashes a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from rdpp_cli.artifacts.interrupt import uninterrupted
+from rdpp_cli.errors import RdppError
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str:
+    """sha256 of the file's bytes; ``advance(n)`` after each n bytes read (a progress bar)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+            if advance:
+                advance(len(block))
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
+    readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
+    for it to end (``artifacts.interrupt``)."""
+    path = Path(path)
+    with uninterrupted():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as e:
+            Path(tmp).unlink(missing_ok=True)
+            failed = write_failure(e, path)
+            if failed is None:
+                raise
+            raise failed from e
+
+
+# what torch.save raises when the file object under it fails (a full disk): a RuntimeError, no path
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
+def write_failure(e: BaseException, path: Path) -> OSError | None:
+    """``e``, an error while writing ``path``, as an ``OSError`` naming ``path`` (what the stage wrapper
+    prints as one line), with the free space left on its disk; None for an error that is not a failed
+    write (a bug, Ctrl-C), to be raised as it is."""
+    if isinstance(e, OSError) and e.filename:
+        return None  # names its file already
+    if isinstance(e, OSError):
+        errno, why = e.errno, e.strerror or str(e)
+    elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):
+        errno, why = None, "torch.save could not write the whole file"
+    else:
+        return None
+    try:
+        free = shutil.disk_usage(path.parent).free
+        why += f"; {free / 2**20:,.1f} MiB free there"
+    except OSError:
+        free = None
+    if errno is None and free is not None and free < 2**20:
+        errno = 28  # torch says no more than "unexpected pos": a full disk, as the free space shows
+    return OSError(errno, why, str(path))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _non_finite(obj: Any, where: str = "") -> str | None:
+    """The key path of the first NaN or infinity in ``obj`` (None when there is none)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "(top level)"
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
+def json_bytes(obj: Any, path: Path | str, indent: int | None = 2) -> bytes:
+    """``obj`` as strict JSON (NaN and infinity are not JSON): RdppError naming the key otherwise."""
+    try:
+        text = json.dumps(obj, indent=indent, sort_keys=False, allow_nan=False)
+    except ValueError:
+        raise RdppError(f"{path}: {_non_finite(obj)} is not a finite number and JSON cannot hold it; nothing was "
+                        "written (a bug in rdpp: please report the command)") from None
+    return (text + "\n").encode()
+
+
+def atomic_write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as strict JSON (no NaN/Infinity), atomically."""
+    atomic_write_bytes(path, json_bytes(obj, path, indent))
