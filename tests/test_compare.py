@@ -167,6 +167,7 @@ def _root_attrs(dom: str) -> dict:
     return dict(re.findall(r'(data-[a-z]+)="([^"]*)"', re.search(r"<html[^>]*>", dom)[0]))
 
 
+@pytest.mark.slow  # six Chromium launches: 10-50 s
 @pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
 def test_page_in_chromium_loads_every_image_and_sorts_and_filters(ws, tmp_path):
     root, data, arts, nasty, test_ids = ws
