@@ -2,7 +2,8 @@
 # Real photos end to end (docs/reproduction.md, "Real photos"): the 390 COCO photos of
 # ../shared/data/coco-real-390 with their official captions and an ImageNet MobileNetV2 trunk,
 # through every stage as a user types it, ending with the table XE / SCST / R-DPP m=5 and the
-# contact sheet of the 39 test photos (`rdpp table real-photos`).
+# contact sheet of the 39 test photos (`rdpp table real-photos`), then the compare page of the three
+# models' random captions with the photos ($WS/compare/index.html; docs/compare.md).
 #
 #   prepro coco   -> train-xe -> finetune --reward scst, finetune --reward dpp --m 5 (both from the XE model)
 #   -> sample (greedy, and 10 random captions per test photo) -> score --oracle --self-cider
@@ -77,3 +78,5 @@ done
 
 $RDPP ls --workspace "$WS"
 $RDPP table real-photos --workspace "$WS" --licenses "$REAL/LICENSES.tsv" --sheet "$SHEET"
+$RDPP compare "$WS/samples/xe-random10" "$WS/samples/scst-random10" "$WS/samples/dpp-m5-random10" \
+  --labels "XE,SCST,R-DPP m=5" --workspace "$WS" --out "$WS/compare"

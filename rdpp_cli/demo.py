@@ -1,7 +1,8 @@
 """`rdpp demo`: the whole chain on the bundled dataset, reusing what is already complete.
 
 prepro toy -> train-xe -> finetune scst -> finetune dpp (m=5) -> sample (random n=10; beam 3)
--> score (oracle, self-CIDEr, diversity) -> plot, ending with one table comparing the models.
+-> score (oracle, self-CIDEr, diversity) -> plot, ending with one table comparing the models and
+the compare page of their random samples (`rdpp compare`).
 Every step is the same plain function the stage's command calls; a step whose artifact already
 exists in the workspace with the same settings and inputs is reused, so a second run is fast.
 """
@@ -137,6 +138,7 @@ def _print_table(rows: dict[str, dict], plan: DemoPlan, quick: bool) -> None:
 @takes(DemoOptions)
 def demo(opts: DemoOptions) -> dict:
     """Run the chain in workspace ``opts.out`` (default: the workspace); returns the comparison rows."""
+    from rdpp_cli.reporting.compare import compare
     from rdpp_cli.scoring.plot import plot_scores
 
     plan = DemoPlan.quick() if opts.quick else DemoPlan()
@@ -151,8 +153,9 @@ def demo(opts: DemoOptions) -> dict:
         score_dirs.append(scores)
     plot_path = plot_scores(score_dirs, ws / "demo_plot.png", labels=list(models))
     _print_table(rows, plan, opts.quick)
-    console.print(f"plot: {plot_path}   workspace: {ws}   ({time.perf_counter() - t_start:.0f} s)   "
+    page = compare([str(d) for d in score_dirs], labels=",".join(models), workspace=ws) / "index.html"
+    console.print(f"plot: {plot_path}   compare page: {page}   workspace: {ws}   ({time.perf_counter() - t_start:.0f} s)   "
                   f"see every artifact with `rdpp ls --workspace {ws}`")
-    result = {"rows": rows, "plot": str(plot_path), "workspace": str(ws)}
+    result = {"rows": rows, "plot": str(plot_path), "compare": str(page), "workspace": str(ws)}
     atomic_write_json(ws / "demo_summary.json", result)
     return result

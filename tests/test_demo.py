@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 import pytest
@@ -38,6 +39,8 @@ def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
 
     summary = json.loads((ws / "demo_summary.json").read_text())
     assert tuple(summary["rows"]) == MODELS
+    page = Path(summary["compare"])  # the compare page of the three models' random samples
+    assert page == ws / "compare" / "toy-v1-test" / "index.html" and '["XE","SCST","R-DPP m=5"]' in page.read_text()
     # every number of the table, recomputed from each model's samples.json and the data artifact
     # by pycocoevalcap's own scorer (tests/cider_reference.py)
     data = next(a for a in arts if a.path.parent.name == "data").path

@@ -54,3 +54,55 @@ class TableOptions(Options):
             if getattr(self, name) is not None and self.table != table:
                 raise RdppError(f"--{name} belongs to `rdpp table {table}`, not `rdpp table {self.table}`; "
                                 "leave it out")
+
+
+FIGURE_FORMATS = ("pdf", "png", "svg")
+
+
+def name_list(text: str | list[str] | tuple[str, ...] | None) -> list[str] | None:
+    """A comma-separated option ("XE,SCST" or a list) as a list of stripped names; None when not given."""
+    if text is None:
+        return None
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    return [str(x).strip() for x in items if str(x).strip()]
+
+
+@dataclass
+class CompareOptions(Options):
+    """`rdpp compare [SAMPLES_OR_SCORES…]`: the models' caption sets side by side, per image."""
+
+    section = "compare"
+
+    samples: list[str] | None = argument(
+        "Samples artifacts, or scores artifacts of them (folders or workspace names; default: every samples "
+        "artifact of the newest data artifact's --split).")
+    models: str | None = option(
+        None, "Comma-separated names picking and ordering the samples: each the name of a samples artifact or of "
+        "the model it was sampled from (e.g. att2in-small-v1,scst-v1,dpp-m5-v1).")
+    labels: str | None = option(None, "Comma-separated labels, one per model in the page's order (default: the "
+                                "samples' names).")
+    split: str = option("test", "The split whose samples the default picks.", choices=("train", "val", "test"))
+    photos: Path | None = option(
+        None, "Folder holding the data's photos where they moved since prepro (as --images-root); every compared "
+        "photo must then be there.", identity=False, cli={"file_okay": False})
+    figure: Path | None = option(
+        None, "A file of image ids (one a line, # comments): also draw those images with each model's captions "
+        "as figure.<format> (the supplement's layout).", cli={"dir_okay": False})
+    format: str = option("pdf", "The figure's format.", choices=FIGURE_FORMATS)
+    figure_captions: int = option(5, "Captions per model in the figure (the first ones; the chosen ones of a "
+                                  "--select set).", check=at_least(1))
+    per_page: int = option(20, "Images per page of the HTML page.", check=at_least(1))
+    out: Path | None = option(None, "Folder to write (default: <workspace>/compare/<data name>-<split>); a "
+                              "previous compare page there is replaced, any other content refused.",
+                              identity=False, record=False, cli={"file_okay": False})
+    workspace: Path | None = workspace_option()
+
+    def validate(self) -> None:
+        labels = name_list(self.labels)
+        given = name_list(self.models) or self.samples
+        if labels is not None and given and len(labels) != len(given):
+            raise RdppError(f"{len(labels)} labels for {len(given)} models; give one label each (--labels)")
+        if labels is not None and len(set(labels)) != len(labels):
+            raise RdppError(f"--labels {self.labels!r} repeats a label; give each model its own")
+        if name_list(self.models) == [] or (self.labels is not None and labels == []):
+            raise RdppError("--models/--labels name nothing; give comma-separated names or leave the option out")

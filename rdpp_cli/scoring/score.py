@@ -259,14 +259,16 @@ def _nanmean(x) -> float | None:
     return float(x.mean()) if x.size else None
 
 
-def _self_cider_df(refs: References, tok_refs: list[list[str]]) -> tuple[DocFreq, str]:
-    if refs.data is not None:
+def self_cider_df(data, tok_refs: list[list[str]]) -> tuple[DocFreq, str]:
+    """The document frequencies of self-CIDEr and where they come from: the training references of
+    the data artifact ``data`` (a DataArtifact), else (None) the PTB-tokenized references ``tok_refs``."""
+    if data is not None:
         # PTB tokens are lower case: match the vocabulary's words in lower case ("UNK" -> "unk")
-        words = [w.lower() for w in refs.data.words]
+        words = [w.lower() for w in data.words]
         if len(set(words)) != len(words):
-            words = list(refs.data.words)
-        return (DocFreq.from_h5(refs.data.cider_df_path, words=words),
-                f"train ({refs.data.cider_df_path})")
+            words = list(data.words)
+        return (DocFreq.from_h5(data.cider_df_path, words=words),
+                f"train ({data.cider_df_path})")
     return DocFreq.from_references(tok_refs), "references of the scored images (corpus)"
 
 
@@ -335,14 +337,14 @@ def _diversity(smp: Samples, ref: References, ev, opts: ScoreOptions) -> tuple[d
     per_div: dict[str, np.ndarray] = {}
     human = df_source = None
     if opts.self_cider or opts.plot:  # the plot's x axis is self-CIDEr
-        df, df_source = _self_cider_df(ref, ev.refs)
+        df, df_source = self_cider_df(ref.data, ev.refs)
         n_per = np.array([len(c) for c in smp.captions])
         if n_per.max() < 2:
             note("self-CIDEr needs at least 2 captions per image; these samples have 1, so it is left out")
         else:
             per_div["self_cider"] = self_cider_ragged(ev.captions, df, opts.self_cider_variant)
             div["self_cider"] = float(per_div["self_cider"][n_per >= 2].mean())
-        human = _human_point(ev.refs, df, opts.self_cider_variant)
+        human = human_point(ev.refs, df, opts.self_cider_variant)
     if opts.diversity:
         _lexical_diversity(ev, ref, div, per_div)
     return div, per_div, human, df_source
@@ -419,7 +421,7 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
     return path
 
 
-def _human_point(tok_refs: list[list[str]], df: DocFreq, variant: str) -> dict | None:
+def human_point(tok_refs: list[list[str]], df: DocFreq, variant: str) -> dict | None:
     """The human references as a point of the plane: leave-one-out CIDEr-D (each reference against
     the image's other references, the evaluation's corpus document frequencies) and their own
     self-CIDEr (same df and variant as the samples)."""

@@ -1,0 +1,198 @@
+"""`rdpp compare`: the page's files and numbers (against `rdpp score`), escaping, the figure, the
+refusals, and the page in headless Chromium (skipped where Debian's chromium is not installed)."""
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import error_line, listing, model_artifact, rdpp
+
+from rdpp_cli.artifacts import finish, prepare_output, write_manifest
+from rdpp_cli.data.toy import prepro_toy
+from rdpp_cli.decoding.sample import sample
+from rdpp_cli.scoring.score import score
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
+
+NASTY = ['a <b>red</b> & "blue" circle', "café’s 東京 square", "</script><script>alert(1)</script>", "x", "it's $x$"]
+
+
+def _hand_samples(ws: Path, model, data, captions: dict[int, list[str]], name: str, split: str = "test"):
+    """A samples artifact holding ``captions`` (image id -> captions), as `rdpp sample` records one."""
+    cfg = {"split": split, "method": "random", "n": 5}
+    out = prepare_output(None, workspace=ws, group="samples", name=name, kind="rdpp.samples", config=cfg)
+    recs = [{"image_id": i, "captions": c, "logprobs": [-1.0] * len(c)} for i, c in captions.items()]
+    (out / "samples.json").write_text(json.dumps(recs), encoding="utf-8")
+    art = write_manifest(out, "rdpp.samples", cfg, inputs=[model, data])
+    finish(out)
+    return art
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """The bundled toy set (60 images, 6 test photos), three small models' random samples (n=5)
+    and one model's set of captions that need escaping."""
+    ws = tmp_path_factory.mktemp("ws")
+    data = prepro_toy(workspace=ws, images=60, seed=3)
+    arts = []
+    for k, (group, name) in enumerate([("xe", "xe"), ("finetune", "scst"), ("finetune", "dpp")]):
+        model = model_artifact(ws, data, group=group, name=name, seed=k)
+        arts.append(sample(model.path, workspace=ws, n=5, seed=k, device="cpu"))
+    test_ids = [r["image_id"] for r in json.loads((arts[0].path / "samples.json").read_text())]
+    nasty = _hand_samples(ws, model, data, {i: NASTY for i in test_ids}, "nasty")
+    return ws, data, arts, nasty, test_ids
+
+
+def _page(folder: Path) -> tuple[dict, list[dict]]:
+    """The page's index and its data records, in the trade-off order."""
+    text = (folder / "index.html").read_text(encoding="utf-8")
+    index = json.loads(re.search(r'<script id="rdpp-index" type="application/json">(.*?)</script>', text, re.S)[1])
+    recs = []
+    for f in sorted((folder / "data").glob("chunk-*.js")):
+        recs += json.loads(re.fullmatch(r"rdppChunk\(\d+,(.*)\);\n", f.read_text(), re.S)[1])
+    return index, recs
+
+
+def test_page_holds_every_image_and_the_numbers_of_rdpp_score(ws, tmp_path):
+    root, data, arts, _, test_ids = ws
+    out = tmp_path / "page"
+    r = rdpp("compare", *(a.path for a in arts), "--labels", "XE,SCST,R-DPP", "--out", out, "--workspace", root)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "data", "index.html", "plot.png", "table.md",
+                                                     "thumbs"]
+    index, recs = _page(out)
+    assert index["models"] == ["XE", "SCST", "R-DPP"]
+    assert sorted(row[0] for row in index["images"]) == sorted(test_ids)
+    assert sorted(p.name for p in (out / "thumbs").iterdir()) == sorted(f"{i}.jpg" for i in test_ids)
+    trade = [row[4] for row in index["images"]]
+    assert trade == sorted(trade, reverse=True)  # opens with the clearest trade-off
+    # the SCST set's per-caption CIDEr-D, oracle and self-CIDEr are those of `rdpp score`
+    scored = score(arts[1].path, oracle=True, self_cider=True, metrics="CIDEr", workspace=root)
+    with open(scored / "per_image.csv") as f:
+        per = {int(row["image_id"]): row for row in csv.DictReader(f)}
+    for row, rec in zip(index["images"], recs):
+        caps, cider, chosen = rec["s"][1]
+        assert chosen == [0, 1, 2, 3, 4] and len(caps) == 5
+        assert np.mean(cider) == pytest.approx(float(per[row[0]]["CIDEr"]), abs=2e-3)
+        assert row[7][3:6] == pytest.approx([float(per[row[0]][k]) for k in ("CIDEr", "CIDEr_oracle", "self_cider")],
+                                            abs=1e-3)
+    totals = json.loads((scored / "scores.json").read_text())
+    table = (out / "table.md").read_text()
+    assert f"| SCST | 5 | {totals['accuracy']['CIDEr']:.3f} | {totals['oracle']['CIDEr']:.3f} | " \
+           f"{totals['diversity']['self_cider']:.3f} |" in table
+    assert json.loads((out / "compare.json").read_text())["models"][2]["samples"] == f"samples/{arts[2].name}"
+
+
+def test_captions_and_labels_are_escaped_and_the_figure_is_drawn(ws, tmp_path):
+    root, data, arts, nasty, test_ids = ws
+    ids = tmp_path / "ids.txt"
+    ids.write_text(f"# two images\n{test_ids[1]}\n{test_ids[0]}  # and this one\n")
+    out = tmp_path / "page"
+    r = rdpp("compare", arts[0].path, nasty.path, "--labels", 'XE,<i>odd</i> & "model"', "--out", out,
+             "--figure", ids, "--format", "svg", "--workspace", root)
+    assert r.exit_code == 0, r.output
+    text = (out / "index.html").read_text(encoding="utf-8")
+    assert "<b>" not in text and "alert(1)</script>" not in text and "<i>odd" not in text
+    assert "&lt;i&gt;odd&lt;/i&gt; &amp; &quot;model&quot;" in text  # the label in the table, as text
+    index, recs = _page(out)
+    assert index["models"][1] == '<i>odd</i> & "model"' and recs[0]["s"][1][0] == NASTY
+    svg = (out / "figure.svg").read_text(encoding="utf-8")
+    for s in ("1. a &lt;b&gt;red&lt;/b&gt; &amp; &quot;blue&quot; circle", "2. café’s 東京 square", "5. it's $x$"):
+        assert s.replace("&quot;", '"') in svg or s in svg
+    assert svg.index(f"image {test_ids[1]}") < svg.index(f"image {test_ids[0]}")  # in the file's order
+
+
+def test_pdf_figure_and_a_second_run_replaces_the_page(ws, tmp_path):
+    root, data, arts, _, test_ids = ws
+    ids = tmp_path / "ids.txt"
+    ids.write_text("\n".join(map(str, test_ids[:4])))
+    for _ in range(2):
+        r = rdpp("compare", *(a.path for a in arts), "--figure", ids, "--format", "pdf", "--workspace", root)
+        assert r.exit_code == 0, r.output
+    out = root / "compare" / f"{data.name}-test"
+    assert (out / "figure.pdf").read_bytes()[:5] == b"%PDF-"
+    assert [p.name for p in (root / "compare").iterdir()] == [out.name]  # replaced; no temporary folder left
+
+
+def _refusals(ws, tmp_path):
+    root, data, arts, nasty, test_ids = ws
+    other = prepro_toy(workspace=tmp_path / "other", images=40, seed=4)
+    model = model_artifact(tmp_path / "other", other, name="o")
+    foreign = sample(model.path, workspace=tmp_path / "other", n=2, device="cpu")
+    val = sample(root / "xe" / "xe-v1", workspace=root, n=2, split="val", device="cpu",
+                 out=tmp_path / "val")
+    bad_ids = tmp_path / "bad.txt"
+    bad_ids.write_text("123456\n")
+    empty = tmp_path / "photos"
+    empty.mkdir()
+    return {
+        "other data": ([arts[0].path, foreign.path], "were sampled from different data artifacts"),
+        "other split": ([arts[0].path, val.path], "holds the val split"),
+        "empty selection": ([arts[0].path, "--models", ","], "name nothing"),
+        "unknown model": (["--models", "nope"], "no samples artifact named nope"),
+        "missing photos": ([arts[0].path, "--photos", empty], "photos are not under --photos"),
+        "id not compared": ([arts[0].path, "--figure", bad_ids], "image 123456 is not among the 6 compared"),
+        "twice": ([arts[0].path, arts[0].path], "is given twice"),
+    }
+
+
+def test_bad_input_is_one_line_exit_2_and_nothing_written(ws, tmp_path):
+    root = ws[0]
+    for what, (args, match) in _refusals(ws, tmp_path).items():
+        before = listing(root)
+        r = rdpp("compare", *args, "--workspace", root, "--out", tmp_path / "out")
+        assert match in error_line(r), (what, r.output)
+        assert listing(root) == before and not (tmp_path / "out").exists(), what
+
+
+# ---- the page in a browser ---------------------------------------------------------------------------
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _dump(page: Path, hash_: str = "") -> str:
+    """The page's DOM after its scripts ran, opened at ``#hash_`` (the sort and filter it shows)."""
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,30000",
+           "--virtual-time-budget=4000", "--dump-dom", page.as_uri() + (f"#{hash_}" if hash_ else "")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+
+
+def _root_attrs(dom: str) -> dict:
+    return dict(re.findall(r'(data-[a-z]+)="([^"]*)"', re.search(r"<html[^>]*>", dom)[0]))
+
+
+@pytest.mark.slow  # six Chromium launches: 10-50 s
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+def test_page_in_chromium_loads_every_image_and_sorts_and_filters(ws, tmp_path):
+    root, data, arts, nasty, test_ids = ws
+    out = tmp_path / "page"
+    r = rdpp("compare", *(a.path for a in arts), nasty.path, "--labels", "XE,SCST,R-DPP,<odd>", "--out", out,
+             "--per-page", "4", "--workspace", root)
+    assert r.exit_code == 0, r.output
+    index, recs = _page(out)
+    rows = index["images"]
+    page = out / "index.html"
+    dom = _dump(page)
+    attrs = _root_attrs(dom)
+    assert attrs["data-state"] == "ready" and "data-errors" not in attrs, attrs  # no error, every file found
+    assert attrs["data-shown"] == ",".join(str(r[0]) for r in rows[:4])  # the trade-off order, 4 a page
+    srcs = re.findall(r'<img[^>]* src="(thumbs/[^"]+)"', dom)
+    assert len(srcs) == 4 and all((out / s).is_file() for s in srcs)
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "café’s 東京 square" in dom
+    by_id = _root_attrs(_dump(page, "sort=id&page=1"))
+    assert by_id["data-shown"] == ",".join(map(str, sorted(test_ids)[4:8]))
+    lead = sorted(rows, key=lambda r: (-(r[7][2] - r[7][5]), r[0]))  # self-CIDEr of XE minus SCST's
+    diff = _root_attrs(_dump(page, "sort=diff&metric=2&a=0&b=1"))
+    assert diff["data-shown"] == ",".join(str(r[0]) for r in lead[:4])
+    word = next(w for w in rows[0][8].split() if sum(w in r[8].split() for r in rows) < len(rows))
+    hits = [str(r[0]) for r in rows if word in r[8].split()]
+    filtered = _dump(page, f"word={word}&sort=id")
+    assert _root_attrs(filtered)["data-shown"] == ",".join(sorted(hits, key=int)[:4])
+    assert f"<mark>{word}</mark>" in filtered.lower()
+    assert _root_attrs(_dump(page, f"id={test_ids[2]}"))["data-shown"] == str(test_ids[2])
