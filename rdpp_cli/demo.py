@@ -93,9 +93,9 @@ def _models(plan: DemoPlan, ws: Path, device: str) -> tuple[Artifact, dict[str, 
 
 
 def _evaluate(label: str, model: Artifact, data: Artifact, plan: DemoPlan, ws: Path, device: str
-              ) -> tuple[dict, Path]:
+              ) -> tuple[dict, Artifact, Path]:
     """One model's row of the comparison (random samples scored with oracle and diversity, beam
-    search scored for accuracy) and the folder of its random samples' scores."""
+    search scored for accuracy), its random samples and the folder of their scores."""
     from rdpp_cli.decoding.sample import sample
     from rdpp_cli.scoring.score import score
 
@@ -121,7 +121,7 @@ def _evaluate(label: str, model: Artifact, data: Artifact, plan: DemoPlan, ws: P
         "div2": r["diversity"]["div2"],
         "model": str(model.path),
     }
-    return row, s_rand.path
+    return row, rand, s_rand.path
 
 
 def _print_table(rows: dict[str, dict], plan: DemoPlan, quick: bool) -> None:
@@ -148,12 +148,16 @@ def demo(opts: DemoOptions) -> dict:
     data, models = _models(plan, ws, opts.device)
     rows: dict[str, dict] = {}
     score_dirs: list[Path] = []
+    samples: list[Artifact] = []
     for label, model in models.items():
-        rows[label], scores = _evaluate(label, model, data, plan, ws, opts.device)
+        rows[label], rand, scores = _evaluate(label, model, data, plan, ws, opts.device)
+        samples.append(rand)
         score_dirs.append(scores)
     plot_path = plot_scores(score_dirs, ws / "demo_plot.png", labels=list(models))
     _print_table(rows, plan, opts.quick)
-    page = compare([str(d) for d in score_dirs], labels=",".join(models), workspace=ws) / "index.html"
+    labels = ",".join(models)
+    page = _step("compare", ws, "compare", {"labels": labels}, samples,
+                 lambda: compare([str(a.path) for a in samples], labels=labels, workspace=ws)).path / "index.html"
     console.print(f"plot: {plot_path}   compare page: {page}   workspace: {ws}   ({time.perf_counter() - t_start:.0f} s)   "
                   f"see every artifact with `rdpp ls --workspace {ws}`")
     result = {"rows": rows, "plot": str(plot_path), "compare": str(page), "workspace": str(ws)}

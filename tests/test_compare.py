@@ -63,8 +63,10 @@ def test_page_holds_every_image_and_the_numbers_of_rdpp_score(ws, tmp_path):
     out = tmp_path / "page"
     r = rdpp("compare", *(a.path for a in arts), "--labels", "XE,SCST,R-DPP", "--out", out, "--workspace", root)
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "data", "index.html", "plot.png", "table.md",
-                                                     "thumbs"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["compare.json", "data", "index.html", "manifest.json", "plot.png",
+                                                     "table.md", "thumbs"]
+    manifest = json.loads((out / "manifest.json").read_text())  # a complete artifact, its inputs recorded
+    assert manifest["kind"] == "rdpp.compare" and len(manifest["inputs"]) == 4
     index, recs = _page(out)
     assert index["models"] == ["XE", "SCST", "R-DPP"]
     assert sorted(row[0] for row in index["images"]) == sorted(test_ids)
@@ -107,16 +109,17 @@ def test_captions_and_labels_are_escaped_and_the_figure_is_drawn(ws, tmp_path):
     assert svg.index(f"image {test_ids[1]}") < svg.index(f"image {test_ids[0]}")  # in the file's order
 
 
-def test_pdf_figure_and_a_second_run_replaces_the_page(ws, tmp_path):
+def test_pdf_figure_and_a_second_run_is_a_new_version(ws, tmp_path):
     root, data, arts, _, test_ids = ws
     ids = tmp_path / "ids.txt"
     ids.write_text("\n".join(map(str, test_ids[:4])))
     for _ in range(2):
         r = rdpp("compare", *(a.path for a in arts), "--figure", ids, "--format", "pdf", "--workspace", root)
         assert r.exit_code == 0, r.output
-    out = root / "compare" / f"{data.name}-test"
-    assert (out / "figure.pdf").read_bytes()[:5] == b"%PDF-"
-    assert [p.name for p in (root / "compare").iterdir()] == [out.name]  # replaced; no temporary folder left
+    first, second = (root / "compare" / f"{data.name}-test-v{k}" for k in (1, 2))
+    assert (first / "figure.pdf").read_bytes()[:5] == b"%PDF-" and (second / "figure.pdf").is_file()
+    assert sorted(p.name for p in (root / "compare").iterdir()) == [first.name, second.name]  # nothing else left
+    assert "compare/" + first.name in rdpp("ls", "--workspace", root).output
 
 
 def _refusals(ws, tmp_path):

@@ -31,8 +31,10 @@ from rdpp_cli.errors import RdppError
 # schema-1 data artifacts (rdpp 0.1.0) are still read (their references score, their models sample)
 # and refused by the stages that need the training reward (rdpp_cli.metrics.train_cider). Every other
 # kind is at schema 1, as in rdpp 0.1.0.
-SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
-OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1}
+SCHEMAS = {"rdpp.data": 2, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1,
+           "rdpp.compare": 1}
+OLDEST_READ = {"rdpp.data": 1, "rdpp.model": 1, "rdpp.samples": 1, "rdpp.scores": 1, "rdpp.captions": 1,
+               "rdpp.compare": 1}
 SCHEMA = 1  # kept for old imports; use SCHEMAS[kind]
 REMAKE = {
     "rdpp.data": "rdpp prepro toy` or `rdpp prepro coco",
@@ -40,11 +42,12 @@ REMAKE = {
     "rdpp.samples": "rdpp sample",
     "rdpp.scores": "rdpp score",
     "rdpp.captions": "rdpp caption",
+    "rdpp.compare": "rdpp compare",
 }
 MANIFEST = "manifest.json"
 KINDS = tuple(SCHEMAS)
 # An artifact's workspace is the folder two levels up when its parent is one of these group folders.
-GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores", "captions")
+GROUP_NAMES = ("data", "xe", "finetune", "samples", "scores", "captions", "compare")
 
 
 PARTIAL = ".rdpp-partial.json"  # the marker of a folder being written: its kind, identity and sequence number

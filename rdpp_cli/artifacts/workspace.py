@@ -43,6 +43,7 @@ GROUPS = {
     "samples": "rdpp.samples",
     "scores": "rdpp.scores",
     "captions": "rdpp.captions",
+    "compare": "rdpp.compare",
 }
 assert tuple(GROUPS) == GROUP_NAMES
 RESERVED = (PARTIAL, _lock.LOCK)  # bookkeeping files of a folder being written: never cleared, never hashed

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rdpp_cli.artifacts import Artifact, follow_input, list_artifacts, ref_name, resolve_input, workspace_dir
-from rdpp_cli.artifacts.workspace import refuse_overlap
+from rdpp_cli.artifacts import (Artifact, finish, follow_input, list_artifacts, prepare_output, ref_name, resolve_input,
+                                workspace_dir, write_manifest)
 from rdpp_cli.console import console, info, note, summary_table
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
@@ -334,14 +334,14 @@ def numbers_table(cmp: Comparison) -> Table:
 
 # ---- the stage ------------------------------------------------------------------------------------
 
-def _out_dir(opts: CompareOptions, data: Artifact, split: str, reads: list[Path]) -> Path:
-    """Where the page goes: ``--out`` or ``<workspace>/compare/<data>-<split>``; refused when it holds
-    anything but a previous compare page, or anything the stage reads."""
-    out = Path(opts.out) if opts.out is not None else workspace_dir(opts.workspace) / "compare" / f"{data.name}-{split}"
-    refuse_overlap(out, reads)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "compare.json").is_file())):
-        raise RdppError(f"{out} exists and is not a compare page (no compare.json); pass an empty or new --out")
-    return out
+def claim(opts: CompareOptions, data: Artifact, split: str, arts: list[Artifact], reads: list[Path]) -> Path:
+    """The artifact folder the page goes to: ``--out`` or a new version ``<workspace>/compare/<data>-<split>-v<k>``
+    (``artifacts.prepare_output``: an unfinished page with the same inputs and settings is redone in
+    its folder; ``--out`` over another compare page needs ``--force``; anything it reads is refused)."""
+    identity = {"data_sha256": data.manifest_sha256, "split": split,
+                "samples_sha256": [a.manifest_sha256 for a in arts], **opts.identity()}
+    return prepare_output(opts.out, workspace=opts.workspace, group="compare", name=f"{data.name}-{split}",
+                          kind="rdpp.compare", config=identity, force=opts.force, reads=reads)
 
 
 @takes(CompareOptions)
@@ -362,8 +362,8 @@ def compare(opts: CompareOptions) -> Path:
         missing = next(i for i in figure_ids if photos[ids.index(i)] is None)
         raise RdppError(f"--figure: the photo of image {missing} is not found ({photo_note}); pass --photos DIR "
                         "with the data's photos, or leave that image out")
-    out = _out_dir(opts, data, split, [data.path, *(a.path for a in arts), *(p for p in [opts.figure] if p)])
     cmp = Comparison(data, split, ids, ds.references_raw(rows), photos, photo_note, sets)
+    out = claim(opts, data, split, arts, [data.path, *(a.path for a in arts), *(p for p in [opts.figure] if p)])
     score_sets(cmp, ds)
     record = {"data": ref_name(data), "split": split, "images": len(ids), "options": opts.recorded(),
               "models": [{"label": s.label, "samples": ref_name(s.samples), "manifest_sha256": s.samples.manifest_sha256}
@@ -375,6 +375,12 @@ def compare(opts: CompareOptions) -> Path:
         figure = lambda folder: draw_figure(cmp, figure_ids, folder / f"figure.{opts.format}", opts.format,  # noqa: E731
                                             opts.figure_captions)
     write_page(cmp, out, numbers_table(cmp), record, opts.per_page, figure)
+    summary = {"images": len(ids), "models": [s.label for s in sets],
+               **{f"oracle {s.label}": s.summary["oracle"] for s in sets}}
+    write_manifest(out, "rdpp.compare", {**record["options"], "data": record["data"], "split": split,
+                                         "figure_images": len(figure_ids or [])},
+                   inputs=[data, *arts], summary=summary)
+    finish(out)
     _print_summary(cmp, out, photo_note, figure_ids, opts.format)
     return out
 

@@ -16,7 +16,6 @@ import html
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -155,41 +154,22 @@ _CONTROLS = """<div id="controls">
 
 def write_page(cmp, out: Path, table: Table, record: dict, per_page: int,
                figure: Callable[[Path], object] | None = None) -> None:
-    """Write the page folder ``out`` (index.html, plot.png, table.md, compare.json, thumbs/, data/,
-    and the figure): built in a temporary folder beside it, then moved into place."""
+    """Write the page's files into the claimed artifact folder ``out`` (index.html, plot.png, table.md,
+    compare.json, thumbs/, data/, and the figure); the manifest, written after them, completes it."""
     from rdpp_cli.scoring.plot import plot_points
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        order = [int(i) for i in sorted(range(len(cmp.image_ids)), key=lambda i: -cmp.tradeoff[i])]
-        thumbs = write_thumbs(cmp, tmp / "thumbs")
-        write_chunks(cmp, order, tmp / "data")
-        points = [(s.label, s.summary["self_cider"], s.summary["CIDEr"]) for s in cmp.sets]
-        plot_points(points, cmp.human, tmp / "plot.png", title=f"{cmp.data.name}, {cmp.split} split")
-        (tmp / "table.md").write_text(markdown([table]), encoding="utf-8")
-        title = "rdpp compare: " + " · ".join(s.label for s in cmp.sets)
-        subtitle = (f"{len(cmp.image_ids):,} images of {cmp.data.name} ({cmp.split} split); CIDEr-D of every caption "
-                    f"against the image's references, oracle = the set's best, self-CIDEr = the set's diversity. "
-                    + (cmp.photo_note + "." if cmp.photo_note else ""))
-        page = render_html(title, subtitle, table, page_index(cmp, order, thumbs, per_page))
-        (tmp / "index.html").write_text(page, encoding="utf-8")
-        if figure is not None:
-            figure(tmp)
-        (tmp / "compare.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
-        _swap(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _swap(tmp: Path, out: Path) -> None:
-    """Move the finished folder ``tmp`` to ``out``, replacing a previous page there."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
+    order = [int(i) for i in sorted(range(len(cmp.image_ids)), key=lambda i: -cmp.tradeoff[i])]
+    thumbs = write_thumbs(cmp, out / "thumbs")
+    write_chunks(cmp, order, out / "data")
+    points = [(s.label, s.summary["self_cider"], s.summary["CIDEr"]) for s in cmp.sets]
+    plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split")
+    (out / "table.md").write_text(markdown([table]), encoding="utf-8")
+    title = "rdpp compare: " + " · ".join(s.label for s in cmp.sets)
+    subtitle = (f"{len(cmp.image_ids):,} images of {cmp.data.name} ({cmp.split} split); CIDEr-D of every caption "
+                f"against the image's references, oracle = the set's best, self-CIDEr = the set's diversity. "
+                + (cmp.photo_note + "." if cmp.photo_note else ""))
+    page = render_html(title, subtitle, table, page_index(cmp, order, thumbs, per_page))
+    (out / "index.html").write_text(page, encoding="utf-8")
+    if figure is not None:
+        figure(out)
+    (out / "compare.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")

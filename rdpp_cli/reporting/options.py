@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rdpp_cli.errors import RdppError
-from rdpp_cli.options import Options, argument, at_least, one_of, option, workspace_option
+from rdpp_cli.options import Options, argument, at_least, force_option, one_of, option, out_option, workspace_option
 from rdpp_cli.reporting.report import FORMATS
 
 TABLES = ("toy", "objective", "precision", "selection", "real-photos")
@@ -92,9 +92,8 @@ class CompareOptions(Options):
     figure_captions: int = option(5, "Captions per model in the figure (the first ones; the chosen ones of a "
                                   "--select set).", check=at_least(1))
     per_page: int = option(20, "Images per page of the HTML page.", check=at_least(1))
-    out: Path | None = option(None, "Folder to write (default: <workspace>/compare/<data name>-<split>); a "
-                              "previous compare page there is replaced, any other content refused.",
-                              identity=False, record=False, cli={"file_okay": False})
+    out: Path | None = out_option("a new version <workspace>/compare/<data name>-<split>-v<k>")
+    force: bool = force_option()
     workspace: Path | None = workspace_option()
 
     def validate(self) -> None:
