@@ -24,10 +24,11 @@
 #                                      "att2in updown transformer"), XE (`train-xe --model M --preset small`) and
 #                                      SCST and R-DPP m = 5 from it, each sampled with 10 random captions per test
 #                                      image and scored: xe/xe-M, finetune/scst-M, finetune/dpp-m5-M. Workspace
-#                                      ./runs-models by default. Per-model settings below (XE_EPOCHS_<model>, ...).
+#                                      ./runs-models by default. Per-model settings below (XE_EPOCHS_<model>, ...);
+#                                      DEVICE=cuda for a GPU. Att2in's three trainings: ~50 min on 2 shared cores.
 #   bash examples/sweep.sh models-real the same on the 390 real COCO photos of examples/real_photos.sh (REAL=
 #                                      their folder, WEIGHTS= the MobileNetV2 trunk; 224 pixels, 7x7 grid, batch
-#                                      10). Workspace ./runs-models-real by default.
+#                                      10). Workspace ./runs-models-real by default. Att2in's: ~1.5 h.
 #
 # Every step is skipped when its artifact is complete, so an interrupted sweep continues. CPU, 2 cores: XE
 # ~11 min, each fine-tune (6 epochs) 2-13 min, sampling seconds, scoring about a minute per artifact.
@@ -261,6 +262,7 @@ model_chain() {  # model, data artifact, XE epochs and lr by default ("": the pr
 
 models() {
   local m
+  common=(--workspace "$WS" --device "${DEVICE:-cpu}")
   data
   for m in $MODELS; do
     model_chain "$m" "$WS/data/toy" "${XE_EPOCHS_TOY[$m]:-8}" "${XE_LR_TOY[$m]:-}"
@@ -269,6 +271,7 @@ models() {
 
 models-real() {
   local m
+  common=(--workspace "$WS" --device "${DEVICE:-cpu}")
   real_data
   for m in $MODELS; do
     model_chain "$m" "$WS/data/real" 25 "" --batch-size 10
