@@ -20,6 +20,15 @@
 #                                      plot $WS/selection.png. Runs after the toy sweep (or rdpp demo) in its
 #                                      workspace: models are found there by name, or given: XE=... SCST=...
 #                                      DPP_M5=... (rdpp demo's newest xe/*, finetune/scst-v*, finetune/dpp-m5-v*).
+#   bash examples/sweep.sh models      docs/experiments.md "Across models": for each model of MODELS (default
+#                                      "att2in updown transformer"), XE (`train-xe --model M --preset small`) and
+#                                      SCST and R-DPP m = 5 from it, each sampled with 10 random captions per test
+#                                      image and scored: xe/xe-M, finetune/scst-M, finetune/dpp-m5-M. Workspace
+#                                      ./runs-models by default. Per-model settings below (XE_EPOCHS_<model>, ...);
+#                                      DEVICE=cuda for a GPU. Att2in's three trainings: ~50 min on 2 shared cores.
+#   bash examples/sweep.sh models-real the same on the 390 real COCO photos of examples/real_photos.sh (REAL=
+#                                      their folder, WEIGHTS= the MobileNetV2 trunk; 224 pixels, 7x7 grid, batch
+#                                      10). Workspace ./runs-models-real by default. Att2in's: ~1.5 h.
 #
 # Every step is skipped when its artifact is complete, so an interrupted sweep continues. CPU, 2 cores: XE
 # ~11 min, each fine-tune (6 epochs) 2-13 min, sampling seconds, scoring about a minute per artifact.
@@ -29,14 +38,19 @@
 #   bash examples/sweep.sh toy                                               # workspace ./runs-sweep (or WS=...)
 #   IMAGES=300 XE_EPOCHS=1 RL_EPOCHS=1 WS=/tmp/smoke bash examples/sweep.sh toy   # smoke run, ~10 min
 #   WS=/tmp/ws MAX_IMAGES=40 C=20 bash examples/sweep.sh selection               # a small selection check
+#   IMAGES=300 XE_EPOCHS=1 RL_EPOCHS=1 MODELS=att2in WS=/tmp/models-smoke bash examples/sweep.sh models  # smoke
 set -euo pipefail
 SWEEP=${1:-}
 case $SWEEP in
   toy | objective | selection) WS=${WS:-runs-sweep} ;;
   precision) WS=${WS:-runs-precision} ;;
-  *) echo "usage: bash examples/sweep.sh toy|objective|precision|selection (got '$SWEEP')" >&2; exit 2 ;;
+  models) WS=${WS:-runs-models} ;;
+  models-real) WS=${WS:-runs-models-real} ;;
+  *) echo "usage: bash examples/sweep.sh toy|objective|precision|selection|models|models-real (got '$SWEEP')" >&2
+     exit 2 ;;
 esac
 RDPP=${RDPP:-rdpp}
+GIVEN_XE_EPOCHS=${XE_EPOCHS:-}  # models: given, it wins over the per-model defaults
 IMAGES=${IMAGES:-3000}          # training images of the bundled data
 XE_EPOCHS=${XE_EPOCHS:-8}
 RL_EPOCHS=${RL_EPOCHS:-6}
@@ -188,8 +202,85 @@ sel() {  # model label, tag, then the sampling options: sampled and scored as se
   run "${MODEL[$label]}" "sel-$label-$tag" "$@" -- --metrics CIDEr --oracle --self-cider --diversity
 }
 
+# ---- models: XE, SCST and R-DPP m=5 of every model, on the bundled data or the real photos ----------------
+
+MODELS=${MODELS:-"att2in updown transformer"}
+REAL=${REAL:-../shared/data/coco-real-390}   # models-real: the photo set (dataset_coco390.json, images/)
+WEIGHTS=${WEIGHTS:-../shared/weights/mobilenet_v2-imagenet-features.pth}
+# Each model's XE epochs and learning rate; XE_EPOCHS_<model>, XE_LR_<model> win (XE_EPOCHS for every model),
+# set but empty XE_LR_<model>= means the preset's (train-xe --preset small: lr 4e-4 x0.8 every 3 epochs;
+# the transformer's Noam schedule, lr factor 1.0, 400 warm-up steps). XE_OPTS_<model>: more train-xe options;
+# RL_EPOCHS_<model>, RL_LR_<model>: finetune's (default $RL_EPOCHS, 1e-4).
+#   bundled data, 48 steps of 50 images per epoch: att2in as the toy sweep's xe (8 epochs, lr 1e-3); updown at
+#   the same settings (same sizes as att2in's small preset); the transformer 15 epochs of its Noam schedule,
+#   whose 400 warm-up steps take 8 of them.
+#   real photos, 32 steps of 10 photos per epoch: 25 epochs at the preset's schedule, as examples/real_photos.sh.
+declare -A XE_EPOCHS_TOY=([att2in]=8 [updown]=8 [transformer]=15) XE_LR_TOY=([att2in]=1e-3 [updown]=1e-3)
+
+setting() {  # NAME, model, default: $NAME_<model> when set (even empty), else the default
+  local var="$1_${2//[^A-Za-z0-9_]/_}"
+  if [ -n "${!var+set}" ]; then echo "${!var}"; else echo "$3"; fi
+}
+
+real_data() {
+  if [ ! -f "$REAL/dataset_coco390.json" ] || [ ! -d "$REAL/images" ]; then
+    echo "error: no photo set at REAL=$REAL (it needs dataset_coco390.json and images/); give the folder of the" \
+         "390 COCO photos of examples/real_photos.sh as REAL=PATH" >&2; exit 2
+  fi
+  if [ ! -f "$WEIGHTS" ]; then
+    echo "error: no backbone weights at WEIGHTS=$WEIGHTS; give the MobileNetV2 ImageNet trunk as WEIGHTS=PATH" >&2
+    exit 2
+  fi
+  done_ "$WS/data/real" || $RDPP prepro coco --karpathy-json "$REAL/dataset_coco390.json" --images-root \
+    "$REAL/images" --backbone mobilenet_v2 --weights "$WEIGHTS" --image-size 224 --att-size 7 --workspace "$WS" \
+    --out "$WS/data/real"
+}
+
+model_chain() {  # model, data artifact, XE epochs and lr by default ("": the preset's), then options of both stages
+  local m=$1 data=$2 name model spec
+  local epochs=${GIVEN_XE_EPOCHS:-$3} lr
+  lr=$(setting XE_LR "$m" "$4")
+  shift 4
+  local xe_opts=(--model "$m" --preset small --epochs "$(setting XE_EPOCHS "$m" "$epochs")" ${lr:+--lr "$lr"})
+  local -a more parts
+  read -r -a more <<< "$(setting XE_OPTS "$m" "")"
+  done_ "$WS/xe/xe-$m" || $RDPP train-xe --data "$data" "${common[@]}" "${xe_opts[@]}" "$@" "${more[@]}" \
+    --out "$WS/xe/xe-$m"
+  local rl_opts=(--epochs "$(setting RL_EPOCHS "$m" "$RL_EPOCHS")" --lr "$(setting RL_LR "$m" 1e-4)" "$@")
+  for spec in "scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5"; do
+    read -r -a parts <<< "$spec"
+    name=${parts[0]}-$m
+    done_ "$WS/finetune/$name" || $RDPP finetune "$WS/xe/xe-$m" "${common[@]}" "${rl_opts[@]}" "${parts[@]:1}" \
+      --out "$WS/finetune/$name"
+  done
+  for model in "$WS/xe/xe-$m" "$WS/finetune/scst-$m" "$WS/finetune/dpp-m5-$m"; do
+    name=$(basename "$model")
+    run "$model" "$name-random10" --split test --method random --n 10 -- --oracle --self-cider --diversity \
+      --metrics CIDEr
+  done
+}
+
+models() {
+  local m
+  common=(--workspace "$WS" --device "${DEVICE:-cpu}")
+  data
+  for m in $MODELS; do
+    model_chain "$m" "$WS/data/toy" "${XE_EPOCHS_TOY[$m]:-8}" "${XE_LR_TOY[$m]:-}"
+  done
+}
+
+models-real() {
+  local m
+  common=(--workspace "$WS" --device "${DEVICE:-cpu}")
+  real_data
+  for m in $MODELS; do
+    model_chain "$m" "$WS/data/real" 25 "" --batch-size 10
+  done
+}
+
 "$SWEEP"
 case $SWEEP in
   selection) $RDPP table selection --workspace "$WS" --candidates "$C" --ks "${KS// /,}" --plot "$WS/selection.png" ;;
+  models | models-real) $RDPP table models --workspace "$WS" ;;
   *) $RDPP table "$SWEEP" --workspace "$WS" ;;
 esac

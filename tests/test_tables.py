@@ -207,6 +207,89 @@ bf16 minus fp32 (means over seeds), and the ±0.03 check on greedy val CIDEr-D
 """
 
 
+# ---- models -------------------------------------------------------------------------------------------
+
+def _model_run(ws: Path, run: str, tag: str, arch: str | None, numbers: tuple | None, time: float | None = None):
+    """The artifacts of one run of the models sweep: ``xe/xe-<tag>`` or ``finetune/<run>-<tag>`` (its
+    manifest naming ``arch``, optionally a metrics.csv) and ``scores/<run>-<tag>-random10`` with
+    (mean, oracle, self-CIDEr, Div-2)."""
+    d = ws / ("xe" if run == "xe" else "finetune") / f"{run}-{tag}"
+    if arch is not None:
+        _write(d / "manifest.json", {"kind": "rdpp.model", "config": {"architecture": arch}})
+    if time is not None:
+        (d / "metrics.csv").write_text(f"epoch,time\n1,{time / 2}\n2,{time}\n")
+    if numbers is not None:
+        mean, oracle, self_cider, div2 = numbers
+        _scores(ws, f"{run}-{tag}-random10", accuracy={"CIDEr": mean}, average={"CIDEr": mean},
+                oracle={"CIDEr": oracle}, diversity={"self_cider": self_cider, "div2": div2})
+
+
+def _models_workspace(ws: Path) -> None:
+    # a model whose R-DPP gain appears: self-CIDEr 0.70 / 0.25 = 2.8x
+    _model_run(ws, "xe", "att2in", "att2in", (0.84, 2.0, 0.83, 0.55), time=1041)
+    _model_run(ws, "scst", "att2in", "att2in", (1.6, 1.955, 0.25, 0.145), time=949)
+    _model_run(ws, "dpp-m5", "att2in", "att2in", (1.118, 2.19, 0.70, 0.438), time=934)
+    # names the code has never heard of, and a folder tag that is not the architecture: 0.36 / 0.30 = 1.2x
+    _model_run(ws, "xe", "mynet-big", "mynet", (0.5, 1.5, 0.6, 0.4))
+    _model_run(ws, "scst", "mynet-big", "mynet", (1.2, 1.5, 0.30, 0.2))
+    _model_run(ws, "dpp-m5", "mynet-big", None, (1.0, 1.6, 0.36, 0.25))  # scored, model folder gone
+    # still training: XE done and not scored yet, SCST not started
+    _model_run(ws, "xe", "late", "late", None, time=10)
+    # not the models sweep's: a finetune without its xe/xe-<tag>, and the toy sweep's xe/xe
+    _model_run(ws, "scst", "orphan", "att2in", (1.0, 1.0, 1.0, 1.0))
+    _model_run(ws, "xe", "", "att2in", None)  # xe/xe- is not a model tag ...
+    _write(ws / "xe" / "xe" / "manifest.json", {"config": {"architecture": "att2in"}})  # ... nor is xe/xe
+
+
+MODELS_TABLE = """\
+10 random captions per test image
+
+| model | objective | mean sample CIDEr | oracle CIDEr (best of 10) | self-CIDEr | Div-2 | train s |
+|---|---|---:|---:|---:|---:|---:|
+| att2in | XE | 0.840 | 2.000 | 0.830 | 0.550 | 1,041 |
+| att2in | SCST | 1.600 | 1.955 | 0.250 | 0.145 | 949 |
+| att2in | R-DPP m=5 | 1.118 | 2.190 | 0.700 | 0.438 | 934 |
+| late | XE | – | – | – | – | 10 |
+| mynet (mynet-big) | XE | 0.500 | 1.500 | 0.600 | 0.400 | – |
+| mynet (mynet-big) | SCST | 1.200 | 1.500 | 0.300 | 0.200 | – |
+| mynet (mynet-big) | R-DPP m=5 | 1.000 | 1.600 | 0.360 | 0.250 | – |
+
+The trade-off per model: R-DPP m=5 against SCST
+
+| model | self-CIDEr R-DPP / SCST | Δ oracle CIDEr (R-DPP − SCST) | Δ mean CIDEr (R-DPP − SCST) | diversity gain (≥ 1.5×) |
+|---|---:|---:|---:|---|
+| att2in | 2.80 | +0.235 | -0.482 | yes |
+| mynet (mynet-big) | 1.20 | +0.100 | -0.200 | no |
+
+R-DPP m=5's diversity gain (self-CIDEr ≥ 1.5× SCST's) appears on: att2in (2.80×); not on: mynet (mynet-big) (1.20×).
+"""
+
+
+@pytest.mark.integration
+def test_models_table_one_row_per_run_and_the_trade_off_per_model(tmp_path, capsys):
+    """Rows for every model of a complete xe/xe-<tag>, labelled by the manifests' architecture, in
+    the order of the tags; a run's numbers from its -random10 scores ("–" until scored) and its
+    training seconds from metrics.csv; the trade-off and the gain line for the models with both
+    SCST and R-DPP m=5 scored (2.80 = 0.70 / 0.25, +0.235 = 2.190 - 1.955, -0.482 = 1.118 - 1.6)."""
+    _models_workspace(tmp_path)
+    assert _md(capsys, "models", workspace=tmp_path) == MODELS_TABLE
+    table("models", workspace=tmp_path, format="csv")
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out.split("\n\n")[1].split("\n", 1)[1])))
+    assert rows[0]["self-CIDEr R-DPP / SCST"] == repr(0.70 / 0.25) and rows[1]["diversity gain (≥ 1.5×)"] == "no"
+
+
+@pytest.mark.integration
+def test_models_table_before_any_fine_tune_is_scored_and_without_runs(tmp_path, capsys):
+    """Only XE runs: the runs' table without the trade-off; no xe/xe-<tag> at all: one error line."""
+    _model_run(tmp_path / "ws", "xe", "att2in", "att2in", (0.84, 2.0, 0.83, 0.55))
+    _model_run(tmp_path / "ws", "scst", "att2in", "att2in", (1.6, 1.955, None, 0.145))  # scored without self-CIDEr
+    out = _md(capsys, "models", workspace=tmp_path / "ws")
+    assert "| att2in | SCST | 1.600 | 1.955 | – | 0.145 | – |" in out and "trade-off" not in out
+    _toy_workspace(tmp_path / "toy")
+    assert "no artifacts of `rdpp table models`" in error_line(rdpp("table", "models", "--workspace",
+                                                                     str(tmp_path / "toy")))
+
+
 # ---- selection ----------------------------------------------------------------------------------------
 
 def _sel(ws: Path, name: str, mean: float, oracle: float, self_cider: float, div2: float = 0.5) -> None:

@@ -9,7 +9,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.options import Options, argument, at_least, force_option, one_of, option, out_option, workspace_option
 from rdpp_cli.reporting.report import FORMATS
 
-TABLES = ("toy", "objective", "precision", "selection", "real-photos")
+TABLES = ("toy", "objective", "precision", "selection", "real-photos", "models")
 
 
 def set_sizes(ks: str | list[int] | tuple[int, ...]) -> list[int]:
@@ -27,8 +27,9 @@ class TableOptions(Options):
 
     table: str | None = argument(
         "Which tables: toy (the paper's Tables 1-2, Fig. 1 and the results table), objective (two seeds of "
-        "XE, SCST, R-DPP m=2, 5), precision (fp32 against bf16), selection (--select against the decoders) "
-        "or real-photos (the real-photo run's report).", required=True, check=one_of(*TABLES))
+        "XE, SCST, R-DPP m=2, 5), precision (fp32 against bf16), selection (--select against the decoders), "
+        "real-photos (the real-photo run's report) or models (XE, SCST, R-DPP m=5 of every model).", required=True,
+        check=one_of(*TABLES))
     format: str = option("md", "md (Markdown), csv (the numbers unrounded) or rich (a terminal table).",
                          check=one_of(*FORMATS))
     against: Path | None = option(

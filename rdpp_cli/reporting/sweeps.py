@@ -8,7 +8,10 @@ Each reads the artifacts by the folder names ``examples/sweep.sh`` gives them:
 - ``objective``: XE, SCST and R-DPP m = 2, 5 with two seeds (``<model>`` and ``<model>-s7``), and
   the checks on the seed means; with a second workspace each cell shows "theirs → this";
 - ``precision``: every ``xe-<precision>-s<seed>`` run and the fine-tunes from it, the mean over
-  seeds, and bf16 minus fp32.
+  seeds, and bf16 minus fp32;
+- ``models``: for every model ``<tag>`` of a complete ``xe/xe-<tag>``, its XE, SCST and R-DPP m=5 runs
+  (``xe/xe-<tag>``, ``finetune/scst-<tag>``, ``finetune/dpp-m5-<tag>``, scored as ``-random10``) and the
+  trade-off: R-DPP m=5 against SCST per model.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def results(ws: Path) -> Table:
 
 OBJECTIVE_MODELS = [("xe", "XE"), ("scst", "SCST"), ("dpp-m2", "R-DPP m=2"), ("dpp-m5", "R-DPP m=5")]
 SEEDS = (123, 7)  # seed 123's runs carry the model's name, the others "-s<seed>"
+DIVERSITY_GAIN = 1.5  # docs/experiments.md: R-DPP m=5's self-CIDEr at least 1.5x SCST's
 OBJECTIVE_COLS = ("greedy", "mean", "oracle", "self_cider", "bad_ending")
 
 
@@ -119,7 +123,7 @@ def objective(ws: Path, against: Path | None = None) -> list[Block]:
         xe, scst, dpp = means["xe"], means["scst"], means["dpp-m5"]
         blocks.append(Text([
             "Checks on the seed means (--workspace):",
-            f"- R-DPP m=5 self-CIDEr / SCST's = {dpp['self_cider'] / scst['self_cider']:.2f} (≥ 1.5)",
+            f"- R-DPP m=5 self-CIDEr / SCST's = {dpp['self_cider'] / scst['self_cider']:.2f} (≥ {DIVERSITY_GAIN})",
             f"- R-DPP m=5 oracle {dpp['oracle']:.3f} vs SCST {scst['oracle']:.3f} (≥)",
             f"- R-DPP m=5 mean sample CIDEr / XE's = {dpp['mean'] / xe['mean']:.2f} (≥ 1.1)"]))
     return blocks
@@ -206,3 +210,78 @@ def _bf16_minus_fp32(mean: list[dict]) -> Table:
         ok = "–" if not math.isfinite(diff[0]) else "yes" if abs(diff[0]) <= TOLERANCE else "no"
         table.rows.append([label, *(Num(v) for v in diff), Num(ratio), ok])
     return table
+
+
+# ---- models: XE, SCST and R-DPP m=5 of every model ----------------------------------------------------
+
+MODEL_RUNS = [("xe", "xe", "XE"), ("finetune", "scst", "SCST"), ("finetune", "dpp-m5", "R-DPP m=5")]
+MODEL_COLS = [("mean sample CIDEr", ("average", "CIDEr")), ("oracle CIDEr (best of 10)", ("oracle", "CIDEr")),
+              ("self-CIDEr", ("diversity", "self_cider")), ("Div-2", ("diversity", "div2"))]
+
+
+def model_tags(ws: Path) -> list[str]:
+    """The models of the models sweep in ``ws``: the ``<tag>`` of every complete ``xe/xe-<tag>``."""
+    return sorted(d.name.removeprefix("xe-") for d in (ws / "xe").glob("xe-?*") if (d / "manifest.json").is_file())
+
+
+def model_label(ws: Path, tag: str) -> str:
+    """The model's name as its runs' manifests record it (``config.architecture``), with the folders'
+    tag beside it where the two differ."""
+    archs = [get(read_json(ws / group / f"{run}-{tag}" / "manifest.json"), "config", "architecture")
+             for group, run, _ in MODEL_RUNS]
+    arch = next((a for a in archs if a), tag)
+    return arch if arch == tag else f"{arch} ({tag})"
+
+
+def model_runs(ws: Path, tag: str) -> list[dict]:
+    """One dict per run of model ``tag`` that is there (its model artifact or its scores): the
+    objective's label, the four numbers of 10 random captions per test image (None where not
+    scored yet) and the run's training seconds (the last ``time`` of its metrics.csv)."""
+    runs = []
+    for group, run, label in MODEL_RUNS:
+        name, model = f"{run}-{tag}", ws / group / f"{run}-{tag}"
+        s = scores(ws, f"{name}-random10")
+        if s is None and not (model / "manifest.json").is_file():
+            continue
+        runs.append({"run": run, "objective": label, **{c: get(s, *k) for c, k in MODEL_COLS},
+                     "train s": last_time(model / "metrics.csv")})
+    return runs
+
+
+def models(ws: Path) -> list[Block]:
+    """Every model's XE, SCST and R-DPP m=5 runs, then per model the trade-off: R-DPP m=5's
+    self-CIDEr over SCST's, and the differences of its oracle and mean CIDEr, and the models on
+    which R-DPP's diversity gain (self-CIDEr at least ``DIVERSITY_GAIN`` x SCST's) appears."""
+    table = Table(["model", "objective", *(c for c, _ in MODEL_COLS), "train s"], align="llrrrrr",
+                  title="10 random captions per test image")
+    trade = Table(["model", "self-CIDEr R-DPP / SCST", "Δ oracle CIDEr (R-DPP − SCST)", "Δ mean CIDEr (R-DPP − SCST)",
+                   f"diversity gain (≥ {DIVERSITY_GAIN}×)"], align="lrrrl",
+                  title="The trade-off per model: R-DPP m=5 against SCST")
+    gain, none = [], []
+    for tag in model_tags(ws):
+        label, runs = model_label(ws, tag), model_runs(ws, tag)
+        for r in runs:
+            table.rows.append([label, r["objective"], *(Num(r[c]) for c, _ in MODEL_COLS),
+                               Num(None if math.isnan(r["train s"]) else r["train s"], ",.0f")])
+        ratio = _trade_off(runs)
+        if ratio is None:
+            continue
+        (gain if ratio[0] >= DIVERSITY_GAIN else none).append(f"{label} ({ratio[0]:.2f}×)")
+        trade.rows.append([label, Num(ratio[0], ".2f"), Num(ratio[1], "+.3f"), Num(ratio[2], "+.3f"),
+                           "yes" if ratio[0] >= DIVERSITY_GAIN else "no"])
+    blocks: list[Block] = [table]
+    if trade.rows:
+        blocks += [trade, Text([f"R-DPP m=5's diversity gain (self-CIDEr ≥ {DIVERSITY_GAIN}× SCST's) appears on: "
+                                f"{', '.join(gain) or 'none'}; not on: {', '.join(none) or 'none'}."])]
+    return blocks
+
+
+def _trade_off(runs: list[dict]) -> tuple[float, float, float] | None:
+    """R-DPP m=5's self-CIDEr / SCST's, and its oracle and mean CIDEr minus SCST's; None unless both
+    runs have all three numbers (and SCST's self-CIDEr is not 0)."""
+    by = {r["run"]: r for r in runs}
+    scst, dpp = by.get(MODEL_RUNS[1][1]), by.get(MODEL_RUNS[2][1])
+    keys = ("self-CIDEr", "oracle CIDEr (best of 10)", "mean sample CIDEr")
+    if scst is None or dpp is None or any(r[k] is None for r in (scst, dpp) for k in keys) or not scst[keys[0]]:
+        return None
+    return dpp[keys[0]] / scst[keys[0]], dpp[keys[1]] - scst[keys[1]], dpp[keys[2]] - scst[keys[2]]

@@ -32,6 +32,10 @@ def blocks(opts: TableOptions, ws: Path) -> list[Block]:
         from rdpp_cli.reporting.sweeps import precision
 
         return precision(ws)
+    if opts.table == "models":
+        from rdpp_cli.reporting.sweeps import models
+
+        return models(ws)
     if opts.table == "selection":
         from rdpp_cli.reporting.selection import selection
 
