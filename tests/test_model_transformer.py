@@ -19,6 +19,7 @@ from rdpp_cli.models import load_model, save_checkpoint, select_rows, sequence_l
 from rdpp_cli.models.base import CaptionModel, stepwise_logprobs
 from rdpp_cli.models.registry import model_spec
 from rdpp_cli.models.transformer import LayerNorm, Transformer, TransformerConfig, causal_mask, positional_encoding
+from rdpp_cli.precision import autocast
 from rdpp_cli.training.finetune import RewardStep
 from rdpp_cli.training.xe import xe_loss
 from helpers import fit_captions, write_tiny_data
@@ -171,6 +172,23 @@ def test_teacher_forcing_with_the_masks_gives_the_sampling_log_probs():
     assert torch.allclose(tok, drawn, atol=1e-5, rtol=0)
     fresh, _ = m.token_logprobs(att, dec.tokens, mask)
     assert (fresh - drawn).abs().max() > 0.1  # the masks matter
+
+
+@pytest.mark.unit
+def test_the_replay_holds_under_bf16_autocast():
+    """Sampling and its replay in the same precision (as the RL step runs them): the same log-probs,
+    float32, and bf16's own (not the fp32 ones)."""
+    m = tiny(dropout=0.3).train()
+    att, mask, _ = inputs()
+    drop = m.draw_dropout(3, 12, 9, 5, generator=torch.Generator().manual_seed(3))
+    with autocast("bf16", "cpu"):
+        dec = decode(m, att, DecodeConfig(method="random", n=4, max_len=8), att_mask=mask,
+                     generator=torch.Generator().manual_seed(4), drop=drop)
+        tok, on = m.token_logprobs(att, dec.tokens, mask, drop=drop)
+    drawn, on = dec.logprobs.reshape(tok.shape), on.bool()
+    assert tok.dtype == torch.float32 and torch.allclose(tok[on], drawn[on], atol=1e-5, rtol=0)
+    fp32, _ = m.token_logprobs(att, dec.tokens, mask, drop=drop)
+    assert 1e-4 < (fp32[on] - drawn[on]).abs().max() < 0.5
 
 
 @pytest.mark.unit

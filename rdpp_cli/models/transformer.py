@@ -310,7 +310,7 @@ class Transformer(nn.Module):
             gen.manual_seed(int(drop.image["seed"]))
         d = Drop(self.training, gen)
         mask = None if att_mask is None else att_mask.bool()[:, None, None, :]
-        x = d(F.relu(self.att_embed(att)), c.drop_prob_lm)
+        x = d(f32(F.relu(self.att_embed(att))), c.drop_prob_lm)  # the residual stream stays float32 under autocast
         for layer in self.encoder.layers:
             x = layer(x, mask, d)
         memory = self.encoder.norm(x)
