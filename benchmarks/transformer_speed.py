@@ -18,7 +18,9 @@ of ``--batch`` images (50).
 Before timing, the script checks on 2 images in fp32 eval mode that both compute the same
 teacher-forced log-probs. Timing: one warm-up call per side, then ``--repeat`` calls per side,
 interleaved (benchmarks/timing.py), medians (best beside). ``--quick``: tiny sizes, one repeat,
-to check that the script runs.
+to check that the script runs. Memory: the peer's XE step at 50 images keeps the activations of
+its encoder over 250 copies of the features (it repeats them per caption before encoding), more
+than a 23 GB machine shared with other work could give; ``--batch`` smaller there.
 
     python benchmarks/transformer_speed.py [--repeat 3] [--batch 50] [--m 5] [--threads 2]
                                            [--what xe,decode] [--peer-repo PATH] [--quick]
