@@ -328,7 +328,7 @@ class TrainingRecipe:
             "epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step,
             "elapsed": self.elapsed(), "history": self.history, "sums": self.sums, "best": self.best,
             "best_epoch": self.best_epoch, "last_val": self.last_val, "world_size": self.rt.world_size,
-            "stage": self.stage,
+            "stage": self.stage, "epoch_lr": getattr(self, "lr_now", None),
         }
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -339,6 +339,7 @@ class TrainingRecipe:
         if self.scaler is not None and st.get("scaler") is not None:
             self.scaler.load_state_dict(st["scaler"])
         self.position = Position(int(st["epoch"]), int(st["batch"]), int(st["step"]))
+        self.epoch_lr = st.get("epoch_lr") if self.position.batch else None  # mid-epoch: the LR its row reports
         self.elapsed0 = float(st["elapsed"])
         self.history, self.sums = list(st["history"]), dict(st["sums"])
         self.best, self.best_epoch, self.last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
@@ -358,7 +359,10 @@ class TrainingRecipe:
         """The batches of epoch ``position.epoch`` from ``position.batch`` on, with the mid-epoch
         checkpoints ``save_every_steps`` asks for."""
         o, pos = self.opts, self.position
-        self.lr_now = self.optimizer.param_groups[0]["lr"]
+        # the LR the epoch's row reports: at its first step (a run resumed mid-epoch restores it; with the
+        # Noam schedule the LR has moved since)
+        self.lr_now = self.epoch_lr if getattr(self, "epoch_lr", None) is not None else self.optimizer.param_groups[0]["lr"]
+        self.epoch_lr = None
         done = min(pos.batch * o.batch_size, self.loader.images_per_epoch)
         self.task = self.bar.add_task(f"{self.stage} epoch {pos.epoch + 1}/{o.epochs}",
                                       total=self.loader.images_per_epoch, completed=done, info="")
