@@ -135,25 +135,35 @@ def _runs(offsets: np.ndarray, rb: int, start: int, stop: int):
     yield off, size
 
 
-def read_rows(fd: int, offsets: np.ndarray, rb: int, start: int, stop: int):
+def _pread_full(fd: int, buf: memoryview, off: int) -> None:
+    """Fill ``buf`` from the file ``fd`` at ``off`` (``os.preadv``, going on after a short read);
+    OSError when the file ends before it is full."""
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], off + got)
+        if not n:
+            raise OSError(f"the file ends inside the extent at {off}")
+        got += n
+
+
+def read_rows(fd: int, offsets: np.ndarray, rb: int, start: int, stop: int) -> np.ndarray:
     """The bytes of rows ``start:stop`` (``offsets``: every row's file offset, ``rb`` bytes a row)
-    read from the file ``fd`` with ``os.pread``, in pieces of up to _RUN_BYTES; OSError when the
-    file ends before them."""
+    read from the file ``fd`` into one uint8 array; OSError when the file ends before them."""
+    out = np.empty((stop - start) * rb, dtype=np.uint8)
+    view, pos = memoryview(out), 0
     for off, size in _runs(offsets, rb, start, stop):
-        data = os.pread(fd, size, off)
-        while len(data) < size:  # a short read: go on where it stopped
-            more = os.pread(fd, size - len(data), off + len(data))
-            if not more:
-                raise OSError(f"the file ends inside the extent at {off}")
-            data += more
-        yield data
+        _pread_full(fd, view[pos:pos + size], off)
+        pos += size
+    return out
 
 
 def _pread_digest(fd: int, plans: list[tuple[np.ndarray, int]], start: int, stop: int) -> bytes:
     h = hashlib.sha256()
+    buf = memoryview(bytearray(max(_RUN_BYTES, *(rb for _, rb in plans))))
     for offsets, rb in plans:
-        for data in read_rows(fd, offsets, rb, start, stop):
-            h.update(data)
+        for off, size in _runs(offsets, rb, start, stop):
+            _pread_full(fd, buf[:size], off)
+            h.update(buf[:size])
     return h.digest()
 
 

@@ -170,9 +170,9 @@ class FeatureWriter:
         for name, a in zip(self.names, arrays):
             ds = self.ds[name]
             offsets = content_hash.row_offsets(ds, s, s + k)
-            on_disk = (b"" if offsets is None else
-                       b"".join(content_hash.read_rows(self._fd, offsets, content_hash.row_bytes(ds), 0, k)))
-            if on_disk != np.ascontiguousarray(a).tobytes():
+            on_disk = None if offsets is None else content_hash.read_rows(self._fd, offsets,
+                                                                           content_hash.row_bytes(ds), 0, k)
+            if on_disk is None or not np.array_equal(on_disk, np.ascontiguousarray(a).reshape(-1).view(np.uint8)):
                 raise OSError(None, f"rows {s:,} to {s + k - 1:,} of {name} are not on the disk after writing them")
             h.update(on_disk)
         return h.digest()
@@ -190,12 +190,16 @@ class FeatureWriter:
             raise RuntimeError(f"features.h5 has {self.done} of {self.n} rows")
         digests = [bytes(d) for d in self.ds["_digests"][:]]
         try:
-            self.f.flush()
-            os.fsync(self._fd)
+            self._sync()
         except OSError as e:
             raise self._failure(e) from e
         self.close()
         return {"sha256": content_hash.combine(digests), "hash_of": content_hash.spec(self.names, self.block)}
+
+    def _sync(self) -> None:
+        """Flush the file and wait until the disk has it."""
+        self.f.flush()
+        os.fsync(self._fd)
 
     def close(self) -> None:
         """Close the file; after a failed write, quietly (the disk may still be full: what is not on
