@@ -11,6 +11,10 @@ dataset is one uncompressed extent of the file (rdpp's ``FeatureWriter`` layout,
 dataset; ``row_extents``), the blocks are read with ``os.pread`` and hashed on several threads at
 once (both release the GIL: the check runs at the disk's speed, not one core's); any other layout
 is read through h5py, one block after another. benchmarks/data.py measures both.
+
+A writer reads its rows back the same way: ``row_offsets`` and ``read_rows`` (a block just
+written, past HDF5's caches), ``block_digests`` (every block an earlier run wrote, with None for
+a block with a row that is not in the file), so that a digest it records is of the bytes on disk.
 """
 
 from __future__ import annotations
