@@ -9,7 +9,6 @@ the generated set. File formats: docs/architecture.md; decisions: docs/data.md.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections import Counter
 from collections.abc import Sequence
