@@ -8,14 +8,23 @@ needs root (or a user namespace); where it is not allowed the tests skip and say
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import h5py
+import numpy as np
 import pytest
 
-from rdpp_cli.artifacts import is_complete
+from rdpp_cli.artifacts import content_hash, is_complete, read_artifact
+from rdpp_cli.artifacts.manifest import MANIFEST
+from rdpp_cli.artifacts.verified import VERIFIED
 from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.data.features import FeatureWriter
 
 from helpers import error_line, model_artifact, rdpp, write_tiny_data
 
@@ -71,7 +80,6 @@ def ws(tmp_path):
 
 def test_read_only_workspace_is_said_before_any_work(ws, tmp_path):
     root, data = ws
-    from rdpp_cli.artifacts import read_artifact
 
     model_artifact(root, read_artifact(data))
     ids = [int(i) for i in DataArtifact(read_artifact(data)).image_ids[-2:]]  # the test split
@@ -108,3 +116,140 @@ def test_full_disk_while_making_data_is_one_line(tmp_path):
         r = rdpp("prepro", "toy", "--images", "300", "--workspace", small)
         one_failure_line(r, "no space left writing", str(small / "data" / "toy-v1"))
         assert not is_complete(small / "data" / "toy-v1")
+
+
+# ---- a data artifact is complete only when its files on disk are ------------------------------------
+
+TOY = ("prepro", "toy", "--images", "300", "--batch-size", "10")
+
+
+def rdpp_process(*args):
+    """``rdpp ARGS`` in a child process (HDF5 on a full disk must not take the test run down with it),
+    as ``rdpp``'s result: ``exit_code`` and ``output``."""
+    env = {**os.environ, "COLUMNS": "300", "RDPP_NO_PROGRESS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "rdpp_cli", *map(str, args)], capture_output=True, text=True, env=env)
+    return SimpleNamespace(exit_code=r.returncode, output=r.stdout + r.stderr)
+
+
+def features_of(path: Path) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return {k: f[k][:] for k in f if not k.startswith("_")}
+
+
+def assert_as_clean_run(ws: Path, clean: Path) -> None:
+    """The resumed artifact's features equal the clean run's array for array, byte for byte; the
+    manifest's hash of features.h5 is the hash of the file on disk (and the clean run's); both
+    `rdpp verify --quick` and `rdpp verify` find nothing wrong."""
+    art = ws / "data" / "toy-v1"
+    got, want = features_of(art / "features.h5"), features_of(clean / "features.h5")
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), k
+    entry = read_artifact(art, "rdpp.data").manifest["files"]["features.h5"]
+    assert entry["sha256"] == content_hash.recompute(art / "features.h5", entry["hash_of"])
+    assert entry["sha256"] == read_artifact(clean, "rdpp.data").manifest["files"]["features.h5"]["sha256"]
+    for quick in (["--quick"], []):
+        r = rdpp("verify", *quick, "--workspace", ws)
+        assert r.exit_code == 0 and "1 artifact(s) checked" in r.output and "0 with problems" in r.output, r.output
+
+
+def pages(paths) -> int:
+    """Bytes a tmpfs charges for ``paths``: whole 4 KiB pages."""
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in paths if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def clean_toy(tmp_path_factory):
+    ws = tmp_path_factory.mktemp("clean")
+    r = rdpp(*TOY, "--workspace", ws)
+    assert r.exit_code == 0, r.output
+    return ws
+
+
+@pytest.mark.parametrize("fills_at", ["features.h5", "captions.h5"])
+def test_full_disk_while_making_data_then_rerun_equals_a_clean_run(clean_toy, tmp_path, fills_at):
+    """A tmpfs with room for everything written before ``fills_at`` and half of it: one line naming
+    the file, the free space and the space needed; an unfinished folder; the disk grown, the same
+    command resumes and ends with the clean run's features, checked from the disk."""
+    clean = clean_toy / "data" / "toy-v1"
+    order = ["captions.h5", "cider_df.h5", "features.h5", MANIFEST, VERIFIED]  # as prepro writes them
+    before = [p for p in clean_toy.rglob("*") if p.name not in order[order.index(fills_at):]]
+    size = pages(before) + pages([clean / fills_at]) // 2 + 4 * 4096  # + the partial marker and the lock
+    with tmpfs(tmp_path / "small", f"{size // 1024}k") as small:
+        r = rdpp_process(*TOY, "--workspace", small)
+        line = one_failure_line(r, f"no space left writing {small / 'data' / 'toy-v1' / fills_at}", "MiB free there")
+        assert "\n" not in line and ("MiB more needed" in line) == (fills_at == "features.h5")
+        assert not is_complete(small / "data" / "toy-v1")  # unfinished, never looking complete
+        _mount("-o", f"remount,size={4 * size // 1024}k", str(small))
+        r = rdpp(*TOY, "--workspace", small)
+        assert r.exit_code == 0 and "resuming unfinished" in r.output, r.output
+        assert_as_clean_run(small, clean)
+
+
+def lose_rows(monkeypatch, block: int, rows: int, *, flush_fails: bool) -> None:
+    """HDF5 on a full disk: the writes of ``fc`` and ``att`` rows ``block:block+rows`` never reach the
+    file and raise nothing (HDF5 printed and ignored its error); with ``flush_fails`` the next flush
+    of the file raises ENOSPC."""
+    real_set, real_flush = h5py.Dataset.__setitem__, h5py.File.flush
+    lost = []
+
+    def setitem(ds, key, value):
+        if ds.name in ("/fc", "/att") and isinstance(key, slice) and key.start == block and len(lost) < 2:
+            lost.append(ds.name)
+            return None
+        return real_set(ds, key, value)
+
+    def flush(f):
+        if flush_fails and len(lost) == 2:
+            lost.append("flush")
+            raise OSError(errno.ENOSPC, "Can't write data (file write failed)\n, errno = 28, ...")
+        return real_flush(f)
+
+    monkeypatch.setattr(h5py.Dataset, "__setitem__", setitem)
+    monkeypatch.setattr(h5py.File, "flush", flush)
+
+
+@pytest.mark.parametrize("flush_fails", [True, False], ids=["flush-raises-ENOSPC", "write-lost-silently"])
+def test_rows_that_never_reached_the_disk_are_found_and_written_again(clean_toy, tmp_path, monkeypatch,
+                                                                       flush_fails):
+    ws = tmp_path / "ws"
+    with monkeypatch.context() as m:
+        lose_rows(m, 40, 10, flush_fails=flush_fails)
+        r = rdpp(*TOY, "--workspace", ws)
+    folder = ws / "data" / "toy-v1"
+    fragments = ([f"no space left writing {folder / 'features.h5'}", "MiB more needed"] if flush_fails else
+                 [f"{folder / 'features.h5'}: rows 40 to 49 of fc are not on the disk after writing them"])
+    line = one_failure_line(r, *fragments)
+    assert "\n" not in line and "Traceback" not in r.output
+    assert not is_complete(folder)
+    r = rdpp(*TOY, "--workspace", ws)
+    assert r.exit_code == 0 and "resuming feature extraction at image 40 of 300" in r.output, r.output
+    assert_as_clean_run(ws, clean_toy / "data" / "toy-v1")
+
+
+def test_a_block_changed_between_runs_is_extracted_again(clean_toy, tmp_path, monkeypatch):
+    """Rows an earlier run wrote are read back before the file is finished: a block zeroed after an
+    interrupted run (as a write HDF5 lost leaves it) is extracted again, not taken as done."""
+    ws = tmp_path / "ws"
+    real = FeatureWriter.write
+    calls = []
+
+    def write(self, *a, **kw):
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(self, *a, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(FeatureWriter, "write", write)
+        assert rdpp(*TOY, "--workspace", ws).exit_code == 130
+    path = ws / "data" / "toy-v1" / "features.h5"
+    with h5py.File(path, "r+") as f:
+        assert int(f.attrs["_done"]) == 80
+        f["att"][30:40] = 0  # a block recorded as written, zeroed on the disk
+    r = rdpp(*TOY, "--workspace", ws)
+    assert r.exit_code == 0, r.output
+    assert "rows 30 to 39 are not on the disk as written" in r.output and "extracting again from image 30" in r.output
+    assert "resuming feature extraction at image 30 of 300" in r.output
+    assert_as_clean_run(ws, clean_toy / "data" / "toy-v1")

@@ -60,14 +60,16 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
 _TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
 
 
-def write_failure(e: BaseException, path: Path) -> OSError | None:
+def write_failure(e: BaseException, path: Path, needed: int | None = None) -> OSError | None:
     """``e``, an error while writing ``path``, as an ``OSError`` naming ``path`` (what the stage wrapper
-    prints as one line), with the free space left on its disk; None for an error that is not a failed
-    write (a bug, Ctrl-C), to be raised as it is."""
+    prints as one line), with the free space left on its disk (and ``needed``, the bytes the file
+    still needs, when the writer knows them); None for an error that is not a failed write (a bug,
+    Ctrl-C), to be raised as it is."""
     if isinstance(e, OSError) and e.filename:
         return None  # names its file already
     if isinstance(e, OSError):
-        errno, why = e.errno, e.strerror or str(e)
+        # HDF5 puts a many-line report in strerror: the errno says it in a few words
+        errno, why = e.errno, os.strerror(e.errno) if e.errno else (str(e.strerror or e) or 'OSError').splitlines()[0]
     elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):
         errno, why = None, "torch.save could not write the whole file"
     else:
@@ -77,6 +79,8 @@ def write_failure(e: BaseException, path: Path) -> OSError | None:
         why += f"; {free / 2**20:,.1f} MiB free there"
     except OSError:
         free = None
+    if needed:
+        why += f", about {needed / 2**20:,.1f} MiB more needed"
     if errno is None and free is not None and free < 2**20:
         errno = 28  # torch says no more than "unexpected pos": a full disk, as the free space shows
     return OSError(errno, why, str(path))

@@ -1,10 +1,15 @@
-"""``features.h5``: written block by block as features are computed, hashed while written, resumable.
+"""``features.h5``: written block by block as features are computed, read back, resumable.
 
-``FeatureWriter`` owns the file. Rows are written in blocks of ``block`` images (the batch size);
-after each block the rows, the block's digest (``_digests`` dataset) and the number of finished rows
-(attr ``_done``) are flushed together, so a run that dies (Ctrl-C, crash, lost machine) resumes at
-the first unfinished block when the same command runs again, and the file's content hash
-(``artifacts.content_hash``) is finished from the stored digests without re-reading anything.
+``FeatureWriter`` owns the file. Rows are written in blocks of ``block`` images (the batch size).
+A block counts as written only once it is on the disk: its rows are flushed, read back with
+``os.pread`` (past HDF5's caches: HDF5 can lose a failed write without raising, as on a full disk),
+compared with what was written, and only then its digest (``_digests``, over the bytes read back)
+and the number of finished rows (attr ``_done``) are recorded and flushed. A run that dies (Ctrl-C,
+a crash, a full disk, a lost machine) resumes when the same command runs again: the blocks an
+earlier run recorded are read back from the disk and checked against their digests first, and the
+first one that differs (never written, changed since) is extracted again, with every block after it.
+The file's content hash (``artifacts.content_hash``) is finished from those digests, each of bytes
+read from the disk; ``finish`` fsyncs the file first, so a write the disk failed later is said there.
 
 ``extract_features`` runs a backbone over image files through a DataLoader (``workers`` processes
 decode images; memory does not grow with the number of images).
@@ -13,6 +18,7 @@ decode images; memory does not grow with the number of images).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -24,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from rdpp_cli.artifacts import content_hash
+from rdpp_cli.artifacts.files import write_failure
 from rdpp_cli.console import info, note, progress
 from rdpp_cli.data.backbones import Backbone
 from rdpp_cli.data.options import FEATURE_DTYPES
@@ -37,9 +44,11 @@ class FeatureWriter:
     """Write ``fc`` (N, D), ``att`` (N, R, D) and optional ``att_len`` (N,) row-block by row-block.
 
     ``FeatureWriter(path, image_ids, fc_dim=D, regions=R, dtype="float16", block=B, attrs={...})``
-    opens an unfinished file with the same layout and resumes at ``writer.done``; anything else at
-    ``path`` is replaced. ``write(fc, att, att_len)`` appends the next block (exactly ``block`` rows
-    except the last). ``finish()`` returns the manifest's precomputed hash entry.
+    opens an unfinished file with the same layout and resumes at ``writer.done`` (the rows of the
+    blocks found on disk as recorded); anything else at ``path`` is replaced. ``write(fc, att,
+    att_len)`` appends the next block (exactly ``block`` rows except the last). ``finish()`` returns
+    the manifest's precomputed hash entry. A failed write raises an ``OSError`` naming the file, the
+    free space on its disk and about how much more the file needs.
     """
 
     def __init__(self, path: Path, image_ids: np.ndarray, *, fc_dim: int, regions: int, dtype: str = "float16",
@@ -53,8 +62,15 @@ class FeatureWriter:
         self.with_att_len = with_att_len
         self.attrs = {"dtype": dtype, **(attrs or {}), "_block": self.block}
         self.names = ["fc", "att"] + (["att_len"] if with_att_len else []) + ["image_ids"]
+        self.failed = False
         self.f = self._open()
-        self.done = int(self.f.attrs["_done"])
+        # the datasets stay open: HDF5 then never writes them out when a temporary handle is
+        # dropped, where a failed write is printed and ignored instead of raised
+        self.ds = {name: self.f[name] for name in [*self.names, "_digests"]}
+        self._fd = os.open(self.path, os.O_RDONLY)  # reads back what was written, past HDF5's caches
+        self.done = self._rows_on_disk()
+        if 0 < self.done < self.n:
+            info(f"resuming feature extraction at image {self.done:,} of {self.n:,}")
 
     # -- opening / resuming ------------------------------------------------------------------
     def _layout_matches(self, f: h5py.File) -> bool:
@@ -74,20 +90,19 @@ class FeatureWriter:
         return -(-self.n // self.block)
 
     def _open(self) -> h5py.File:
+        # rdcc_nbytes=0: no chunk cache, so a row block goes to the file inside the write that raises
         if self.path.exists():
             try:
-                f = h5py.File(self.path, "r+")
+                f = h5py.File(self.path, "r+", rdcc_nbytes=0)
             except OSError:
                 f = None
             if f is not None and self._layout_matches(f):
-                if 0 < int(f.attrs["_done"]) < self.n:
-                    info(f"resuming feature extraction at image {int(f.attrs['_done']):,} of {self.n:,}")
                 return f
             if f is not None:
                 f.close()
             info(f"{self.path} is from another run or damaged: extracting from the start")
             self.path.unlink()
-        f = h5py.File(self.path, "w")
+        f = h5py.File(self.path, "w", rdcc_nbytes=0)
         r, d = self.regions, self.fc_dim
         f.create_dataset("fc", (self.n, d), dtype=self.dtype, chunks=(1, d) if self.n else None)
         f.create_dataset("att", (self.n, r, d), dtype=self.dtype, chunks=(1, r, d) if self.n else None)
@@ -101,9 +116,33 @@ class FeatureWriter:
         f.flush()
         return f
 
+    def _rows_on_disk(self) -> int:
+        """The rows an earlier run recorded (``_done``) whose blocks are on the disk as recorded: each
+        block read back now and its digest compared with the one recorded. The first block that
+        differs (never on the disk: zeros after a full disk; changed since) is where writing resumes."""
+        done = int(self.f.attrs["_done"])
+        if not done:
+            return 0
+        plans = [(content_hash.chunk_offsets(self.ds[d]), content_hash.row_bytes(self.ds[d])) for d in self.names]
+        if any(offsets is None for offsets, _ in plans):
+            note(f"{self.path}: its rows are not stored as rdpp writes them; extracting from the start")
+            return 0
+        with progress("rows", transient=True) as bar:
+            task = bar.add_task(f"check {self.path.name} (written before)", total=done, info="")
+            found = content_hash.block_digests(self._fd, plans, self.block, done,
+                                               advance=lambda k: bar.advance(task, k))
+        for b, (digest, recorded) in enumerate(zip(found, self.ds["_digests"][:len(found)])):
+            if digest != bytes(recorded):
+                s = b * self.block
+                note(f"{self.path}: rows {s:,} to {min(s + self.block, done) - 1:,} are not on the disk as written "
+                     f"(a write that failed, or changed since); extracting again from image {s:,}")
+                return s
+        return done
+
     # -- writing -------------------------------------------------------------------------------
     def write(self, fc, att, att_len=None) -> None:
-        """Append the next block of rows and flush it together with its digest and the row count."""
+        """Append the next block: write and flush its rows, read them back from the disk, and only then
+        record it as written (its digest and the row count, flushed too)."""
         fc = np.asarray(fc, dtype=self.dtype)
         att = np.asarray(att, dtype=self.dtype)
         k = fc.shape[0]
@@ -111,31 +150,71 @@ class FeatureWriter:
         if k != min(self.block, self.n - s) or att.shape != (k, self.regions, self.fc_dim):
             raise ValueError(f"block of {k} rows at {s}: expected {min(self.block, self.n - s)} rows of "
                              f"att ({self.regions}, {self.fc_dim})")
-        arrays = [fc, att]
-        self.f["fc"][s:s + k] = fc
-        self.f["att"][s:s + k] = att
-        if self.with_att_len:
-            lens = np.asarray(att_len, dtype=np.int32)
-            self.f["att_len"][s:s + k] = lens
-            arrays.append(lens)
-        arrays.append(self.image_ids[s:s + k])
-        self.f["_digests"][s // self.block] = np.frombuffer(content_hash.block_digest(arrays), dtype=np.uint8)
+        arrays = [fc, att] + ([np.asarray(att_len, dtype=np.int32)] if self.with_att_len else [])
+        try:
+            for name, a in zip(self.names, arrays):
+                self.ds[name][s:s + k] = a
+            self.f.flush()
+            digest = self._read_back(s, k, [*arrays, self.image_ids[s:s + k]])
+            self.ds["_digests"][s // self.block] = np.frombuffer(digest, dtype=np.uint8)
+            self.f.attrs["_done"] = s + k
+            self.f.flush()
+        except OSError as e:
+            raise self._failure(e) from e
         self.done = s + k
-        self.f.attrs["_done"] = self.done
-        self.f.flush()
+
+    def _read_back(self, s: int, k: int, arrays: list[np.ndarray]) -> bytes:
+        """The block's digest over rows ``s:s+k`` as read from the file now; OSError when they are
+        not the ``arrays`` just written."""
+        h = hashlib.sha256()
+        for name, a in zip(self.names, arrays):
+            ds = self.ds[name]
+            offsets = content_hash.row_offsets(ds, s, s + k)
+            on_disk = None if offsets is None else content_hash.read_rows(self._fd, offsets,
+                                                                           content_hash.row_bytes(ds), 0, k)
+            if on_disk is None or not np.array_equal(on_disk, np.ascontiguousarray(a).reshape(-1).view(np.uint8)):
+                raise OSError(None, f"rows {s:,} to {s + k - 1:,} of {name} are not on the disk after writing them")
+            h.update(on_disk)
+        return h.digest()
+
+    def _failure(self, e: OSError) -> OSError:
+        """``e`` naming this file, with about how many bytes its unwritten rows still need."""
+        self.failed = True
+        row = (self.fc_dim * (1 + self.regions)) * self.dtype.itemsize + 4 * self.with_att_len
+        return write_failure(e, self.path, needed=(self.n - self.done) * row) or e
 
     def finish(self) -> dict:
-        """Close the file; the precomputed hash entry for ``write_manifest``."""
+        """fsync and close the file (a write the disk failed after it was read back is said here);
+        the precomputed hash entry for ``write_manifest``, over the digests of blocks read from the disk."""
         if self.done != self.n:
             raise RuntimeError(f"features.h5 has {self.done} of {self.n} rows")
-        digests = [bytes(d) for d in self.f["_digests"][:]]
+        digests = [bytes(d) for d in self.ds["_digests"][:]]
+        try:
+            self._sync()
+        except OSError as e:
+            raise self._failure(e) from e
         self.close()
         return {"sha256": content_hash.combine(digests), "hash_of": content_hash.spec(self.names, self.block)}
 
+    def _sync(self) -> None:
+        """Flush the file and wait until the disk has it."""
+        self.f.flush()
+        os.fsync(self._fd)
+
     def close(self) -> None:
-        if self.f:
+        """Close the file; after a failed write, quietly (the disk may still be full: what is not on
+        it is found and written again on the next run)."""
+        if not self.f:
+            return
+        self.ds = {}
+        try:
             self.f.close()
+        except OSError:
+            if not self.failed:
+                raise
+        finally:
             self.f = None
+            os.close(self._fd)
 
 
 def _attr_eq(stored, wanted) -> bool:

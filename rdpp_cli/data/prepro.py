@@ -9,7 +9,6 @@ the generated set. File formats: docs/architecture.md; decisions: docs/data.md.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections import Counter
 from collections.abc import Sequence
@@ -19,8 +18,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from rdpp_cli.artifacts import Artifact, atomic_write_json, finish, is_complete, prepare_output, write_manifest
-from rdpp_cli.artifacts.manifest import file_ref, workspace_root, write_failure
+from rdpp_cli.artifacts import Artifact, atomic_write_bytes, atomic_write_json, finish, is_complete, prepare_output, write_manifest
+from rdpp_cli.artifacts.manifest import file_ref, workspace_root
 from rdpp_cli.artifacts.workspace import workspace_dir
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data import vocab as V
@@ -176,8 +175,8 @@ def _write_text_side(out_dir: Path, plan: PreproPlan) -> TextSide:
 
     atomic_write_json(out_dir / "vocab.json", {"words": words})
     raws = [_raw(r, j) for r in recs for j in range(len(r.captions))]
-    _write_h5_atomic(out_dir / "captions.h5", lambda tmp: _write_captions(tmp, labels, lengths, label_start,
-                                                                          label_end, image_ids, recs, raws))
+    _write_h5_atomic(out_dir / "captions.h5", lambda f: _fill_captions(f, labels, lengths, label_start, label_end,
+                                                                       image_ids, recs, raws))
     # the training reward's document frequencies, as self-critical.pytorch's prepro_ngrams.py counts
     # them: each training reference's UNK-mapped tokens, not clipped, plus the end token; an n-gram
     # once per image (docs/rewards.md)
@@ -185,7 +184,7 @@ def _write_text_side(out_dir: Path, plan: PreproPlan) -> TextSide:
     train_refs = [[[w2i.get(t, unk) for t in c] for c in r.captions] for r in recs if r.split == "train"]
     eos = eos_id(len(words))
     df = doc_freq_with_eos(train_refs, eos, words=words)
-    _write_h5_atomic(out_dir / "cider_df.h5", lambda tmp: _save_df(df, tmp, eos))
+    _write_h5_atomic(out_dir / "cider_df.h5", lambda f: _fill_df(f, df, eos))
 
     unk_all = V.unk_rate(labels, lengths, unk)
     train_caps = np.concatenate([np.arange(label_start[i], label_end[i])
@@ -237,30 +236,22 @@ def _drop_strangers(out_dir: Path, keep: set[str]) -> None:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
-def _write_h5_atomic(path: Path, write) -> None:
-    """``write(tmp_path)`` then rename over ``path``: a reader never sees a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as e:  # h5py's "Can't write data" names no file: the line names this one
-        failed = write_failure(e, path)
-        if failed is None:
-            raise
-        raise failed from e
-    finally:
-        tmp.unlink(missing_ok=True)
+def _write_h5_atomic(path: Path, fill) -> None:
+    """``fill(f)`` on an HDF5 file built in memory, then its bytes written to ``path`` by
+    ``atomic_write_bytes`` (a temp file, fsync, rename: a reader never sees a half-written file; a
+    full disk is one line naming ``path``). HDF5 never writes to the disk itself: on a full disk it
+    can lose a write while printing and ignoring the error, and crash. The bytes are the same as a
+    file HDF5 writes to the disk."""
+    with h5py.File(path.name, "w", driver="core", backing_store=False) as f:
+        fill(f)
+        f.flush()
+        image = f.id.get_file_image()
+    atomic_write_bytes(path, image)
 
 
-def _save_df(df: DocFreq, path: Path, eos: int) -> None:
-    df.save_h5(path)
-    with h5py.File(path, "a") as f:
-        f.attrs["eos_id"] = eos  # the end token's id: counted in every training reference
-
-
-def _write_captions(path, labels, lengths, label_start, label_end, image_ids, recs, raws) -> None:
-    with h5py.File(path, "w") as f:
-        _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, raws)
+def _fill_df(f, df: DocFreq, eos: int) -> None:
+    df.fill_h5(f)
+    f.attrs["eos_id"] = eos  # the end token's id: counted in every training reference
 
 
 def _fill_captions(f, labels, lengths, label_start, label_end, image_ids, recs, raws) -> None:

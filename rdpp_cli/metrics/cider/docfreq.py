@@ -125,12 +125,16 @@ class DocFreq:
         """Write the ``cider_df.h5`` format of docs/architecture.md."""
         import h5py
 
+        with h5py.File(path, "w") as f:
+            self.fill_h5(f)
+
+    def fill_h5(self, f) -> None:
+        """Write the ``cider_df.h5`` datasets into the open h5py file ``f``."""
         if len(self.ngrams) and self.ngrams.max() > np.iinfo(np.int32).max:
             raise ValueError("DocFreq.save_h5: ids do not fit int32")
-        with h5py.File(path, "w") as f:
-            f.create_dataset("ngrams", data=self.ngrams.astype(np.int32))
-            f.create_dataset("df", data=self.df.astype(np.float64))
-            f.attrs["num_docs"] = int(self.num_docs)
+        f.create_dataset("ngrams", data=self.ngrams.astype(np.int32))
+        f.create_dataset("df", data=self.df.astype(np.float64))
+        f.attrs["num_docs"] = int(self.num_docs)
 
     @classmethod
     def from_references(cls, refs: Any, words: Sequence[str] | None = None) -> DocFreq:
