@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models import att2in
+from rdpp_cli.models import att2in, updown
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "att2in": ModelSpec("att2in", att2in.Att2in, att2in.Att2inConfig, att2in.PRESETS, "Att2in"),
+    "updown": ModelSpec("updown", updown.UpDown, updown.UpDownConfig, updown.PRESETS, "UpDown"),
 }
 
 

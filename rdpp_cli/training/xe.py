@@ -40,7 +40,7 @@ def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
     captions: ``sequence_logprobs(model(att, labels), labels)`` through the model's faster
     ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
     over the whole step's tokens, all processes together, as one process would take it."""
-    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask)
+    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask, fc=batch.fc)
     return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
