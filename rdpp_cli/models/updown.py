@@ -154,37 +154,49 @@ class UpDown(nn.Module):
                 "q_bias": torch.cat([self.h2att.bias, lang.bias_ih + lang.bias_hh], 0),
                 "z": lang.weight_ih[:, :H]}  # z_t: LSTM² input
 
-    def _attend(self, q: Tensor, enc: UpDownEncoded) -> Tensor:
-        """Attended regions z (N, H) for queries q (N, A)."""
+    def _attend(self, q: Tensor, enc: UpDownEncoded, rows: Tensor | None = None) -> Tensor:
+        """Attended regions z (n, H) for queries q (n, A) of all rows in order (``rows`` None) or of
+        the rows ``rows`` (image-major indices): scored among all rows (0 for the others), whose
+        images are then shared as for all."""
         B, R, H = enc.att.shape
-        n = q.shape[0] // B
-        scores = attention_scores(enc.keys, f32(q.view(B, n, -1)), self.alpha_net.weight[0]) + self.alpha_net.bias
-        weight = F.softmax(scores, dim=-1)  # (B, n, R)
+        if rows is not None:
+            q = q.new_zeros(B * enc.per_image, q.shape[1]).index_copy(0, rows, q)
+        scores = attention_scores(enc.keys, f32(q.view(B, enc.per_image, -1)), self.alpha_net.weight[0])
+        weight = F.softmax(scores + self.alpha_net.bias, dim=-1)  # (B, n, R)
         if enc.mask is not None:  # as the peer: zero the padding, renormalise
             weight = weight * enc.mask.unsqueeze(1)
             weight = weight / weight.sum(-1, keepdim=True)
-        return torch.bmm(weight, enc.att).view(B * n, H)
+        z = torch.bmm(weight, enc.att).view(-1, H)
+        return z if rows is None else z.index_select(0, rows)
 
     @staticmethod
-    def _lstm(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-        """nn.LSTMCell's update from its pre-activations (N, 4H) (gates i, f, g, o)."""
+    def _lstm(gates: Tensor, c: Tensor | None) -> tuple[Tensor, Tensor]:
+        """nn.LSTMCell's update from its pre-activations (N, 4H) (gates i, f, g, o); c None: zeros."""
         i, f, g, o = gates.chunk(4, 1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        c_in = torch.sigmoid(i) * torch.tanh(g)
+        c = c_in if c is None else torch.sigmoid(f) * c + c_in
         return torch.sigmoid(o) * torch.tanh(c), c
 
-    def _core(self, x_gates: Tensor, enc: UpDownEncoded, state: tuple) -> tuple:
-        """One step given LSTM¹'s input product of the word x_gates (N, 4H); returns the new state."""
-        h1, c1, h2, c2 = state
-        w = enc.w
-        B, H = enc.att.shape[0], self.config.rnn_size
-        n = h1.shape[0] // B
-        g1_h2, g2_h2 = F.linear(h2, w["h2"]).split([4 * H, 4 * H], 1)
-        g1 = torch.addmm(x_gates + g1_h2, h1, w["h1"].t())
-        g1 = (g1.view(B, n, 4 * H) + enc.fc_gates.unsqueeze(1)).view(B * n, 4 * H)
+    def _core(self, x_gates: Tensor, enc: UpDownEncoded, state: tuple | None, rows: Tensor | None = None) -> tuple:
+        """One step given LSTM¹'s input product of the word x_gates (n, 4H); returns the new state.
+        ``state`` None: the zero state (its products are skipped). ``rows``: the image-major indices
+        of these n rows when they are some of the rows (teacher forcing skips ended captions); the
+        state's first n rows are theirs."""
+        w, H = enc.w, self.config.rnn_size
+        n = x_gates.shape[0]
+        if rows is None:  # all rows, image-major: each image's fc product shared by its rows
+            g1 = (x_gates.view(enc.att.shape[0], -1, 4 * H) + enc.fc_gates.unsqueeze(1)).view(n, 4 * H)
+        else:
+            g1 = x_gates + enc.fc_gates.index_select(0, rows // enc.per_image)
+        h1 = c1 = c2 = g2 = None
+        if state is not None:
+            h1, c1, h2, c2 = (s[:n] for s in state)
+            g1_h2, g2 = F.linear(h2, w["h2"]).split([4 * H, 4 * H], 1)
+            g1 = torch.addmm(g1 + g1_h2, h1, w["h1"].t())
         h1, c1 = self._lstm(g1, c1)
         q, g2_h1 = F.linear(h1, w["q"], w["q_bias"]).split([w["q"].shape[0] - 4 * H, 4 * H], 1)
-        z = self._attend(q, enc)
-        h2, c2 = self._lstm(torch.addmm(g2_h2 + g2_h1, z, w["z"].t()), c2)
+        g2 = g2_h1 if g2 is None else g2 + g2_h1
+        h2, c2 = self._lstm(torch.addmm(g2, self._attend(q, enc, rows), w["z"].t()), c2)
         return h1, c1, h2, c2
 
     def step(self, it: Tensor, enc: UpDownEncoded, state: tuple,
@@ -200,43 +212,58 @@ class UpDown(nn.Module):
 
     # -- teacher forcing -----------------------------------------------------------------------
     def _hidden(self, att: Tensor, inputs: Tensor, att_mask: Tensor | None, fc: Tensor | None,
-                drop: DropoutMasks | None) -> Tensor:
-        """Language-LSTM outputs h² (N, T, H) for input word ids (N, T) (inputs[:, 0] = 0 = BOS)."""
+                drop: DropoutMasks | None, steps: Tensor | None = None) -> tuple[list[Tensor], Tensor | None]:
+        """Language-LSTM outputs h² for input word ids (N, T) (inputs[:, 0] = 0 = BOS): a list of T
+        tensors (n_t, H). ``steps`` None: every row at every step (n_t = N, rows in order). ``steps``
+        (N,): row r runs its first steps[r] steps only; the rows are taken longest first (``order``,
+        returned), so that step t's rows are the first n_t = #{r: steps[r] > t} of that order."""
         B, N = att.shape[0], inputs.shape[0]
         if N % B:
             raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
         enc = self.expand(self.encode(att, att_mask, fc=fc, drop=drop), N // B)
-        x = F.relu(self.embed(inputs))
-        x = x * drop.embed[:, :x.shape[1]] if drop is not None else self.dropout(x)
-        x_gates = F.linear(x, enc.w["x"])  # (N, T, 4H): every step's word product in one matmul
-        state = self.init_state(N)
-        hs = []
-        for x_t in x_gates.unbind(1):
-            state = self._core(x_t, enc, state)
+        order, counts = None, [N] * inputs.shape[1]
+        if steps is not None:
+            order = torch.argsort(steps, descending=True, stable=True)
+            counts = (steps.unsqueeze(1) > torch.arange(inputs.shape[1], device=steps.device)).sum(0).tolist()
+            inputs = inputs[order]
+        x = F.relu(self.embed(inputs.t()))  # (T, N, E)
+        if drop is not None:
+            x = x * (drop.embed if order is None else drop.embed[order])[:, :x.shape[0]].transpose(0, 1)
+        else:
+            x = self.dropout(x)
+        x_gates = F.linear(x, enc.w["x"])  # (T, N, 4H): every step's word product in one matmul
+        state, hs = None, []
+        for t, n in enumerate(counts):
+            state = self._core(x_gates[t, :n], enc, state, None if order is None else order[:n])
             hs.append(state[2])
-        return torch.stack(hs, 1)
+        return hs, order
 
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                 drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L): input 0
         (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at t = L, the EOS."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
-        h = self._hidden(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, fc, drop)
+        hs, _ = self._hidden(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, fc, drop)
+        h = torch.stack(hs, 1)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
         return F.log_softmax(f32(self.logit(h)), dim=-1)
 
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                        drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(att, seqs, fc=fc), seqs)`` (token_logp, mask), both (N, L+1),
-        faster: the LSTMs stop after the longest caption's EOS and the output layer runs only on the
-        tokens that count, with ops.token_logprob. For the XE loss and policy-gradient log-probs."""
+        faster: each caption's LSTM steps stop at its EOS (the rows still running are a prefix of
+        the rows sorted by length) and the output layer runs once, on the tokens that count, with
+        ops.token_logprob. For the XE loss and policy-gradient log-probs."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
         target, mask = targets(seqs)
-        T = max(int(mask.sum(1).max()), 1)  # steps needed
+        steps = mask.sum(1)  # tokens of each caption: its words and the EOS
+        T = max(int(steps.max()), 1)
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs[:, :T - 1]], 1)
-        h = self._hidden(att, inputs, att_mask, fc, drop)  # (N, T, H)
-        keep = mask[:, :T]
-        h = h[keep] * drop.out[:, :T][keep] if drop is not None else self.dropout(h[keep])
-        tok = token_logprob(self.logit(h), target[:, :T][keep].long())
-        out = tok.new_zeros(mask.shape).masked_scatter(mask, tok)
+        hs, order = self._hidden(att, inputs, att_mask, fc, drop, steps)
+        rows = torch.cat([order[:h.shape[0]] for h in hs])  # each token's caption and step
+        cols = torch.cat([torch.full((h.shape[0],), t, device=rows.device) for t, h in enumerate(hs)])
+        h = torch.cat(hs)
+        h = h * drop.out[rows, cols] if drop is not None else self.dropout(h)
+        tok = token_logprob(self.logit(h), target[rows, cols].long())
+        out = tok.new_zeros(mask.shape).index_put((rows, cols), tok)
         return out, mask.to(out.dtype)
