@@ -19,6 +19,7 @@ from rdpp_cli.data.loader import CaptionBatches
 from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.base import CaptionModel, select_rows, sequence_logprobs, stepwise_logprobs
+from rdpp_cli.models.checkpoint import load_model, save_checkpoint
 from rdpp_cli.models.registry import model_spec
 from rdpp_cli.models.updown import PRESETS, UpDown, UpDownConfig
 from rdpp_cli.training.finetune import RewardStep
@@ -168,6 +169,16 @@ def test_registry_presets_and_missing_fc():
     assert small.config.rnn_size == 256 and small.fc_embed.in_features == 8
     with pytest.raises(ValueError, match="fc"):
         small.encode(torch.zeros(1, 4, 16))
+
+
+@pytest.mark.unit
+def test_checkpoint_roundtrip(tmp_path):
+    m = tiny_updown(fc=8).eval()
+    save_checkpoint(tmp_path / "best.pt", m, [f"w{i}" for i in range(15)])
+    back, vocab, ckpt = load_model(tmp_path / "best.pt")
+    assert type(back) is UpDown and ckpt["model"] == "updown" and back.config == m.config and len(vocab) == 15
+    att, fc, seqs, _ = random_inputs(fc=8)
+    assert torch.equal(back(att, seqs, fc=fc), m(att, seqs, fc=fc))
 
 
 # -- on-policy RL: the teacher-forced pass replays the sampling pass's dropout ----------------------------

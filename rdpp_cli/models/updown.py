@@ -31,8 +31,10 @@ keys are computed once per image and shared by the image's n rows without a copy
 of LSTM¹ are split by what they multiply, so that v's part (with both biases) is one product per
 image, x_t's part one product for every step of a teacher-forced pass, and h²_{t-1}'s part one
 product together with LSTM²'s recurrent weights; h¹_t's query and its part of LSTM²'s input are one
-product; the output layer runs once after the loop, on the tokens that count. The attention scores
-and the target log-probs use ops.py's kernels (``attention_scores``: keys stored doubled).
+product; the first step skips the zero state's products; under teacher forcing each caption's steps
+stop at its EOS (the rows sorted longest first, so the rows still running are a prefix) and the
+output layer runs once after the loop, on the tokens that count. The attention scores and the target
+log-probs use ops.py's kernels (``attention_scores``: keys stored doubled).
 """
 
 from __future__ import annotations
