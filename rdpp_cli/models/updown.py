@@ -214,39 +214,37 @@ class UpDown(nn.Module):
 
     # -- teacher forcing -----------------------------------------------------------------------
     def _hidden(self, att: Tensor, inputs: Tensor, att_mask: Tensor | None, fc: Tensor | None,
-                drop: DropoutMasks | None, steps: Tensor | None = None) -> tuple[list[Tensor], Tensor | None]:
-        """Language-LSTM outputs h² for input word ids (N, T) (inputs[:, 0] = 0 = BOS): a list of T
-        tensors (n_t, H). ``steps`` None: every row at every step (n_t = N, rows in order). ``steps``
-        (N,): row r runs its first steps[r] steps only; the rows are taken longest first (``order``,
-        returned), so that step t's rows are the first n_t = #{r: steps[r] > t} of that order."""
-        B, N = att.shape[0], inputs.shape[0]
+                drop: DropoutMasks | None, steps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Language-LSTM outputs h² (tokens, H) for input word ids (N, T) (inputs[:, 0] = 0 = BOS),
+        with each token's row and step (tokens,). ``steps`` None: every row at every step. ``steps``
+        (N,): row r runs its first steps[r] steps only, the rows taken longest first, so that step
+        t's rows are the first n_t = #{r: steps[r] > t} of that order. Tokens are step-major."""
+        B, (N, T) = att.shape[0], inputs.shape
         if N % B:
             raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
         enc = self.expand(self.encode(att, att_mask, fc=fc, drop=drop), N // B)
-        order, counts = None, [N] * inputs.shape[1]
+        order, counts = torch.arange(N, device=inputs.device), [N] * T
         if steps is not None:
             order = torch.argsort(steps, descending=True, stable=True)
-            counts = (steps.unsqueeze(1) > torch.arange(inputs.shape[1], device=steps.device)).sum(0).tolist()
-            inputs = inputs[order]
-        x = F.relu(self.embed(inputs.t()))  # (T, N, E)
-        if drop is not None:
-            x = x * (drop.embed if order is None else drop.embed[order])[:, :x.shape[0]].transpose(0, 1)
-        else:
-            x = self.dropout(x)
-        x_gates = F.linear(x, enc.w["x"])  # (T, N, 4H): every step's word product in one matmul
+            counts = (steps.unsqueeze(1) > torch.arange(T, device=steps.device)).sum(0).tolist()
+        rows = torch.cat([order[:n] for n in counts])
+        cols = torch.cat([torch.full((n,), t, device=order.device) for t, n in enumerate(counts)])
+        x = F.relu(self.embed(inputs[rows, cols]))  # (tokens, E)
+        x = x * drop.embed[rows, cols] if drop is not None else self.dropout(x)
+        x_gates = F.linear(x, enc.w["x"]).split(counts)  # the word products of every token in one matmul
         state, hs = None, []
         for t, n in enumerate(counts):
-            state = self._core(x_gates[t, :n], enc, state, None if order is None else order[:n])
+            state = self._core(x_gates[t], enc, state, None if steps is None else order[:n])
             hs.append(state[2])
-        return hs, order
+        return torch.cat(hs), rows, cols
 
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                 drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L): input 0
         (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at t = L, the EOS."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
-        hs, _ = self._hidden(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, fc, drop)
-        h = torch.stack(hs, 1)
+        h, _, _ = self._hidden(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, fc, drop)
+        h = h.view(seqs.shape[1] + 1, seqs.shape[0], -1).transpose(0, 1)  # (N, L+1, H)
         h = h * drop.out[:, :h.shape[1]] if drop is not None else self.dropout(h)
         return F.log_softmax(f32(self.logit(h)), dim=-1)
 
@@ -254,17 +252,15 @@ class UpDown(nn.Module):
                        drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(att, seqs, fc=fc), seqs)`` (token_logp, mask), both (N, L+1),
         faster: each caption's LSTM steps stop at its EOS (the rows still running are a prefix of
-        the rows sorted by length) and the output layer runs once, on the tokens that count, with
-        ops.token_logprob. For the XE loss and policy-gradient log-probs."""
+        the rows sorted by length) and the word products and the output layer run once, on the
+        tokens that count (the output layer with ops.token_logprob). For the XE loss and
+        policy-gradient log-probs."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
         target, mask = targets(seqs)
         steps = mask.sum(1)  # tokens of each caption: its words and the EOS
         T = max(int(steps.max()), 1)
         inputs = torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs[:, :T - 1]], 1)
-        hs, order = self._hidden(att, inputs, att_mask, fc, drop, steps)
-        rows = torch.cat([order[:h.shape[0]] for h in hs])  # each token's caption and step
-        cols = torch.cat([torch.full((h.shape[0],), t, device=rows.device) for t, h in enumerate(hs)])
-        h = torch.cat(hs)
+        h, rows, cols = self._hidden(att, inputs, att_mask, fc, drop, steps)
         h = h * drop.out[rows, cols] if drop is not None else self.dropout(h)
         tok = token_logprob(self.logit(h), target[rows, cols].long())
         out = tok.new_zeros(mask.shape).index_put((rows, cols), tok)
