@@ -19,6 +19,8 @@ from torch import nn
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.att2in import PRESETS as ATT2IN_PRESETS
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.updown import PRESETS as UPDOWN_PRESETS
+from rdpp_cli.models.updown import UpDown, UpDownConfig
 from rdpp_cli.models.transformer import PRESETS as TRANSFORMER_PRESETS
 from rdpp_cli.models.transformer import Transformer, TransformerConfig
 
@@ -49,6 +51,7 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "att2in": ModelSpec("att2in", Att2in, Att2inConfig, ATT2IN_PRESETS, "Att2in"),
+    "updown": ModelSpec("updown", UpDown, UpDownConfig, UPDOWN_PRESETS, "UpDown"),
     "transformer": ModelSpec("transformer", Transformer, TransformerConfig, TRANSFORMER_PRESETS, "Transformer"),
 }
 
