@@ -35,8 +35,9 @@ medians (best beside) and the ratios of the medians (peer / rdpp: how many times
 ``--quick``: tiny sizes, at most 4 images, one repeat, to check that the script runs.
 
 Memory: the peer's Transformer repeats the features per caption before its encoder, so its XE and
-SCST steps at 50 images keep the encoder's activations for 250 copies of 196 x 2,048 features:
-tens of GB on a CPU. ``--batch`` applies to every row; give a smaller one on a smaller machine.
+SCST steps at 50 images keep the encoder's activations for 250 copies of 196 x 2,048 features (its
+XE step at 50 images did not fit in 23 GB beside other work). ``--batch`` applies to every row;
+give a smaller one on a smaller machine.
 
     python benchmarks/models_speed.py --model updown|transformer [--what xe,scst,dpp,decode] [--batch 50]
                                       [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
@@ -260,8 +261,8 @@ def run(b: Bench, what: list[str], repeat: int) -> tuple[dict, list, dict]:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Memory: the peer's Transformer repeats the features per caption before its "
-                                        "encoder; its XE and SCST steps at --batch 50 need tens of GB. --batch applies "
-                                        "to every row: give a smaller one on a smaller machine.")
+                                        "encoder; its XE step at --batch 50 did not fit in 23 GB beside other work. "
+                                        "--batch applies to every row: give a smaller one on a smaller machine.")
     ap.add_argument("--model", required=True, choices=sorted(PEERS), help="the rdpp model timed against the peer's")
     ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated rows to time, of {', '.join(ALL)}")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row (memory: see below)")
