@@ -8,14 +8,16 @@
 #   4. whole epochs over 10,000 COCO-shaped rows, loading included: XE at batch 50 fp32, 200 fp32 and
 #      200 bf16; R-DPP and SCST at m = 5 (paper preset) from that model (benchmarks/data_epochs.py),
 #      then the paper recipe's projected GPU-hours (benchmarks/recipe_hours.py)
-#   not by default (STEPS="5 6 7 8 9 10"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
+#   not by default (STEPS="5 6 7 8 9 10 11"): 5. tests/test_cuda.py, the CUDA path against the CPU in float64;
 #   6. benchmarks/precision_cuda.sh, bf16 against fp32 (numerics and steps); 7. decoding on the GPU
 #   against the peer's own decoding, and DPP selection (benchmarks/sample.py, benchmarks/selection.py); 8. the demo's training
 #   stages (without Java it stops at its first scoring step); 9. the training fast path (--fast on;
 #   about 8 minutes, most of it compiling): its GPU tests in tests/test_cuda.py, then
 #   benchmarks/fast_path.py, eager against fast (CUDA graphs) and fast without CUDA graphs, XE /
 #   R-DPP / SCST steps at the paper's shapes; 10. the content check on read of features.h5 at
-#   COCO's scale (benchmarks/data_content_check.py)
+#   COCO's scale (benchmarks/data_content_check.py); 11. UpDown and the Transformer against the peer's own
+#   UpDownModel / TransformerModel: XE, SCST and R-DPP (m = 5) steps and decoding 5 samples per image, batch 50
+#   (benchmarks/models_speed.py --device cuda; models_updown.log, models_transformer.log)
 # Each step prints its table and writes its log (JSON lines included) to $OUT (default
 # /tmp/rdpp-cuda-check): train_b50.log, finetune_m5.log, train_b200.log, epochs.log, recipe.log.
 #
@@ -64,13 +66,14 @@ if [[ "$DEVICE" == cuda ]]; then  # the measurement: the issue's shapes and coun
   B=50 BIG=200 NSTEPS=10 REPEATS=5 MM=4096 ROWS=10000 PRESET=paper WORKERS=${WORKERS:-4} THREADS=${THREADS:-8}
   XE_CONFIGS=50:fp32,200:fp32,200:bf16 CACHES=${CACHES:-warm,cold}
   FAST_ARGS="--variants fast,fast-default --warmup 3"
-  DECODE_ARGS="" SELECT_ARGS="--select-images 1000"
+  DECODE_ARGS="" SELECT_ARGS="--select-images 1000" MODELS_ARGS="--batch $B --repeat $REPEATS"
   nvidia-smi -L
 else  # a check of the code paths on a CPU: tiny sizes, nothing worth reading in the times
   B=2 BIG=3 NSTEPS=1 REPEATS=1 MM=256 ROWS=${ROWS:-260} PRESET=small WORKERS=0 THREADS=2
   XE_CONFIGS=50:fp32,100:bf16 CACHES=warm SLOW=${SLOW:-10}  # time limits x10: a shared 2-core machine
   FAST_ARGS="--variants fast --warmup 1 --backend aot_eager"  # the compiler's quick backend
   DECODE_ARGS="--batch 2 --n 4 --repeats 1" SELECT_ARGS="--select-images 50 --candidates 6 --keep 2 --repeats 1"
+  MODELS_ARGS="--quick --batch $B"
 fi
 $PY -c "import torch, rdpp_cli; from rdpp_cli.precision import resolve_precision as r
 gpu = torch.cuda.is_available()
@@ -141,6 +144,14 @@ if want 10; then
   run content_check.log 300 $PY benchmarks/data_content_check.py --rows $ROWS --rounds 2 --dir /tmp/rdpp-cuda-content \
     --gpu-epoch-s 80 --json
   rm -rf /tmp/rdpp-cuda-content
+fi
+
+if want 11; then
+  stamp "11. UpDown and the Transformer against self-critical.pytorch's own modules: XE, SCST / R-DPP m = 5, decoding"
+  for model in updown transformer; do
+    run models_$model.log 240 $PY benchmarks/models_speed.py --model $model --device "$DEVICE" $MODELS_ARGS \
+      --threads $THREADS --json
+  done
 fi
 
 stamp "done"

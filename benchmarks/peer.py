@@ -155,8 +155,14 @@ class Peer:
         w = next(rdpp_model.parameters())
         self.model.to(device=w.device, dtype=w.dtype)
         self.model.load_state_dict({RDPP_TO_PEER[k]: v.detach().clone() for k, v in rdpp_model.state_dict().items()})
-        self.lw = mods.LossWrapper(self.model, self.opt)
-        self.optimizer = mods.misc.build_optimizer(self.model.parameters(), self.opt)
+        self._wrap(mods, self.opt, self.model)
+
+    def _wrap(self, mods: Modules, opt, model: torch.nn.Module) -> None:
+        """Around the peer's ``model`` built with ``opt``: its ``LossWrapper`` and its optimizer
+        (``utils.build_optimizer``: Adam at lr 4e-4 unless ``opt`` says otherwise), in train mode."""
+        self.mods, self.opt, self.model = mods, opt, model
+        self.lw = mods.LossWrapper(model, opt)
+        self.optimizer = mods.misc.build_optimizer(model.parameters(), opt)
         self.lw.train()
 
     # -- XE -------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """self-critical.pytorch's own ``TransformerModel`` (``--caption_model transformer``) holding the
 weights of an rdpp ``Transformer``: the reference of tests/test_model_transformer.py and
-benchmarks/transformer_speed.py.
+benchmarks/models_speed.py (``TransformerPeer``: benchmarks/peer.py's ``Peer``,
+its ``LossWrapper``, optimizer, XE and SCST steps, around it).
 
 The peer's option parser has no flags for the Transformer's sizes: its ``TransformerModel`` reads
 ``opt.N_enc``, ``N_dec``, ``d_model``, ``d_ff``, ``num_att_heads`` and ``dropout`` (what its
@@ -18,9 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import Modules, find_repo, modules  # noqa: E402
+from peer import Modules, Peer, find_repo, modules  # noqa: E402
 
-__all__ = ["peer_name", "peer_transformer", "peer_labels", "find_repo", "modules"]
+__all__ = ["peer_name", "options", "peer_transformer", "TransformerPeer", "peer_labels", "find_repo", "modules"]
 
 
 def peer_name(name: str) -> str:
@@ -41,21 +42,33 @@ def peer_name(name: str) -> str:
     return "model." + name
 
 
-def peer_transformer(mods: Modules, model, *, max_length: int | None = None):
-    """The peer's ``TransformerModel`` built by its ``models.setup`` with ``model``'s config and a
-    copy of its weights, on its device and dtype, in ``model``'s mode. ``max_length``: the peer's
-    decoding length (default the config's seq_length)."""
-    c = model.config
+def options(mods: Modules, config, *, max_length: int | None = None, seq_per_img: int = 5,
+            lr: float | None = None):
+    """The peer's options for a TransformerModel of ``config``'s sizes (its defaults for the rest).
+    ``max_length``: the peer's decoding length (default the config's seq_length)."""
+    c = config
     opt = mods.parse_opt([
         "--caption_model", "transformer", "--max_length", str(max_length or c.seq_length),
         "--att_feat_size", str(c.att_feat_size), "--fc_feat_size", str(c.att_feat_size),  # fc: unused
         "--drop_prob_lm", str(c.drop_prob_lm), "--num_layers", str(c.N_enc),
-        "--input_encoding_size", str(c.d_model), "--rnn_size", str(c.d_ff)])
+        "--input_encoding_size", str(c.d_model), "--rnn_size", str(c.d_ff),
+        "--seq_per_img", str(seq_per_img), "--train_sample_n", str(seq_per_img), "--self_critical_after", "0",
+        *(["--learning_rate", str(lr)] if lr is not None else [])])
     opt.N_enc, opt.N_dec, opt.d_model, opt.d_ff = c.N_enc, c.N_dec, c.d_model, c.d_ff
     opt.num_att_heads, opt.dropout = c.num_att_heads, c.dropout
     opt.vocab_size, opt.seq_length = c.vocab_size, c.seq_length
+    return opt
+
+
+def peer_transformer(mods: Modules, model, *, max_length: int | None = None, opt=None):
+    """The peer's ``TransformerModel`` built by its ``models.setup`` with ``model``'s config (or
+    ``opt``, from ``options``) and a copy of its weights, on its device and dtype, in ``model``'s
+    mode. ``max_length``: the peer's decoding length (default the config's seq_length)."""
+    c = model.config
+    opt = opt or options(mods, c, max_length=max_length)
     opt.vocab = {str(i): f"w{i}" for i in range(1, c.vocab_size + 1)}  # as tools/train.py: loader.get_vocab()
     peer = mods.models.setup(opt)
+    del opt.vocab
     w = next(model.parameters())
     peer.to(device=w.device, dtype=w.dtype)
     state = peer.state_dict()
@@ -74,3 +87,11 @@ def peer_transformer(mods: Modules, model, *, max_length: int | None = None):
 def peer_labels(seqs: torch.Tensor) -> torch.Tensor:
     """rdpp's seqs (N, L) as the peer's teacher-forcing input ``labels[..., :-1]``: BOS, then the words."""
     return torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)
+
+
+class TransformerPeer(Peer):
+    """benchmarks/peer.py's ``Peer`` (LossWrapper, optimizer, XE/SCST steps) on the peer's TransformerModel."""
+
+    def __init__(self, mods: Modules, rdpp_model, *, seq_per_img: int = 5, lr: float | None = None):
+        opt = options(mods, rdpp_model.config, seq_per_img=seq_per_img, lr=lr)
+        self._wrap(mods, opt, peer_transformer(mods, rdpp_model, opt=opt))

@@ -1,5 +1,5 @@
 """self-critical.pytorch's own ``UpDownModel`` holding the weights of an rdpp ``UpDown``: the
-reference of tests/test_model_updown.py and benchmarks/updown_speed.py.
+reference of tests/test_model_updown.py and benchmarks/models_speed.py.
 
 ``build(mods, model)`` makes the peer's module (``captioning.models.setup`` with ``--caption_model
 updown`` and the sizes of ``model.config``) and loads rdpp's parameters into it under the peer's
@@ -62,9 +62,5 @@ class UpDownPeer(peer.Peer):
     """benchmarks/peer.py's ``Peer`` (LossWrapper, optimizer, XE/SCST steps) on the peer's UpDownModel."""
 
     def __init__(self, mods: peer.Modules, rdpp_model, *, seq_per_img: int = 5, lr: float | None = None):
-        self.mods = mods
-        self.opt = options(mods, rdpp_model.config, seq_per_img, lr)
-        self.model = build(mods, rdpp_model, self.opt)
-        self.lw = mods.LossWrapper(self.model, self.opt)
-        self.optimizer = mods.misc.build_optimizer(self.model.parameters(), self.opt)
-        self.lw.train()
+        opt = options(mods, rdpp_model.config, seq_per_img, lr)
+        self._wrap(mods, opt, build(mods, rdpp_model, opt))
