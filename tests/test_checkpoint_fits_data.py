@@ -43,3 +43,13 @@ def test_another_att_feature_size_is_refused():
         check_fits_data(ckpt(DATA.words, att=2048), DATA, "--init-from x.pt", "start from scratch")
     assert str(e.value) == ("--init-from x.pt: made for 2048-d att features but data artifact runs/data/toy-v1 has "
                             "6-d; start from scratch")
+
+
+def test_another_fc_feature_size_is_refused_for_a_model_that_reads_fc():
+    data = SimpleNamespace(**vars(DATA), fc_dim=6)
+    updown = {**ckpt(DATA.words), "model_class": "UpDown"}
+    with pytest.raises(RdppError) as e:
+        check_fits_data(updown, data, "best.pt", "sample with the model's data")
+    assert str(e.value) == ("best.pt: made for 99-d fc features but data artifact runs/data/toy-v1 has 6-d; "
+                            "sample with the model's data")
+    check_fits_data({**ckpt(DATA.words), "model_class": "Att2in"}, data, "best.pt", "x")  # Att2in reads no fc

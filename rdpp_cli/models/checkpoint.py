@@ -102,6 +102,11 @@ def check_fits_data(ckpt: dict, data: Any, where: str, todo: str) -> None:
     if att != data.att_dim:
         raise RdppError(f"{where}: made for {att}-d att features but data artifact {data.path} has "
                         f"{data.att_dim}-d; {todo}")
+    spec = spec_of_class(ckpt.get("model_class", ""))
+    fc = ckpt["model_config"].get("fc_feat_size")
+    if spec is not None and spec.cls.uses_fc and fc is not None and fc != data.fc_dim:
+        raise RdppError(f"{where}: made for {fc}-d fc features but data artifact {data.path} has "
+                        f"{data.fc_dim}-d; {todo}")
 
 
 def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> nn.Module:
