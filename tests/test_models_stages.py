@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,7 +18,7 @@ from rdpp_cli.models.checkpoint import load_checkpoint
 from rdpp_cli.training.finetune import finetune
 from rdpp_cli.training.xe import train_xe
 
-from helpers import Crash, error_line, rdpp, state_dict, tiny_workspace
+from helpers import Crash, error_line, rdpp, state_dict, tiny_workspace, write_tiny_data
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -39,15 +41,14 @@ def test_the_mission_commands_run_as_typed_with_the_model(trained):
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["config"]["architecture"] == name and manifest["summary"]["architecture"] == name
     assert load_checkpoint(art / "checkpoints" / "best.pt")["model"] == name
-    r = rdpp("finetune", "--workspace", ws, "--reward", "dpp", "--m", "3", "--epochs", "1", "--batch-size", "8",
-             "--val-images", "2", "--device", "cpu")
-    assert r.exit_code == 0, r.output
-    ft = ws / "finetune" / "dpp-m3-v1"
+    env = {"RDPP_WORKSPACE": str(ws)}  # the mission's four commands after train-xe, word for word
+    for command in ("finetune --reward dpp --m 5", "sample --n 20 --method random", "score --oracle --self-cider"):
+        r = rdpp(*command.split(), env=env)
+        assert r.exit_code == 0, (command, r.output)
+    ft = ws / "finetune" / "dpp-m5-v1"
     assert json.loads((ft / "manifest.json").read_text())["config"]["architecture"] == name
-    r = rdpp("sample", "--workspace", ws, "--n", "3", "--method", "random", "--device", "cpu")
-    assert r.exit_code == 0, r.output
-    r = rdpp("score", "--workspace", ws, "--oracle", "--self-cider")
-    assert r.exit_code == 0, r.output
+    samples = json.loads(next((ws / "samples").glob("dpp-m5-v1.*/samples.json")).read_text())
+    assert len(samples) == 2 and all(len(rec["captions"]) == 20 for rec in samples)
     scores = json.loads(next((ws / "scores").glob("*/scores.json")).read_text())
     assert scores["oracle"]["CIDEr"] >= scores["accuracy"]["CIDEr"] >= 0.0
     assert 0.0 <= scores["diversity"]["self_cider"] <= 1.0
@@ -131,3 +132,51 @@ def test_an_unknown_model_is_refused_before_anything_is_written(tmp_path):
     line = error_line(rdpp("train-xe", "--workspace", ws, "--model", "showtell"))
     assert "--model" in line and "att2in" in line
     assert not (ws / "xe").exists()
+
+
+DDP_RUN = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rdpp_cli.data.dataset import DataArtifact
+from rdpp_cli.models.registry import model_spec
+from rdpp_cli.training.loop import TrainingRecipe
+from rdpp_cli.training.options import TrainLoopOptions
+from rdpp_cli.training.xe import xe_loss
+
+
+def xe_loss_float64(model, batch):
+    return xe_loss(model, replace(batch, att=batch.att.double(), fc=batch.fc.double()))
+
+
+name, data, out = sys.argv[1:4]
+d = DataArtifact.open(data)
+torch.manual_seed(0)
+model = model_spec(name).build("small", vocab_size=d.vocab_size, att_feat_size=d.att_dim, fc_feat_size=d.fc_dim,
+                               seq_length=d.seq_length, drop_prob_lm=0.0, dropout=0.0).double()
+cfg = TrainLoopOptions(epochs=1, batch_size=6, lr=1e-3, lr_decay_every=0, val_images=0, device="cpu", seed=0)
+TrainingRecipe(stage="xe", model=model, data=d, out_dir=Path(out), opts=cfg, step_fn=xe_loss_float64,
+               inputs=[d.artifact], manifest_config={}).run()
+"""
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_two_processes_train_the_same_weights_as_one(tmp_path, name):
+    """torchrun with two gloo processes: each takes half of every global batch of 6 images, and the
+    weights after an epoch are those of one process (float64, no dropout)."""
+    data = write_tiny_data(tmp_path / "data", n_train=12, n_val=2, n_test=0)
+    script = tmp_path / "run.py"
+    script.write_text(DDP_RUN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RDPP_NO_PROGRESS": "1"}
+    runs = {"2p": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+            "1p": [sys.executable]}
+    for tag, launcher in runs.items():
+        r = subprocess.run([*launcher, str(script), name, str(data), str(tmp_path / tag)], capture_output=True,
+                           text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    a, b = (state_dict(tmp_path / tag / "checkpoints" / "last.pt") for tag in runs)
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
