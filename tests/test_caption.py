@@ -105,6 +105,25 @@ def test_captioning_the_val_photos_gives_rdpp_samples_captions(real, tmp_path, m
 
 
 @pytest.mark.integration
+def test_captioning_with_a_model_that_reads_fc_gives_rdpp_samples_captions(real, tmp_path):
+    """UpDown reads the pooled fc features too: `rdpp caption` extracts them beside the att grid and
+    passes both, so its captions of the val photos are `rdpp sample`'s of the stored features."""
+    ws, data, _, _ = real
+    model = train_xe(data.path, workspace=ws, model="updown", preset="small", epochs=3, batch_size=4, lr=5e-3,
+                     device="cpu", out=tmp_path / "updown")
+    ds = DataArtifact(data)
+    val = [PHOTOS / f"{int(i):012d}.jpg" for i in ds.image_ids[ds.split_indices("val")]]
+    common = ["--method", "random", "--n", "3", "--device", "cpu", "--workspace", ws]
+    assert rdpp("sample", model.path, "--split", "val", "--out", tmp_path / "s", *common).exit_code == 0
+    r = rdpp("caption", *val, "--from", model.path, "--out", tmp_path / "c", *common)
+    assert r.exit_code == 0, r.output
+    sampled = json.loads((tmp_path / "s" / "samples.json").read_text())
+    captioned = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert [e["captions"] for e in captioned] == [e["captions"] for e in sampled]
+    np.testing.assert_allclose([e["logprobs"] for e in captioned], [e["logprobs"] for e in sampled], atol=1e-4)
+
+
+@pytest.mark.integration
 def test_caption_bad_input_is_one_line(real, tmp_path):
     ws, data, model, weights = real
     r = rdpp("caption", tmp_path / "nope.jpg", "--workspace", ws)
