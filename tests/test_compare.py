@@ -199,3 +199,10 @@ def test_page_in_chromium_loads_every_image_and_sorts_and_filters(ws, tmp_path):
     assert _root_attrs(filtered)["data-shown"] == ",".join(sorted(hits, key=int)[:4])
     assert f"<mark>{word}</mark>" in filtered.lower()
     assert _root_attrs(_dump(page, f"id={test_ids[2]}"))["data-shown"] == str(test_ids[2])
+
+
+def test_the_figure_never_prints_minus_zero():
+    """Identical captions' self-CIDEr is 0 up to float rounding, sometimes -1e-16: the figure says 0.00."""
+    from rdpp_cli.reporting.compare_figure import _num
+
+    assert (_num(-1e-16), _num(0.004), _num(-0.5), _num(0.653)) == ("0.00", "0.00", "-0.50", "0.65")

@@ -40,7 +40,8 @@ def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
     summary = json.loads((ws / "demo_summary.json").read_text())
     assert tuple(summary["rows"]) == MODELS
     page = Path(summary["compare"])  # the compare page of the three models' random samples
-    assert page == ws / "compare" / "toy-v1-test" / "index.html" and '["XE","SCST","R-DPP m=5"]' in page.read_text()
+    assert page == ws / "compare" / "toy-v1-test-v1" / "index.html" and '["XE","SCST","R-DPP m=5"]' in page.read_text()
+    assert groups.count("compare") == 1  # an artifact, listed like the others
     # every number of the table, recomputed from each model's samples.json and the data artifact
     # by pycocoevalcap's own scorer (tests/cider_reference.py)
     data = next(a for a in arts if a.path.parent.name == "data").path
@@ -73,7 +74,7 @@ def test_demo_quick_runs_the_chain_and_a_second_run_reuses_it(tmp_path):
     again = _demo(ws)
     assert again.returncode == 0, again.stderr
     assert {a.path for a in list_artifacts(ws)} == before  # nothing new: every step reused
-    assert again.stderr.count("reusing") == 1 + 1 + 2 + 6 + 6
+    assert again.stderr.count("reusing") == 1 + 1 + 2 + 6 + 6 + 1  # data, xe, finetunes, samples, scores, compare
     assert json.loads((ws / "demo_summary.json").read_text())["rows"] == summary["rows"]
 
 

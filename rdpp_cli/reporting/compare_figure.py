@@ -52,7 +52,7 @@ def _captions(ax, s, i: int, k: int, header: bool) -> None:
         ax.text(0.0, 1.0 - (n + 0.5) * step, line, fontsize=FONT, va="center", ha="left", transform=ax.transAxes,
                 fontweight="bold" if bold else "normal", parse_math=False)
     ax.text(0.0, 1.0 - (len(lines) + 0.7) * step,
-            f"oracle {s.oracle[i]:.2f} · self-CIDEr {s.self_cider[i]:.2f}", fontsize=FONT - 1, color="#555",
+            f"oracle {_num(s.oracle[i])} · self-CIDEr {_num(s.self_cider[i])}", fontsize=FONT - 1, color="#555",
             va="center", transform=ax.transAxes, parse_math=False)
 
 
@@ -86,3 +86,9 @@ def draw_figure(cmp, ids: list[int], path: Path, fmt: str, k: int) -> Path:
     fig.savefig(path, format=fmt, dpi=200 if fmt == "png" else None)
     plt.close(fig)
     return path
+
+
+def _num(x: float) -> str:
+    """Two decimals, without the "-0.00" of a value a rounding error below zero (identical captions'
+    self-CIDEr is 0 up to float rounding)."""
+    return f"{x:.2f}".replace("-0.00", "0.00")

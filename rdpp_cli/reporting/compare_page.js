@@ -38,7 +38,7 @@
 
   function queryWords(text) { return (text.toLowerCase().match(/[\p{L}\p{N}_]+/gu) || []); }
 
-  function fmt(x) { return x.toFixed(3); }
+  function fmt(x) { return x.toFixed(3).replace("-0.000", "0.000"); }  // no "-0.000" from float rounding
 
   function selected() {
     var rows = IX.images.slice();
