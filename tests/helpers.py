@@ -211,3 +211,46 @@ def listing(root: Path) -> list[str]:
     read remembers (``.rdpp-verified.json``, artifacts.verified): bookkeeping, never an artifact's file."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
                   if p.name != ".rdpp-verified.json") if root.exists() else []
+
+
+# -- the peer (self-critical.pytorch) -----------------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def peer_modules():
+    """self-critical.pytorch's modules as benchmarks/peer.py loads them (its checkout: $SCP_REPO or
+    ../shared/peers), or a pytest skip saying what is missing; benchmarks/ goes on sys.path."""
+    import sys
+
+    import pytest
+
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import peer
+
+        return peer.modules(peer.find_repo())
+    except (SystemExit, ImportError) as e:
+        pytest.skip(f"self-critical.pytorch's code is not here ({e})")
+
+
+def assert_decodes_like_the_peer(model, ref, att, fc=None, att_mask=None) -> None:
+    """``model``'s greedy and beam-3 captions of ``att`` equal those of the peer's module ``ref``
+    (the same weights), and so do the chosen words' log-probs; the captions are real ones."""
+    from rdpp_cli.decoding.decode import DecodeConfig, decode
+
+    L = model.config.seq_length
+    for cfg, opt in ((DecodeConfig(method="greedy", max_len=L), {"sample_method": "greedy"}),
+                     (DecodeConfig(method="beam", beam=3, n=1, max_len=L),
+                      {"sample_method": "greedy", "beam_size": 3, "sample_n": 1})):
+        with torch.no_grad():
+            ours = decode(model, att, cfg, att_mask=att_mask, fc=fc)  # unk_id None: the peer suppresses nothing
+            fcs = fc if fc is not None else torch.zeros(att.shape[0], 1)
+            seq, seq_lp = ref(fcs, att, att_mask, opt=opt, mode="sample")
+        T = ours.tokens.shape[-1]
+        assert ours.lengths.float().mean() > 1.5  # real captions, not a bare EOS
+        assert torch.equal(seq[:, :T], ours.tokens[:, 0]) and not seq[:, T:].any(), cfg.method
+        chosen = seq_lp.gather(2, seq.unsqueeze(2)).squeeze(2)[:, :T]
+        words = seq[:, :T] > 0
+        assert (chosen[words] - ours.logprobs[:, 0, :T][words]).abs().max() < 1e-5, cfg.method

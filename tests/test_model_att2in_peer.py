@@ -5,24 +5,17 @@ Skipped where the peer's checkout (or its yacs/six imports) is absent."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.decoding.decode import DecodeConfig, decode
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.models.base import sequence_logprobs
 
-from helpers import write_tiny_data
+from helpers import assert_decodes_like_the_peer, peer_modules, write_tiny_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 def tiny_att2in(vocab: int = 15, feat: int = 16, size: int = 24, seed: int = 0) -> Att2in:
     torch.manual_seed(seed)
@@ -33,13 +26,9 @@ def tiny_att2in(vocab: int = 15, feat: int = 16, size: int = 24, seed: int = 0) 
 @pytest.fixture(scope="module")
 def peer_att2in():
     """The peer's Att2in2Model with an rdpp Att2in's weights (benchmarks/peer.py), or a skip."""
-    sys.path.insert(0, str(BENCHMARKS))
+    mods = peer_modules()
     import peer
 
-    try:
-        mods = peer.modules(peer.find_repo())
-    except SystemExit as e:
-        pytest.skip(f"self-critical.pytorch is not available here: {e}")
     return lambda model: peer.Peer(mods, model).model.eval()
 
 
@@ -74,17 +63,4 @@ def test_greedy_and_beam_captions_equal_the_peers(tmp_path, peer_att2in):
         loss.backward()
         opt.step()
     model.eval()
-    ref = peer_att2in(model)
-    L = model.config.seq_length
-    for cfg, opt_ in ((DecodeConfig(method="greedy", max_len=L), {"sample_method": "greedy"}),
-                      (DecodeConfig(method="beam", beam=3, n=1, max_len=L),
-                       {"sample_method": "greedy", "beam_size": 3, "sample_n": 1})):
-        with torch.no_grad():
-            ours = decode(model, att, cfg)  # unk_id None: the peer suppresses nothing either
-            seq, seq_lp = ref(fc, att, None, opt=opt_, mode="sample")
-        T = ours.tokens.shape[-1]
-        assert ours.lengths.float().mean() > 1.5  # real captions, not a bare EOS
-        assert torch.equal(seq[:, :T], ours.tokens[:, 0]) and not seq[:, T:].any(), cfg.method
-        chosen = seq_lp.gather(2, seq.unsqueeze(2)).squeeze(2)[:, :T]
-        words = seq[:, :T] > 0
-        assert (chosen[words] - ours.logprobs[:, 0, :T][words]).abs().max() < 1e-5
+    assert_decodes_like_the_peer(model, peer_att2in(model), att, fc)

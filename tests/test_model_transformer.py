@@ -5,8 +5,6 @@ TransformerModel loaded with the same weights (skipped where the peer checkout i
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from rdpp_cli.models.transformer import LayerNorm, Transformer, TransformerConfi
 from rdpp_cli.precision import autocast
 from rdpp_cli.training.finetune import RewardStep
 from rdpp_cli.training.xe import xe_loss
+import helpers
 from helpers import fit_captions, write_tiny_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -206,12 +205,10 @@ def test_the_encoder_replays_its_dropout_from_the_seed():
 
 @pytest.fixture(scope="module")
 def peer_modules():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import peer_transformer
-        return peer_transformer, peer_transformer.modules(peer_transformer.find_repo())
-    except (SystemExit, ImportError) as e:
-        pytest.skip(f"self-critical.pytorch's code is not here ({e})")
+    mods = helpers.peer_modules()
+    import peer_transformer
+
+    return peer_transformer, mods
 
 
 @pytest.fixture(scope="module")

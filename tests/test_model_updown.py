@@ -5,14 +5,12 @@ where its checkout or its yacs/six imports are absent)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import write_tiny_data
+from helpers import assert_decodes_like_the_peer, peer_modules, write_tiny_data
 
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
@@ -27,7 +25,6 @@ from rdpp_cli.training.xe import xe_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def tiny_updown(vocab: int = 15, feat: int = 16, fc: int = 16, size: int = 24, dropout: float = 0.0,
@@ -239,14 +236,9 @@ def test_xe_and_rl_steps_run_on_the_tiny_data(tiny):
 @pytest.fixture(scope="module")
 def peer_updown():
     """benchmarks/peer_updown.py with the peer's modules imported, or a skip saying what is missing."""
-    sys.path.insert(0, str(BENCHMARKS))
-    import peer
+    mods = peer_modules()
     import peer_updown as pu
 
-    try:
-        mods = peer.modules(peer.find_repo())
-    except SystemExit as e:
-        pytest.skip(f"self-critical.pytorch is not available here: {e}")
     return lambda model: pu.build(mods, model).eval()
 
 
@@ -266,17 +258,4 @@ def test_teacher_forced_log_probs_equal_the_peers(peer_updown):
 @pytest.mark.integration
 def test_greedy_and_beam_captions_equal_the_peers(trained, peer_updown):
     model, att, fc = trained
-    ref = peer_updown(model)
-    L = model.config.seq_length
-    for cfg, opt in ((DecodeConfig(method="greedy", max_len=L), {"sample_method": "greedy"}),
-                     (DecodeConfig(method="beam", beam=3, n=1, max_len=L),
-                      {"sample_method": "greedy", "beam_size": 3, "sample_n": 1})):
-        with torch.no_grad():
-            ours = decode(model, att, cfg, fc=fc)  # unk_id None: the peer suppresses nothing either
-            seq, seq_lp = ref(fc, att, None, opt=opt, mode="sample")
-        T = ours.tokens.shape[-1]
-        assert ours.lengths.float().mean() > 1.5  # real captions, not a bare EOS
-        assert torch.equal(seq[:, :T], ours.tokens[:, 0]) and not seq[:, T:].any(), cfg.method
-        chosen = seq_lp.gather(2, seq.unsqueeze(2)).squeeze(2)[:, :T]
-        words = seq[:, :T] > 0
-        assert (chosen[words] - ours.logprobs[:, 0, :T][words]).abs().max() < 1e-5
+    assert_decodes_like_the_peer(model, peer_updown(model), att, fc)
