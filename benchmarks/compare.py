@@ -124,11 +124,11 @@ def main() -> None:
     times = []
     for k in range(args.repeat):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rdpp_cli", "compare", *map(str, samples), "--workspace", str(ws)],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "rdpp_cli", "compare", *map(str, samples), "--workspace", str(ws),
+                        "--out", str(ws / "compare" / "bench"), "--force"], check=True, env=env, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
         print(f"run {k + 1}: {times[-1]:.1f} s")
-    page = ws / "compare" / "synthetic-v1-test"
+    page = ws / "compare" / "bench"
     size = sum(f.stat().st_size for f in page.rglob("*") if f.is_file())
     print(f"rdpp compare, {args.images:,} images x {args.models} models x {args.n} captions: median "
           f"{statistics.median(times):.1f} s (best {min(times):.1f} s) on {os.cpu_count()} cores; page folder "
