@@ -195,3 +195,17 @@ def test_a_resumed_run_shows_every_step_once_with_the_uninterrupted_runs_values(
     fresh = train_xe(data, out=tmp_path / "run3", resume=False, **XE)
     assert len(list((fresh.path / "tensorboard" / "step").iterdir())) == 1
     assert [s for s, _ in raw_scalars(fresh.path / "tensorboard" / "step")["loss"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_resumed_runs_event_files_sort_after_the_interrupted_runs(tmp_path):
+    """TensorBoard reads a run's event files in name order, whose first field is the second they were
+    made in: a run resumed within the same second waits for the next one, so its files sort last."""
+    import time
+
+    from rdpp_cli.training.tensorboard import wait_past_event_files
+
+    now = int(time.time())
+    (tmp_path / "step").mkdir()
+    (tmp_path / "step" / f"events.out.tfevents.{now}.host.99999.0").write_bytes(b"")
+    wait_past_event_files(tmp_path)
+    assert int(time.time()) > now

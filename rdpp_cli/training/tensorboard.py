@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numbers
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,16 @@ def summary_writer_class():
     return SummaryWriter
 
 
+def wait_past_event_files(log_dir: Path) -> None:
+    """Wait until the clock's second is past that of every event file under ``log_dir``: TensorBoard
+    reads a run's files in name order, and a file's name starts with the second it was made in, so a
+    resumed run's files must sort after those of the run it continues (at most a second's wait)."""
+    stamps = [int(p.name.split(".")[3]) for p in log_dir.glob("*/events.out.tfevents.*")
+              if p.name.split(".")[3].isdigit()]
+    if stamps:
+        time.sleep(max(0.0, max(stamps) + 1 - time.time()))
+
+
 class TensorBoardLogger(Logger):
     """The run's numbers as TensorBoard events in ``log_dir`` (the artifact's ``tensorboard/``)."""
 
@@ -71,6 +82,7 @@ class TensorBoardLogger(Logger):
         step = pos.step if pos is not None else 0
         if step == 0 and self.log_dir.exists():  # a run from the start: earlier events are another run's
             shutil.rmtree(self.log_dir)
+        wait_past_event_files(self.log_dir)
         self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None)
         self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None)
         for row in history:
