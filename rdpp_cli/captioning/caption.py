@@ -126,37 +126,20 @@ def caption(opts: CaptionOptions) -> Artifact:
     return art
 
 
-class _FcAtt:
-    """Each batch's fc (B, F) and att (B, R, D) features in the data artifact's stored precision as
-    one float32 array of rows (B, F + R·D), so that ``regroup`` keeps an image's two together; and
-    back."""
-
-    def __init__(self, store):
-        self.store, self.att_shape = store, None
-
-    def join(self, fc: np.ndarray, att: np.ndarray) -> np.ndarray:
-        fc, att = (x.astype(self.store).astype(np.float32) for x in (fc, att))
-        self.att_shape = att.shape[1:]
-        return np.concatenate([fc.reshape(len(fc), -1), att.reshape(len(att), -1)], 1)
-
-    def split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        F = rows.shape[1] - int(np.prod(self.att_shape))
-        return rows[:, :F], rows[:, F:].reshape(len(rows), *self.att_shape)
-
-
-def regroup(batches: Iterable[np.ndarray], size: int) -> Iterator[np.ndarray]:
-    """The rows of ``batches`` in the same order, in batches of ``size`` (the last one smaller)."""
-    pending: list[np.ndarray] = []
+def regroup(batches: Iterable[tuple[np.ndarray, ...]], size: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """The rows of ``batches`` (tuples of arrays that share their first dimension, e.g. (fc, att)) in
+    the same order, in batches of ``size`` (the last one smaller)."""
+    pending: list[tuple[np.ndarray, ...]] = []
     held = 0
     for batch in batches:
         pending.append(batch)
-        held += len(batch)
+        held += len(batch[0])
         while held >= size:
-            rows = np.concatenate(pending)
-            pending, held = [rows[size:]], held - size
-            yield rows[:size]
+            rows = tuple(np.concatenate(parts) for parts in zip(*pending))
+            pending, held = [tuple(r[size:] for r in rows)], held - size
+            yield tuple(r[:size] for r in rows)
     if held:
-        yield np.concatenate(pending)
+        yield tuple(np.concatenate(parts) for parts in zip(*pending))
 
 
 def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg: DecodeConfig,
@@ -168,12 +151,11 @@ def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg
     gen = torch.Generator(device=dec.device).manual_seed(opts.seed)
     batch_size = opts.batch_size or int(dec.data.config.get("batch_size") or 32)
     workers = default_workers(dec.device.type) if opts.workers is None else opts.workers
-    both = _FcAtt(store)
-    features = (both.join(fc, att)
+    features = (tuple(x.astype(store).astype(np.float32) for x in (fc, att))
                 for fc, att in iter_features(files, bb, batch_size=batch_size, device=str(dec.device), workers=workers))
     records: list[dict] = []
-    for rows in regroup(features, DECODE_BATCH):
-        fc, att = (torch.from_numpy(np.ascontiguousarray(x)).to(dec.device) for x in both.split(rows))
+    for fc, att in regroup(features, DECODE_BATCH):
+        fc, att = (torch.from_numpy(x).to(dec.device) for x in (fc, att))
         d = decode(dec.net, att, cfg, generator=gen, fc=fc)
         toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
         for b in range(len(att)):

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from rdpp_cli.artifacts import prepare_output
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 
@@ -205,10 +207,6 @@ def call(net: nn.Module, method, *args, **kwargs):
     return _run(net, method, *args, **kwargs)
 
 
-def claim_output(out: "Path | str | None", **kwargs) -> "Path":
+def claim_output(out: Path | str | None, **kwargs) -> Path:
     """``artifacts.prepare_output`` on rank 0 only; every process gets the folder (or its error)."""
-    from pathlib import Path
-
-    from rdpp_cli.artifacts import prepare_output
-
     return Path(on_main(lambda: str(prepare_output(out, **kwargs))))

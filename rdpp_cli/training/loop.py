@@ -290,6 +290,7 @@ class TrainingRecipe:
         self.precision = self.manifest_config.get("precision") or resolve_precision(o.precision, rt.device)
         self.scaler = grad_scaler(self.precision, rt.device)  # fp16 only
         self.scheduler, self.per_step = lr_schedule(self.optimizer, o, self.model), o.lr_schedule == "noam"
+        self.lr_now = self.epoch_lr = None  # the LR the running epoch's row reports; a resumed one's (resume)
         # Training randomness (dropout, sampling) per process; the stage seeded the model's init.
         seed_everything(o.seed + rt.rank)
         if not rt.is_main:
@@ -328,7 +329,7 @@ class TrainingRecipe:
             "epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step,
             "elapsed": self.elapsed(), "history": self.history, "sums": self.sums, "best": self.best,
             "best_epoch": self.best_epoch, "last_val": self.last_val, "world_size": self.rt.world_size,
-            "stage": self.stage, "epoch_lr": getattr(self, "lr_now", None),
+            "stage": self.stage, "epoch_lr": self.lr_now,
         }
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -361,7 +362,7 @@ class TrainingRecipe:
         o, pos = self.opts, self.position
         # the LR the epoch's row reports: at its first step (a run resumed mid-epoch restores it; with the
         # Noam schedule the LR has moved since)
-        self.lr_now = self.epoch_lr if getattr(self, "epoch_lr", None) is not None else self.optimizer.param_groups[0]["lr"]
+        self.lr_now = self.epoch_lr if self.epoch_lr is not None else self.optimizer.param_groups[0]["lr"]
         self.epoch_lr = None
         done = min(pos.batch * o.batch_size, self.loader.images_per_epoch)
         self.task = self.bar.add_task(f"{self.stage} epoch {pos.epoch + 1}/{o.epochs}",

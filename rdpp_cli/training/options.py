@@ -191,14 +191,18 @@ class XEOptions(TrainLoopOptions):
         dropped = set(ident) - set(self.identity())
         return {k: v for k, v in rec.items() if k not in dropped}
 
+    @property
+    def scheduled_sampling(self) -> bool:
+        """Whether scheduled sampling runs at all (``ss_start`` set and not -1)."""
+        return self.ss_start is not None and self.ss_start >= 0
+
     def ss_prob(self, epoch: int) -> float:
         """The scheduled-sampling probability of 0-based ``epoch``, as self-critical.pytorch's
         train.py sets it: ``min(ss_step x ((epoch - ss_start) // ss_every), ss_max)`` after
         ``ss_start`` (0 before it, and when ``ss_start`` is -1)."""
-        start = -1 if self.ss_start is None else self.ss_start
-        if start < 0 or epoch <= start:
+        if not self.scheduled_sampling or epoch <= self.ss_start:
             return 0.0
-        return min(self.ss_step * ((epoch - start) // self.ss_every), self.ss_max)
+        return min(self.ss_step * ((epoch - self.ss_start) // self.ss_every), self.ss_max)
 
 
 @dataclass

@@ -63,7 +63,3 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
     Reward("xe-cider", "XE + lam x SCST", _R + "scst_reward", greedy=True, xe_mix=True, settings=("lam",),
            stem=lambda m, baseline, lam: f"xe-cider-l{lam:g}" + _m_suffix(m)),
 )}
-
-
-def reward(name: str) -> Reward:
-    return REWARDS[name]

@@ -207,14 +207,10 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
                                         fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
 
 
-def _scheduled_sampling(opts: XEOptions) -> bool:
-    return opts.ss_start is not None and opts.ss_start >= 0
-
-
 def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
     """The run's fast path: none with scheduled sampling or label smoothing (the compiled pass is
     the plain XE loss's), where ``--fast on`` is refused; else ``fast_path``."""
-    if opts.label_smoothing > 0 or _scheduled_sampling(opts):
+    if opts.label_smoothing > 0 or opts.scheduled_sampling:
         if opts.fast == "on":
             raise RdppError("--fast on computes the plain XE loss only; train with scheduled sampling (--ss-start) or "
                             "label smoothing with --fast auto or off, or pass --ss-start -1 --label-smoothing 0")
@@ -226,7 +222,7 @@ def step_function(opts: XEOptions, fast: FastPath | None) -> StepFn:
     """The XE step: through the fast path, or ``XELoss`` (scheduled sampling, label smoothing)."""
     if fast is not None:
         return fast_xe_loss(fast)
-    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=_scheduled_sampling(opts))
+    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=opts.scheduled_sampling)
 
 
 def baseline_summary(inp: XEInputs) -> dict[str, Any]:
