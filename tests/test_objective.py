@@ -9,6 +9,9 @@ function, as strings, and as per-caption log-prob sums, give RewardStep's weight
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -24,7 +27,7 @@ from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.objective import Objective, tokenize
 from rdpp_cli.training.finetune import RewardStep
 
-pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN = 6
 
 CAPTIONS = {  # as people write them; several are longer than MAX_LEN (clipped in captions.h5, not in the df)
@@ -77,6 +80,7 @@ def _drawn(data: DataArtifact, reward: str, m: int, baseline: str = "none"):
     return batch, d, w, logs, loss, token_logp, mask
 
 
+@pytest.mark.unit
 def test_the_vocabulary_is_the_one_prepro_builds(data):
     obj = objective("dpp", 4)
     assert obj.words == data.words and "UNK" in obj.words
@@ -88,6 +92,7 @@ def test_the_vocabulary_is_the_one_prepro_builds(data):
         assert np.array_equal(mine[:, :MAX_LEN], refs) and mine.shape[1] <= MAX_LEN
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("reward,m,baseline", [("dpp", 4, "none"), ("dpp", 3, "mean"), ("scst", 3, "none"),
                                                 ("scst-mean", 4, "none")])
 def test_weights_and_loss_equal_rdpp_finetune(data, reward, m, baseline):
@@ -120,6 +125,7 @@ def _expected_grad(obj: Objective, w: torch.Tensor, lengths: torch.Tensor, m: in
     return -w / n.sum()
 
 
+@pytest.mark.unit
 def test_cider_is_computed_on_words_whatever_the_tokenizer(data):
     """A byte-pair model's pieces are detokenized by its decode and scored as the words they spell."""
     obj = objective("dpp", 2)
@@ -144,6 +150,7 @@ def test_cider_is_computed_on_words_whatever_the_tokenizer(data):
     assert plain.scores[0].min() > 0.5 and float(plain.scores[1, 0]) < float(plain.scores[0, 0])
 
 
+@pytest.mark.unit
 def test_bad_input_is_one_line(data):
     obj = objective("scst", 2)
     cases = [
@@ -161,3 +168,19 @@ def test_bad_input_is_one_line(data):
         with pytest.raises(RdppError) as e:
             call()
         assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_without_torch_the_import_says_what_to_install(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", "import rdpp_cli.objective"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == ("ImportError: rdpp_cli.objective needs torch (the trainer extra); "
+                                                 "install it with pip install 'rdpp[train]'")
