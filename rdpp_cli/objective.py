@@ -262,7 +262,7 @@ def _caption_list(key: Hashable, caps: Any) -> list[str]:
 def _flatten(captions: Any, what: str) -> list:
     """Captions image-major as one list: strings, or id sequences (lists of ints)."""
     if captions is None:
-        raise RdppError(f"no {what} given (Objective)")
+        raise RdppError(f"no {what} given (Objective); pass the captions (texts, or ids with decode=), image-major")
     if hasattr(captions, "detach"):  # a torch tensor
         captions = captions.detach().cpu().numpy()
     if isinstance(captions, np.ndarray):
