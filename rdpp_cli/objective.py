@@ -45,9 +45,11 @@ from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id
 from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.rewards import pg_loss
 
-__all__ = ["Objective", "StepResult", "REWARD_NAMES", "tokenize"]
+__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize"]
 
-REWARD_NAMES = ("dpp", "scst", "scst-mean")  # the rewards of `rdpp finetune --reward` this API computes
+# the rewards of `rdpp finetune --reward` this API computes: every one of the table but those that add the
+# model's XE loss on the references (xe-cider), which only the caller's model can compute
+REWARD_NAMES = tuple(name for name, r in REWARDS.items() if not r.xe_mix)
 BASELINES = ("none", "mean")
 _NO_LIMIT = 2**31 - 1  # a length limit no caption reaches: every caption is scored as one that ended
 
@@ -76,6 +78,8 @@ class StepResult:
 
 @dataclass
 class Weights:
+    """:meth:`Objective.weights`: a step's weights without the loss (fields as in :class:`StepResult`)."""
+
     weights: Tensor  # (B, m) float32
     scores: Tensor  # (B, m) float64: the samples' CIDEr-D
     logs: dict[str, float]

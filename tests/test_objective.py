@@ -24,7 +24,7 @@ from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
-from rdpp_cli.objective import Objective, tokenize
+from rdpp_cli.objective import REWARD_NAMES, Objective, tokenize
 from rdpp_cli.training.finetune import RewardStep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,6 +82,7 @@ def _drawn(data: DataArtifact, reward: str, m: int, baseline: str = "none"):
 
 @pytest.mark.unit
 def test_the_vocabulary_is_the_one_prepro_builds(data):
+    assert REWARD_NAMES == ("dpp", "scst", "scst-mean")  # the finetune rewards without an XE term
     obj = objective("dpp", 4)
     assert obj.words == data.words and "UNK" in obj.words
     assert tokenize("The cat's on the table.") == ["the", "cat", "s", "on", "the", "table"]
