@@ -135,10 +135,10 @@ class Objective:
         tokens = {key: [tokenize(c) for c in _caption_list(key, caps)] for key, caps in references.items()}
         if not tokens:
             raise RdppError("no references given (Objective.from_references); pass {image id: [caption, ...]}")
-        empty = next((key for key, caps in tokens.items() if not all(caps)), None)
+        empty = next((key for key, caps in tokens.items() if not caps or not all(caps)), None)
         if empty is not None:
-            raise RdppError(f"image {empty!r} has a reference without a word (Objective.from_references); "
-                            "remove it or give it words")
+            raise RdppError(f"image {empty!r} has {'a reference without a word' if tokens[empty] else 'no references'} "
+                            "(Objective.from_references); remove it or give it captions with words")
         if words is None:
             words = V.build_vocab((c for caps in tokens.values() for c in caps), int(word_count_threshold))
         words = list(words) + ([] if V.UNK in words else [V.UNK])
@@ -269,6 +269,8 @@ def _flatten(captions: Any, what: str) -> list:
         raise RdppError(f"no {what} given (Objective); pass the captions (texts, or ids with decode=), image-major")
     if hasattr(captions, "detach"):  # a torch tensor
         captions = captions.detach().cpu().numpy()
+    if isinstance(captions, np.ndarray) and captions.dtype.kind == "O":  # e.g. an array of strings as objects
+        captions = captions.tolist()
     if isinstance(captions, np.ndarray):
         if captions.dtype.kind in "US":
             return [str(c) for c in captions.reshape(-1)]

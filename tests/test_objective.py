@@ -164,11 +164,17 @@ def test_bad_input_is_one_line(data):
         (lambda: objective("dpp", 1), "use m=2 or more"),
         (lambda: Objective.from_references({1: "a dog"}), "not a list of caption strings"),
         (lambda: Objective.from_references({1: ["a dog", "..."]}), "reference without a word"),
+        (lambda: Objective.from_references({1: ["a dog"], 2: []}), "image 2 has no references"),
     ]
     for call, words in cases:
         with pytest.raises(RdppError) as e:
             call()
         assert words in str(e.value) and "\n" not in str(e.value)
+    # the accepted forms of two captions of one image give the same numbers
+    forms = [["a man on a horse", "a cat"], [["a man on a horse", "a cat"]], ("a man on a horse", "a cat"),
+             np.array([["a man on a horse", "a cat"]]), np.array([["a man on a horse", "a cat"]], dtype=object)]
+    got = [obj.weights([1], f, greedy=["a horse"]) for f in forms]
+    assert all(torch.equal(g.weights, got[0].weights) for g in got) and got[0].scores[0, 0] > got[0].scores[0, 1]
 
 
 @pytest.mark.integration
