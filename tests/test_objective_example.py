@@ -4,10 +4,9 @@ should: SCST raises the samples' CIDEr-D, R-DPP raises their diversity (self-CID
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -18,21 +17,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_loop.py"
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("own_loop", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_example_fine_tunes_a_tiny_model_with_r_dpp_and_scst():
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--rl-steps", "20"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.strip().splitlines()
+def test_the_example_fine_tunes_a_tiny_model_with_r_dpp_and_scst(monkeypatch, capsys):
+    # as typed, `python examples/own_loop.py --rl-steps 20` (in this process: torch is loaded once)
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--rl-steps", "20"])
+    example = runpy.run_path(str(EXAMPLE), run_name="__main__")
+    lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("cross-entropy:") and any(line.startswith("step  19") for line in lines)
     dpp = json.loads(lines[-1])
-    scst = _example().main(["--reward", "scst", "--m", "3", "--rl-steps", "20"])
+    scst = example["main"](["--reward", "scst", "--m", "3", "--rl-steps", "20"])
     for run in (dpp, scst):
         assert run["losses_finite"] and run["max_weights_diff"] == 0.0  # ids + decode == the same texts
         assert run["xe_loss"][1] < 0.5 * run["xe_loss"][0]
