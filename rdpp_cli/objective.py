@@ -173,6 +173,7 @@ class Objective:
 
     # -- one step -----------------------------------------------------------------------------------
     def refs_for(self, image_ids: Sequence[Hashable]) -> list[np.ndarray]:
+        """The encoded references (k, L) of each image of ``image_ids``."""
         out = []
         for key in image_ids:
             key = key.item() if hasattr(key, "item") else key
@@ -233,6 +234,9 @@ class Objective:
             if mask.shape != logprobs.shape:
                 raise RdppError(f"mask {tuple(mask.shape)} and logprobs {tuple(logprobs.shape)} differ in shape "
                                 "(Objective.loss); pass one mask entry per token")
+            if logprobs.dim() not in (2, 3) or logprobs.numel() != N * logprobs.shape[-1]:
+                raise RdppError(f"logprobs {tuple(logprobs.shape)}: expected (B, m, T) or (B*m, T) per-token log-probs "
+                                f"of the {N} captions weighted (Objective.loss); pass one row per caption")
             return pg_loss(logprobs.reshape(N, -1), mask.reshape(N, -1).to(logprobs.device), w, groups=groups)
         if lengths is None:
             raise RdppError("logprobs without mask are per-caption sums and need lengths= (tokens in each sum) "
