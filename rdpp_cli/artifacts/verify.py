@@ -26,7 +26,7 @@ from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
 from rdpp_cli.artifacts.options import VerifyOptions
 from rdpp_cli.artifacts.verified import own_progress_bar
-from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, group_folders, read_partial, workspace_dir
+from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, broken_link, group_folders, read_partial, workspace_dir
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
 
@@ -69,9 +69,8 @@ def _folders(names: list[str] | None, root: Path) -> list[Path]:
 def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
     """The verdict on one folder (its own files and inputs; ``verify`` adds its ancestors' problems)."""
     res = Checked(Path(path))
-    if res.path.is_symlink() and not res.path.exists():
-        res.problems.append(f"a link to {os.readlink(res.path)}, which does not exist; restore what it points to, "
-                            "or delete the link")
+    if (why := broken_link(res.path)) is not None:
+        res.problems.append(f"{why}; restore what it points to, or delete the link")
         return res
     if not (res.path / MANIFEST).is_file() and (res.path / PARTIAL).is_file():
         res.unfinished, res.kind = True, str((read_partial(res.path) or {}).get("kind", "?"))
@@ -91,7 +90,7 @@ def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bo
     for entry in art.inputs:
         res.inputs += 1
         try:
-            res.made_from.append(open_input(art, entry, workspace=workspace, quiet=True).path.resolve())
+            res.made_from.append(_resolved(open_input(art, entry, workspace=workspace, quiet=True).path))
         except RdppError as e:
             res.problems.append(f"input {entry_name(entry)}: {e}")
     return res
@@ -120,13 +119,21 @@ def _propagate(results: dict[Path, Checked]) -> None:
                               "or remake this artifact from an intact one")
 
 
+def _resolved(path: Path) -> Path:
+    """``path`` with its links followed; as it is (absolute) where they loop."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # a loop of links: RuntimeError before Python 3.13, OSError (ELOOP) after
+        return Path(path).absolute()
+
+
 def check_all(folders: list[Path], *, workspace: Path | str | None, quick: bool, advance=None) -> list[Checked]:
     """Verdicts on ``folders`` in order, each with its ancestors' problems (the ancestors are
     checked too, once each, whether named or not)."""
     results: dict[Path, Checked] = {}
     named: dict[Path, Path] = {}  # resolved -> as given
     for folder in folders:
-        named.setdefault(Path(folder).resolve(), Path(folder))
+        named.setdefault(_resolved(folder), Path(folder))
     todo = list(named)
     while todo:
         p = todo.pop(0)

@@ -355,6 +355,18 @@ def group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
                   if (p.is_dir() or p.is_symlink()) and not p.name.startswith("."))
 
 
+def broken_link(p: Path) -> str | None:
+    """Why the link ``p`` leads nowhere (it points to a missing path, or into a loop of links), else None."""
+    if not p.is_symlink() or p.exists():
+        return None
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"a link to {os.readlink(p)} in a loop of links that never reaches a folder"
+    return f"a link to {os.readlink(p)}, which does not exist"
+
+
 def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset(),
                   groups=tuple(GROUPS)) -> list[tuple[Path, str]]:
     """The folders under the workspace's groups that are not complete, readable artifacts of their
@@ -364,8 +376,8 @@ def stray_folders(workspace: Path | str | None = None, listed: set[Path] = froze
     for p in group_folders(workspace_dir(workspace), groups):
         if p in listed:
             continue
-        if p.is_symlink() and not p.exists():
-            out.append((p, f"a link to {os.readlink(p)}, which does not exist"))
+        if (why := broken_link(p)) is not None:
+            out.append((p, why))
         elif (p / MANIFEST).is_file():
             try:
                 read_artifact(p, GROUPS[p.parent.name])

@@ -195,7 +195,7 @@ def _workspace_defaults(workspace: Path | None, section: str) -> tuple[Keys, Pat
     try:
         data = load_config_file(path)
         for name in data:
-            if name not in (known := _sections()):
+            if name not in (known := _sections() | {section}):
                 raise RdppError(f"{data.where(path, name)}: unknown section '{name}'; the sections are the commands: "
                                 f"{', '.join(sorted(known))}")
     except RdppError as e:
