@@ -68,10 +68,14 @@ def derived_name(parent: str, own: str) -> str:
 
 
 def workspace_dir(workspace: Path | str | None = None) -> Path:
-    """``--workspace`` if given, else ``$RDPP_WORKSPACE``, else ``./runs``."""
-    if workspace:
-        return Path(workspace)
-    return Path(os.environ.get(ENV) or "runs")
+    """``--workspace`` if given, else ``$RDPP_WORKSPACE``, else ``./runs``; RdppError when that path is
+    a file (or anything else that is not a folder)."""
+    root = Path(workspace) if workspace else Path(os.environ.get(ENV) or "runs")
+    if root.exists() and not root.is_dir():
+        given = "--workspace" if workspace else f"${ENV}" if os.environ.get(ENV) else "the default workspace"
+        raise RdppError(f"workspace {root} ({given}) is a file, not a folder; pass --workspace DIR, a folder (made "
+                        "if missing), or move the file away")
+    return root
 
 
 def _versions(parent: Path, stem: str) -> list[tuple[int, Path]]:
@@ -217,7 +221,11 @@ def refuse_unwritable(out: Path | str | None, *, workspace: Path | str | None, g
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        return  # --out names a file: prepare_output says so
+        if probe == target and out is not None:
+            return  # --out names a file: prepare_output says so
+        what = "--out" if out is not None else "the workspace folder"
+        raise RdppError(f"{probe} is a file, not a folder, so {what} {target} cannot be made under it; pass a path "
+                        "whose folders are folders")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".rdpp-probe-", dir=probe)
     except OSError as e:
