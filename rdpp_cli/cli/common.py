@@ -167,8 +167,8 @@ def load_config_file(path: Path) -> Keys:
 
 
 def _sections() -> set[str]:
-    """The sections ``rdpp.yaml`` may hold: the ``section`` of every stage's options class."""
-    import rdpp_cli.cli.app  # noqa: F401  (imports every command, so every options class)
+    """The sections ``rdpp.yaml`` may hold: the ``section`` of every stage's options class (the command
+    table, ``cli.app``, has loaded them all)."""
     from rdpp_cli.options import Options
 
     found, todo = set(), [Options]
