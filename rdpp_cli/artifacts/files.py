@@ -2,7 +2,8 @@
 
 ``atomic_write`` (and its ``_bytes`` and ``_json`` forms) writes a temp file in the same folder,
 fsyncs it and renames it over the target, so a reader sees the old file or the whole new one;
-``write_failure`` turns a failed write (a full disk, torch's stream errors) into an ``OSError``
+What was written is read back from the temp file before the rename (``LostWrite`` when the disk
+holds other bytes than the writer passed: a write lost while reporting success); ``write_failure`` turns a failed write (a full disk, torch's stream errors) into an ``OSError``
 naming the file; ``json_bytes`` refuses what is not strict JSON; ``sha256_file`` hashes a file.
 """
 
@@ -35,18 +36,66 @@ def sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str
     return h.hexdigest()
 
 
+class LostWrite(OSError):
+    """The file on disk is not what was written to it (a write reported done that never landed)."""
+
+
+class _Hashing:
+    """The file object a writer gets: what it writes is hashed on the way (``digest``), so that the
+    file can be read back and compared. A writer that seeks back makes the stream hash meaningless
+    (``sequential`` turns False) and its file is not compared."""
+
+    def __init__(self, f: BinaryIO):
+        self._f, self._h, self.size, self.sequential = f, hashlib.sha256(), 0, True
+
+    def write(self, data) -> int:
+        n = self._f.write(data)
+        view = memoryview(data).cast("B")
+        self._h.update(view if n is None else view[:n])
+        self.size += len(view) if n is None else n
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (whence, offset) not in ((0, self.size), (1, 0), (2, 0)):
+            self.sequential = False
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def digest(self) -> str:
+        return self._h.hexdigest()
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+def _read_back(tmp: str, written: _Hashing, path: Path) -> None:
+    """LostWrite unless the temp file ``tmp`` holds exactly the bytes written to it."""
+    if not written.sequential:
+        return
+    size = os.stat(tmp).st_size
+    if size != written.size or sha256_file(Path(tmp)) != written.digest():
+        got = f"{size:,} bytes" if size != written.size else "other bytes of the same size"
+        raise LostWrite(5, f"read back after writing, the disk holds {got}, not the {written.size:,} bytes written (a "
+                           "write was lost although it reported success); nothing was replaced", str(path))
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(f)`` on a temp file in the same folder, fsync, then rename it over ``path``:
-    readers see the old file or the whole new one, never a half-written one. Ctrl-C and SIGTERM wait
-    for it to end (``artifacts.interrupt``)."""
+    """Call ``write(f)`` on a temp file in the same folder, fsync, read it back (``LostWrite`` unless
+    the disk holds what was written), then rename it over ``path``: readers see the old file or the
+    whole new one, never a half-written or a damaged one. Ctrl-C and SIGTERM wait for it to end
+    (``artifacts.interrupt``)."""
     path = Path(path)
     with uninterrupted():
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
-                write(f)
+                hashing = _Hashing(f)
+                write(hashing)
                 f.flush()
                 os.fsync(f.fileno())
+            _read_back(tmp, hashing, path)
             os.replace(tmp, path)
         except BaseException as e:
             Path(tmp).unlink(missing_ok=True)

@@ -278,8 +278,13 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RdppError(f"{mpath} is not valid JSON ({e}); rerun the stage that makes it") from None
+    except OSError as e:
+        raise RdppError(f"{mpath} cannot be read ({e.strerror or e}); check its permissions and disk") from None
     if not isinstance(manifest, dict) or "kind" not in manifest or "schema" not in manifest:
         raise RdppError(f"{mpath} is not an rdpp manifest (no kind/schema); expected {want}")
+    if (damage := manifest_damage(manifest)) is not None:
+        raise RdppError(f"{mpath}: {damage}; the manifest is damaged: restore it, or rerun the stage that makes "
+                        "this artifact (into another --out)")
     if kinds and manifest["kind"] not in kinds:
         raise RdppError(f"{path} is a {manifest['kind']} artifact; expected {want}")
     kind_ = manifest["kind"]
@@ -296,6 +301,51 @@ def read_artifact(path: Path | str, kind: str | tuple[str, ...] | None = None) -
         raise RdppError(f"{path} is an {kind_} artifact of schema {schema}, older than this rdpp reads (schema "
                         f"{OLDEST_READ[kind_]} to {current}); remake it with `{REMAKE[kind_]}`")
     return Artifact(path, manifest)
+
+
+def _what(value: Any) -> str:
+    """How a damaged manifest field is described: ``null``, ``a list``, ``the text 'x'``."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    return {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "a mapping"}.get(
+        type(value), type(value).__name__)
+
+
+def _file_entry_damage(name: str, entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"files['{name}'] is {_what(entry)}, not a mapping of sha256 and bytes"
+    if not isinstance(entry.get("sha256"), str):
+        return f"files['{name}'].sha256 is {_what(entry.get('sha256'))}, not a hash"
+    size = entry.get("bytes")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"files['{name}'].bytes is {_what(size)}, not a size"
+    if not isinstance(entry.get("hash_of", "file"), str):
+        return f"files['{name}'].hash_of is {_what(entry.get('hash_of'))}, not a text"
+    if Path(name).is_absolute() or ".." in Path(name).parts or not name:
+        return f"files lists {name!r}, which is not a file inside its folder"
+    return None
+
+
+def manifest_damage(manifest: dict) -> str | None:
+    """What in a manifest's structure is not as rdpp writes it (``"config": null``, ``"inputs": "x"``,
+    ``"files": []``, a file entry without its size), else None: readers use it without looking again."""
+    shapes = {"kind": str, "config": dict, "inputs": list, "files": dict, "summary": dict, "created": str}
+    names = {str: "a text", dict: "a mapping", list: "a list"}
+    for key, shape in shapes.items():
+        if key in manifest and not isinstance(manifest[key], shape):
+            return f"'{key}' is {_what(manifest[key])}, not {names[shape]}"
+    for k, entry in enumerate(manifest.get("inputs", [])):
+        if not isinstance(entry, dict):
+            return f"inputs[{k}] is {_what(entry)}, not a mapping"
+        for key in ("kind", "name", "path", "manifest_sha256"):
+            if key in entry and not isinstance(entry[key], str):
+                return f"inputs[{k}].{key} is {_what(entry[key])}, not a text"
+    for name, entry in manifest.get("files", {}).items():
+        if (damage := _file_entry_damage(name, entry)) is not None:
+            return damage
+    return None
 
 
 def is_complete(path: Path) -> bool:

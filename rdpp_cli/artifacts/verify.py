@@ -5,6 +5,7 @@ For each artifact:
 - every listed file exists with its recorded size and its recorded sha256: hashed now, or with
   ``quick`` the hash remembered when a stage or an earlier ``rdpp verify`` last hashed that version
   of the file (``artifacts.verified``; a file changed on disk since is reported as not checked);
+- a data artifact's features (``fc`` and ``att`` of ``features.h5``) are finite (not with ``quick``);
 - every recorded input still resolves to an artifact with the recorded manifest hash
   (``lineage.open_input``: at its recorded path, or found by hash where it moved);
 - an artifact made, directly or through others, from an artifact with a problem is reported too,
@@ -18,7 +19,6 @@ the same survey for ``rdpp ls``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from rdpp_cli.artifacts.lineage import entry_name, open_input
 from rdpp_cli.artifacts.manifest import MANIFEST, Artifact, read_artifact
 from rdpp_cli.artifacts.options import VerifyOptions
 from rdpp_cli.artifacts.verified import own_progress_bar
-from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, group_folders, read_partial, workspace_dir
+from rdpp_cli.artifacts.workspace import GROUPS, PARTIAL, broken_link, group_folders, read_partial, workspace_dir
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
 
@@ -69,9 +69,8 @@ def _folders(names: list[str] | None, root: Path) -> list[Path]:
 def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bool = False) -> Checked:
     """The verdict on one folder (its own files and inputs; ``verify`` adds its ancestors' problems)."""
     res = Checked(Path(path))
-    if res.path.is_symlink() and not res.path.exists():
-        res.problems.append(f"a link to {os.readlink(res.path)}, which does not exist; restore what it points to, "
-                            "or delete the link")
+    if (why := broken_link(res.path)) is not None:
+        res.problems.append(f"{why}; restore what it points to, or delete the link")
         return res
     if not (res.path / MANIFEST).is_file() and (res.path / PARTIAL).is_file():
         res.unfinished, res.kind = True, str((read_partial(res.path) or {}).get("kind", "?"))
@@ -88,13 +87,41 @@ def check_artifact(path: Path, *, workspace: Path | str | None = None, quick: bo
     files = art.manifest.get("files", {})
     res.files, res.bytes = len(files), sum(int(e.get("bytes", 0)) for e in files.values())
     res.problems += art.problems(full=not quick)
+    if art.kind == "rdpp.data" and not quick and not res.problems and "features.h5" in art.manifest["files"]:
+        res.problems += non_finite_features(res.path / "features.h5")
     for entry in art.inputs:
         res.inputs += 1
         try:
-            res.made_from.append(open_input(art, entry, workspace=workspace, quiet=True).path.resolve())
+            res.made_from.append(_resolved(open_input(art, entry, workspace=workspace, quiet=True).path))
         except RdppError as e:
             res.problems.append(f"input {entry_name(entry)}: {e}")
     return res
+
+
+def non_finite_features(path: Path, block_bytes: int = 1 << 26) -> list[str]:
+    """The first image whose ``fc`` or ``att`` rows in the features file ``path`` hold NaN or infinity
+    (one problem line per array), read in blocks of about ``block_bytes``; empty when all are finite."""
+    import h5py
+    import numpy as np
+
+    out = []
+    with h5py.File(path, "r") as f:
+        for name in ("fc", "att"):
+            if name not in f:
+                continue
+            ds = f[name]
+            step = max(1, block_bytes // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:]))))
+            for s in range(0, ds.shape[0], step):
+                rows = ds[s:s + step]
+                bad = ~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
+                if bad.any():
+                    row = s + int(np.argmax(bad))
+                    image = int(f["image_ids"][row]) if "image_ids" in f else row
+                    out.append(f"features.h5: the {name} features of image {image} (row {row}) hold NaN or infinity "
+                               "(imported so, or written so by an older rdpp); remake the data artifact from finite "
+                               "features")
+                    break
+    return out
 
 
 def _label(path: Path) -> str:
@@ -120,13 +147,21 @@ def _propagate(results: dict[Path, Checked]) -> None:
                               "or remake this artifact from an intact one")
 
 
+def _resolved(path: Path) -> Path:
+    """``path`` with its links followed; as it is (absolute) where they loop."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # a loop of links: RuntimeError before Python 3.13, OSError (ELOOP) after
+        return Path(path).absolute()
+
+
 def check_all(folders: list[Path], *, workspace: Path | str | None, quick: bool, advance=None) -> list[Checked]:
     """Verdicts on ``folders`` in order, each with its ancestors' problems (the ancestors are
     checked too, once each, whether named or not)."""
     results: dict[Path, Checked] = {}
     named: dict[Path, Path] = {}  # resolved -> as given
     for folder in folders:
-        named.setdefault(Path(folder).resolve(), Path(folder))
+        named.setdefault(_resolved(folder), Path(folder))
     todo = list(named)
     while todo:
         p = todo.pop(0)

@@ -68,10 +68,14 @@ def derived_name(parent: str, own: str) -> str:
 
 
 def workspace_dir(workspace: Path | str | None = None) -> Path:
-    """``--workspace`` if given, else ``$RDPP_WORKSPACE``, else ``./runs``."""
-    if workspace:
-        return Path(workspace)
-    return Path(os.environ.get(ENV) or "runs")
+    """``--workspace`` if given, else ``$RDPP_WORKSPACE``, else ``./runs``; RdppError when that path is
+    a file (or anything else that is not a folder)."""
+    root = Path(workspace) if workspace else Path(os.environ.get(ENV) or "runs")
+    if root.exists() and not root.is_dir():
+        given = "--workspace" if workspace else f"${ENV}" if os.environ.get(ENV) else "the default workspace"
+        raise RdppError(f"workspace {root} ({given}) is a file, not a folder; pass --workspace DIR, a folder (made "
+                        "if missing), or move the file away")
+    return root
 
 
 def _versions(parent: Path, stem: str) -> list[tuple[int, Path]]:
@@ -217,7 +221,11 @@ def refuse_unwritable(out: Path | str | None, *, workspace: Path | str | None, g
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        return  # --out names a file: prepare_output says so
+        if probe == target and out is not None:
+            return  # --out names a file: prepare_output says so
+        what = "--out" if out is not None else "the workspace folder"
+        raise RdppError(f"{probe} is a file, not a folder, so {what} {target} cannot be made under it; pass a path "
+                        "whose folders are folders")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".rdpp-probe-", dir=probe)
     except OSError as e:
@@ -355,6 +363,18 @@ def group_folders(root: Path, groups=tuple(GROUPS)) -> list[Path]:
                   if (p.is_dir() or p.is_symlink()) and not p.name.startswith("."))
 
 
+def broken_link(p: Path) -> str | None:
+    """Why the link ``p`` leads nowhere (it points to a missing path, or into a loop of links), else None."""
+    if not p.is_symlink() or p.exists():
+        return None
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"a link to {os.readlink(p)} in a loop of links that never reaches a folder"
+    return f"a link to {os.readlink(p)}, which does not exist"
+
+
 def stray_folders(workspace: Path | str | None = None, listed: set[Path] = frozenset(),
                   groups=tuple(GROUPS)) -> list[tuple[Path, str]]:
     """The folders under the workspace's groups that are not complete, readable artifacts of their
@@ -364,8 +384,8 @@ def stray_folders(workspace: Path | str | None = None, listed: set[Path] = froze
     for p in group_folders(workspace_dir(workspace), groups):
         if p in listed:
             continue
-        if p.is_symlink() and not p.exists():
-            out.append((p, f"a link to {os.readlink(p)}, which does not exist"))
+        if (why := broken_link(p)) is not None:
+            out.append((p, why))
         elif (p / MANIFEST).is_file():
             try:
                 read_artifact(p, GROUPS[p.parent.name])

@@ -38,9 +38,35 @@ class _LeadingZero(ValueError):
         self.text, self.line = text, line
 
 
+class _Duplicate(ValueError):
+    """A key given twice in one mapping of a config file (the loaders would keep the last silently)."""
+
+    def __init__(self, key: str, line: int | None, first: int | None):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class Keys(dict):
+    """A mapping read from a config file, keys with ``-`` spelt ``_``; ``lines[key]``: the line it is on."""
+
+    def __init__(self, items=(), lines: dict[str, int] | None = None):
+        super().__init__(items)
+        self.lines = lines or {}
+
+    def where(self, path: Path | str, key: str) -> str:
+        """``path, line N`` for ``key`` (``path`` alone where its line is not known)."""
+        line = self.lines.get(key)
+        return f"{path}, line {line}" if line else str(path)
+
+
+def _key(k: Any) -> str:
+    return str(k).replace("-", "_")
+
+
 @functools.cache
 def _yaml_loader():
-    """yaml.SafeLoader refusing integers with a leading zero (``seed: 010`` would be 8, octal)."""
+    """yaml.SafeLoader refusing integers with a leading zero (``seed: 010`` would be 8, octal) and keys
+    given twice; mappings come back as ``Keys`` with each key's line."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -50,62 +76,191 @@ def _yaml_loader():
                 raise _LeadingZero(str(node.value), node.start_mark.line + 1)
             return super().construct_yaml_int(node)
 
+        def construct_yaml_map(self, node):
+            data = Keys()
+            yield data
+            lines: dict[str, int] = {}
+            for key_node, _ in node.value:
+                key = _key(self.construct_object(key_node, deep=True))
+                if key in lines:
+                    raise _Duplicate(key, key_node.start_mark.line + 1, lines[key])
+                lines[key] = key_node.start_mark.line + 1
+            data.update((_key(k), v) for k, v in self.construct_mapping(node).items())
+            data.lines = lines
+
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor("tag:yaml.org,2002:map", Loader.construct_yaml_map)
     return Loader
 
 
-def load_config_file(path: Path) -> dict:
+def _json_line(text: str, key: str, nth: int = 0) -> int | None:
+    """The line of the ``nth`` place (0: the first) where ``"key":`` (with ``-`` or ``_``) is written."""
+    import re
+
+    spellings = {key, key.replace("_", "-")}
+    found = sorted(m.start() for k in spellings for m in re.finditer(f'"{re.escape(k)}"\\s*:', text))
+    return text.count("\n", 0, found[nth]) + 1 if len(found) > nth else None
+
+
+def _json_keys(text: str):
+    """json.loads's ``object_pairs_hook``: ``Keys`` with each key's line, refusing a key given twice."""
+    seen: dict[str, int] = {}
+
+    def hook(pairs):
+        keys = Keys()
+        for k, v in pairs:
+            k = _key(k)
+            if k in keys:
+                raise _Duplicate(k, _json_line(text, k, seen.get(k, 1)), _json_line(text, k))
+            seen[k] = seen.get(k, 0) + 1
+            keys[k] = v
+            keys.lines[k] = _json_line(text, k)
+        return keys
+
+    return hook
+
+
+def config_text(path: Path) -> str:
+    """The text of a config file: UTF-8, a byte-order mark dropped; RdppError (one line) otherwise."""
+    import codecs
+
+    raw = Path(path).read_bytes()
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    elif raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise RdppError(f"{path} is UTF-16 text; rdpp reads config files as UTF-8: save it as UTF-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise RdppError(f"{path}, line {line}: byte 0x{raw[e.start]:02x} is not UTF-8 text (another encoding, such "
+                        "as latin-1 or UTF-16?); save the file as UTF-8") from None
+
+
+def load_config_file(path: Path) -> Keys:
+    """A config file's mapping (``Keys``: keys spelt with ``_``, each with its line); RdppError naming the
+    file and line for text that is not UTF-8, bad syntax, a key given twice or a top level that is no mapping."""
     path = Path(path)
     if not path.is_file():
         raise RdppError(f"config file {path} does not exist; pass an existing JSON or YAML file to --config")
-    text = path.read_text()
+    text = config_text(path)
     try:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.load(text, Loader=_yaml_loader()) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or Keys()
         else:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_json_keys(text))
     except _LeadingZero as e:
         raise RdppError(f"{path}, line {e.line}: {e.text} has a leading zero, which YAML reads as an octal number; "
                         f"write {int(e.text.replace('_', ''), 10)} (or quote it for a text)") from None
+    except _Duplicate as e:
+        at = f", line {e.line}" if e.line else ""
+        first = f" (first on line {e.first})" if e.first else ""
+        raise RdppError(f"{path}{at}: '{e.key}' is given twice{first}; keep one of them") from None
     except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RdppError(f"config file {path} could not be parsed ({first}); fix its syntax") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, Keys):
         raise RdppError(f"config file {path} must hold a mapping of option names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    return data
 
 
-def _workspace_defaults(workspace: Path | None, section: str) -> dict:
+def _sections() -> set[str]:
+    """The sections ``rdpp.yaml`` may hold: the ``section`` of every stage's options class (the command
+    table, ``cli.app``, has loaded them all)."""
+    from rdpp_cli.options import Options
+
+    found, todo = set(), [Options]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.section:
+            found.add(cls.section)
+    return found
+
+
+# `rdpp ls` and `rdpp verify` look at a workspace whatever state it is in: an rdpp.yaml they cannot
+# read is a note, and they run with their defaults
+_TOLERANT = ("ls", "verify")
+
+
+def _workspace_defaults(workspace: Path | None, section: str) -> tuple[Keys, Path]:
     from rdpp_cli.artifacts.workspace import workspace_dir
+    from rdpp_cli.console import warning
 
     path = workspace_dir(workspace) / WORKSPACE_YAML
     if not path.is_file():
-        return {}
-    data = load_config_file(path)
-    sec = data.get(section) or data.get(section.replace("_", "-")) or {}
+        return Keys(), path
+    try:
+        data = load_config_file(path)
+        for name in data:
+            if name not in (known := _sections() | {section}):
+                raise RdppError(f"{data.where(path, name)}: unknown section '{name}'; the sections are the commands: "
+                                f"{', '.join(sorted(known))}")
+    except RdppError as e:
+        if section not in _TOLERANT:
+            raise
+        warning(f"{e}; `rdpp {section}` goes on without it")
+        return Keys(), path
+    sec = data.get(section) or Keys()
     if not isinstance(sec, dict):
-        raise RdppError(f"{path}: section '{section}' must be a mapping of option names to values")
-    return {str(k).replace("-", "_"): v for k, v in sec.items()}
+        raise RdppError(f"{data.where(path, section)}: section '{section}' must be a mapping of option names to values")
+    return sec if isinstance(sec, Keys) else Keys(sec), path
 
 
-def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
+_TYPE_WORDS = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def _value_type(annotation: Any) -> tuple[Any, bool]:
+    """(the scalar type of an option's annotation, whether it takes a list): ``Optional[int]`` is
+    ``(int, False)``, ``list[str]`` ``(str, True)``."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set):
+        return (args[0] if args else Any), True
+    if origin is not None and len(args) == 1:  # Optional[X]
+        return _value_type(args[0])
+    return annotation, False
+
+
+def _wrong_type(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` from a config file is not of the option's type (a boolean for a number, a number
+    for a switch, a fraction for a whole number, a list or mapping for one value), else None."""
+    kind, many = _value_type(annotation)
+    for v in value if many and isinstance(value, list) else [value]:
+        if isinstance(v, (dict, list)):
+            return f"a {'mapping' if isinstance(v, dict) else 'list'}, not one value"
+        if kind is bool and not isinstance(v, bool):
+            return f"{v!r}, but it takes true or false"
+        if kind is not bool and isinstance(v, bool):
+            want = _TYPE_WORDS.get(kind, "a text (quote it: YAML reads yes/no/on/off as true/false)")
+            return f"{str(v).lower()} is a true/false value, but it takes {want}"
+        if kind is int and isinstance(v, float):
+            return f"{v}, but it takes a whole number"
+    return None
+
+
+def resolve_options(ctx: typer.Context, section: str, types: dict[str, Any] | None = None) -> dict[str, Any]:
     """The command's options after merging, lowest to highest priority:
     defaults < ``<workspace>/rdpp.yaml`` section ``section`` < ``--config FILE`` < flags typed.
 
     Returns every option except ``config``; values from files are converted with the option's own
-    Click type, so a path stays a path.
+    Click type, so a path stays a path; a value of another type (``n: true``) is refused, naming the
+    file, the key and its line (``types``: each option's annotation, from its options class).
     """
     params = dict(ctx.params)
     config_path = params.pop("config", None)
-    layered = _workspace_defaults(params.get("workspace"), section)
+    yaml_keys, yaml_path = _workspace_defaults(params.get("workspace"), section)
+    layered = {k: (v, yaml_keys.where(yaml_path, k)) for k, v in yaml_keys.items()}
     if config_path:
-        layered.update(load_config_file(config_path))
+        keys = load_config_file(config_path)
+        layered.update({k: (v, keys.where(config_path, k)) for k, v in keys.items()})
     known = {p.name: p for p in ctx.command.params}
-    for key, value in layered.items():
+    for key, (value, where) in layered.items():
         if key not in params or key == "config":
-            where = config_path or WORKSPACE_YAML
             raise RdppError(
                 f"{where}: unknown option '{key}' for `rdpp {ctx.command_path.split(' ', 1)[-1]}`; "
                 f"known: {', '.join(sorted(k for k in params))}"
@@ -114,11 +269,13 @@ def resolve_options(ctx: typer.Context, section: str) -> dict[str, Any]:
         if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             continue
         param = known[key]
+        if value is not None and key in (types or {}) and (wrong := _wrong_type(types[key], value)) is not None:
+            raise RdppError(f"{where}: bad value for '{key}': {wrong}; write a value of its type")
         try:
             params[key] = param.process_value(ctx, value) if value is not None else None
         except Exception as e:  # the Click type's BadParameter (Click is vendored by newer Typer)
             msg = getattr(e, "message", None) or str(e)
-            raise RdppError(f"{config_path or WORKSPACE_YAML}: bad value for '{key}': {msg}") from None
+            raise RdppError(f"{where}: bad value for '{key}': {msg}") from None
     return params
 
 
@@ -254,7 +411,7 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
                                         default=ConfigOpt))
 
     def command(ctx: typer.Context, **_: Any) -> None:
-        values = {k: v.value if isinstance(v, enum.Enum) else v for k, v in resolve_options(ctx, cls.section).items()}
+        values = {k: v.value if isinstance(v, enum.Enum) else v for k, v in resolve_options(ctx, cls.section, types).items()}
         if alias is not None:
             values[alias.name] = parent_option({"from_": values.pop("from_"), alias.name: values[alias.name]},
                                                alias.name, alias.name)

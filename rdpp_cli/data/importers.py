@@ -10,7 +10,8 @@ Accepted sources (every image of the caption file must be present; extra ids are
   (bottom-up attention's layout) and optionally ``fc``; or a folder with ``*_att`` and ``*_fc``
   subfolders (``cocobu_att/<id>.npz`` + ``cocobu_fc/<id>.npy``).
 
-``fc`` is the mean over regions when the source has none. Variable region counts are zero-padded
+``fc`` is the mean over regions when the source has none. A NaN or infinity in an image's ``att``
+regions or its ``fc`` stops the import with one line naming the image. Variable region counts are zero-padded
 to the largest count R and recorded in ``att_len``. Rows go through the same ``FeatureWriter``.
 """
 
@@ -119,6 +120,7 @@ class FeatureSource:
                 lens = np.zeros(len(rows), dtype=np.int32)
                 for b, k in enumerate(rows):
                     a, c = self._read(h5, k)
+                    self._check_finite(k, a, c)
                     att[b, :len(a)] = a
                     fc[b] = c if c is not None else (a.mean(axis=0) if len(a) else 0.0)
                     lens[b] = len(a)
@@ -126,6 +128,15 @@ class FeatureSource:
         finally:
             if h5 is not None:
                 h5.close()
+
+    def _check_finite(self, k: int, att: np.ndarray, fc: np.ndarray | None) -> None:
+        """RdppError naming the image and the array when its ``att`` regions or its ``fc`` hold NaN or
+        infinity: a model would train on them (or its loss turn NaN) and consensus re-ranking fail."""
+        for name, arr in (("att", att), ("fc", fc)):
+            if arr is not None and not np.isfinite(arr).all():
+                raise RdppError(f"--features-from {self.path}: the {name} features of image {self.image_ids[k]} hold "
+                                "NaN or infinity; fix or drop them at the source, then rerun the same command (the "
+                                "images imported so far are kept)")
 
     def _read(self, h5, k: int) -> tuple[np.ndarray, np.ndarray | None]:
         i = self.image_ids[k]

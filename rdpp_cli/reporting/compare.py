@@ -236,7 +236,7 @@ def read_figure_ids(path: Path, ids: list[int]) -> list[int]:
     if not Path(path).is_file():
         raise RdppError(f"--figure {path} does not exist; pass a text file of image ids, one a line")
     wanted = []
-    for k, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for k, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):  # a BOM is no id
         text = line.split("#", 1)[0].strip()
         if not text:
             continue

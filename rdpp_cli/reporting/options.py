@@ -68,6 +68,45 @@ def name_list(text: str | list[str] | tuple[str, ...] | None) -> list[str] | Non
     return [str(x).strip() for x in items if str(x).strip()]
 
 
+def _no_empty_name(flag: str, text: str | list[str] | tuple[str, ...] | None) -> None:
+    """RdppError when a comma-separated option has an empty item (``a,,c``, ``a,b,``): dropped, it would
+    shift every name after it to another model."""
+    if text is None:
+        return
+    items = [str(x) for x in text] if isinstance(text, (list, tuple)) else str(text).split(",")
+    empty = [k for k, x in enumerate(items, 1) if not x.strip()]
+    if empty and len(empty) < len(items):
+        raise RdppError(f"{flag} {text!r}: item {empty[0]} of {len(items)} is empty; give every model a name "
+                        "(no ',,' and no ',' at either end)")
+
+
+def figure_file(flag: str, path: Path | None) -> None:
+    """RdppError unless ``path`` (``--figure``) is a regular, non-empty UTF-8 text file (a UTF-8 byte-order
+    mark is allowed)."""
+    import stat
+
+    if path is None:
+        return
+    p = Path(path)
+    todo = "pass a text file of image ids, one a line"
+    if not p.exists():
+        raise RdppError(f"{flag} {path} does not exist; {todo}")
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        what = ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode)
+                else "a pipe" if stat.S_ISFIFO(mode) else "not a regular file")
+        raise RdppError(f"{flag} {path} is {what}, not a regular file; {todo}")
+    raw = p.read_bytes()
+    if not raw.strip():
+        raise RdppError(f"{flag} {path} is empty; write one image id a line")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        kind = "UTF-16 text" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else f"byte 0x{raw[e.start]:02x} is not UTF-8"
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise RdppError(f"{flag} {path}, line {line}: {kind}; save the file as UTF-8 text") from None
+
+
 @dataclass
 class CompareOptions(Options):
     """`rdpp compare [SAMPLES_OR_SCORES…]`: the models' caption sets side by side, per image."""
@@ -88,7 +127,7 @@ class CompareOptions(Options):
         "photo must then be there.", identity=False, cli={"file_okay": False})
     figure: Path | None = option(
         None, "A file of image ids (one a line, # comments): also draw those images with each model's captions "
-        "as figure.<format> (the supplement's layout).", cli={"dir_okay": False})
+        "as figure.<format> (the supplement's layout).", cli={"dir_okay": False}, check=figure_file)
     format: str = option("pdf", "The figure's format.", choices=FIGURE_FORMATS)
     figure_captions: int = option(5, "Captions per model in the figure (the first ones; the chosen ones of a "
                                   "--select set).", check=at_least(1))
@@ -98,11 +137,13 @@ class CompareOptions(Options):
     workspace: Path | None = workspace_option()
 
     def validate(self) -> None:
+        if name_list(self.models) == [] or (self.labels is not None and name_list(self.labels) == []):
+            raise RdppError("--models/--labels name nothing; give comma-separated names or leave the option out")
+        _no_empty_name("--models", self.models)
+        _no_empty_name("--labels", self.labels)
         labels = name_list(self.labels)
         given = name_list(self.models) or self.samples
         if labels is not None and given and len(labels) != len(given):
             raise RdppError(f"{len(labels)} labels for {len(given)} models; give one label each (--labels)")
         if labels is not None and len(set(labels)) != len(labels):
             raise RdppError(f"--labels {self.labels!r} repeats a label; give each model its own")
-        if name_list(self.models) == [] or (self.labels is not None and labels == []):
-            raise RdppError("--models/--labels name nothing; give comma-separated names or leave the option out")

@@ -173,16 +173,21 @@ def noam_factor(d_model: int, warmup: int):
     return lambda s: d_model ** -0.5 * min((s + 1) ** -0.5, (s + 1) * w ** -1.5)
 
 
+def check_lr_schedule(opts: TrainLoopOptions, model: nn.Module) -> None:
+    """RdppError when ``opts.lr_schedule`` cannot drive ``model`` (noam needs its ``config.d_model``): a
+    stage calls it before it claims its output folder."""
+    if opts.lr_schedule == "noam" and getattr(model.config, "d_model", None) is None:
+        raise RdppError(f"--lr-schedule noam scales by the model's d_model, which {type(model).__name__} does "
+                        "not have; use --lr-schedule step")
+
+
 def lr_schedule(optimizer: torch.optim.Optimizer, opts: TrainLoopOptions, model: nn.Module):
     """The LR schedule of ``opts.lr_schedule``: "step" (x ``lr_decay_rate`` every ``lr_decay_every``
     epochs; None when that is 0), stepped once per epoch, or "noam" (``noam_factor`` of the model's
     ``config.d_model``), stepped after every optimizer step."""
+    check_lr_schedule(opts, model)
     if opts.lr_schedule == "noam":
-        d_model = getattr(model.config, "d_model", None)
-        if d_model is None:
-            raise RdppError(f"--lr-schedule noam scales by the model's d_model, which {type(model).__name__} does "
-                            "not have; use --lr-schedule step")
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_factor(d_model, opts.warmup))
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_factor(model.config.d_model, opts.warmup))
     if opts.lr_decay_every > 0:
         return torch.optim.lr_scheduler.StepLR(optimizer, step_size=opts.lr_decay_every, gamma=opts.lr_decay_rate)
     return None

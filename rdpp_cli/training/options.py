@@ -10,6 +10,7 @@ keys of ``--config`` and of ``<workspace>/rdpp.yaml``, the arguments of ``train_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,6 +67,20 @@ FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
 def _probability(flag: str, value: float | None) -> None:
     if value is not None and not 0 <= value <= 1:
         raise RdppError(f"{flag} must be in [0, 1] (got {value})")
+
+
+def _adam_beta2(flag: str, value: float | None) -> None:
+    """Adam divides by 1 - beta2^t: beta2 = 1 divides by zero (torch refuses it), so [0, 1)."""
+    if value is not None and not 0 <= value < 1:
+        raise RdppError(f"{flag} must be in [0, 1) (got {value}): Adam divides by 1 - beta2^t; the usual values are "
+                        "0.999, or 0.98 for the transformer")
+
+
+def _adam_eps(flag: str, value: float | None) -> None:
+    """Adam's eps keeps its step finite where the squared gradients' average is 0: it must be > 0."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise RdppError(f"{flag} must be a positive number (got {value}): it keeps Adam's step finite where a "
+                        "gradient is 0; the usual values are 1e-8, or 1e-9 for the transformer")
 
 
 def _decay_rate(flag: str, value: float | None) -> None:
@@ -160,8 +175,8 @@ class XEOptions(TrainLoopOptions):
         "s x warmup^-1.5) at step s (the transformer's). Default: the preset's.",
         check=one_of(*LR_SCHEDULES, what="an LR schedule"))
     warmup: int | None = loop_option(None, "Noam schedule: warm-up steps (default: the preset's).", check=at_least(0))
-    adam_beta2: float | None = loop_option(None, "Adam's beta2 (default: the preset's).", check=_probability)
-    adam_eps: float | None = loop_option(None, "Adam's eps (default: the preset's).", check=all_of(finite, at_least(0)))
+    adam_beta2: float | None = loop_option(None, "Adam's beta2, in [0, 1) (default: the preset's).", check=_adam_beta2)
+    adam_eps: float | None = loop_option(None, "Adam's eps, > 0 (default: the preset's).", check=_adam_eps)
     out: Path | None = out_option("a new version <workspace>/xe/<model>-<preset>-v<k>")
     force: bool = force_option()
     workspace: Path | None = workspace_option()

@@ -37,7 +37,7 @@ from rdpp_cli.precision import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import FastPath, fast_path
 from rdpp_cli.training.distributed import call, claim_output, unwrap
-from rdpp_cli.training.loop import StepFn, TrainingRecipe, run_settings
+from rdpp_cli.training.loop import StepFn, TrainingRecipe, check_lr_schedule, run_settings
 from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
@@ -256,6 +256,7 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
     try:
         inp = read_inputs(opts, quiet=not rt.is_main)
         model = build_model(opts, inp)
+        check_lr_schedule(opts, model)  # refused before the output folder is claimed
         fast = xe_fast_path(opts, rt.device, model)
         identity, config = run_settings(
             "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where},
