@@ -39,12 +39,19 @@ from torch import Tensor, nn
 
 from rdpp_cli.checks import FAST_CHOICES
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.base import DropoutMasks
-from rdpp_cli.training.distributed import call
+from rdpp_cli.models.base import DropoutMasks, traceable_dropout
+from rdpp_cli.training.distributed import call, unwrap
 
-# --fast auto: on where it was measured faster than the eager step *and* equal to it, per device
-# type (docs/training.md, "The fast path"; the GPU check is benchmarks/cuda_check.sh).
-ON_BY_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False}
+# --fast auto: on where the fast path was measured faster than the eager step *and* equal to it, per
+# device type and model class (docs/training.md, "The fast path"; the GPU check is
+# benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32 -- XE step
+# 13.3 ms against 41.4 eager, R-DPP 50.8 against 84, SCST 63.5 against 76, the same numbers.
+# UpDown and the Transformer: not yet measured on a GPU. A CPU: slower (benchmarks/fast_path.py).
+ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
+    ("cuda", "Att2in"): True,
+    ("cuda", "UpDown"): False,
+    ("cuda", "Transformer"): False,
+}
 
 
 @dataclass(frozen=True)
@@ -70,32 +77,41 @@ SETTINGS: dict[str, FastSettings] = {
 }
 
 
-def resolve_fast(option: str, device: torch.device | str) -> str:
-    """``--fast`` for a run on ``device``: "on" or "off" (``auto``: ``ON_BY_DEFAULT``)."""
+def _model_class(model: nn.Module | str | None) -> str | None:
+    """The class name ``ON_BY_DEFAULT`` knows ``model`` by (a module, DDP-wrapped or not, or the name)."""
+    if model is None or isinstance(model, str):
+        return model
+    return type(unwrap(model)).__name__
+
+
+def resolve_fast(option: str, device: torch.device | str, model: nn.Module | str | None = None) -> str:
+    """``--fast`` for a run of ``model`` (a module or its class name) on ``device``: "on" or "off"
+    (``auto``: ``ON_BY_DEFAULT`` for the device type and the model; off for a model it does not list)."""
     if option not in FAST_CHOICES:
         raise RdppError(f"--fast {option!r} is not a --fast setting; use one of {', '.join(FAST_CHOICES)}")
     if option == "auto":
-        return "on" if ON_BY_DEFAULT.get(torch.device(device).type, False) else "off"
+        key = (torch.device(device).type, _model_class(model))
+        return "on" if ON_BY_DEFAULT.get(key, False) else "off"
     return option
 
 
 def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
-    """The fast path of a run on ``device`` with ``--fast option`` for ``model``, or None when it is
+    """The fast path of a run of ``model`` on ``device`` with ``--fast option``, or None when it is
     off. A model without it (``supports_fast`` False): ``auto`` is off, ``on`` an RdppError."""
     device = torch.device(device)
-    if model is not None and not getattr(model, "supports_fast", False):
+    if model is not None and not getattr(unwrap(model), "supports_fast", False):
         if option == "on":
-            raise RdppError(f"--fast on: the {type(model).__name__} model has no fast path yet; "
+            raise RdppError(f"--fast on: the {type(unwrap(model)).__name__} model has no fast path; "
                             "train it with --fast auto or --fast off")
         return None
-    if resolve_fast(option, device) == "off":
+    if resolve_fast(option, device, model) == "off":
         return None
     return FastPath(device, SETTINGS.get(device.type, FastSettings()))
 
 
 def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None,
-                    drop: DropoutMasks | None) -> tuple[Tensor, Tensor]:
-    return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop)
+                    drop: DropoutMasks | None, fc: Tensor | None) -> tuple[Tensor, Tensor]:
+    return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop, fc=fc)
 
 
 def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple,
@@ -131,6 +147,7 @@ class FastPath:
         self._tf = self._compile(_teacher_forced, s.train_mode)
         self._step = self._compile(_decoding_step, s.sample_mode) if s.compile_sampling else _decoding_step
         self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
+        self._compiled: dict = {}
 
     def _compile(self, fn, mode: str | None):
         kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
@@ -154,9 +171,17 @@ class FastPath:
             torch.compiler.cudagraph_mark_step_begin()
 
     def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                       drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
-        """``static_token_logprobs`` of ``net`` (DDP-wrapped or not), compiled: (N, L+1) each."""
-        return self._tf(net, att, seqs, att_mask, drop)
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``static_token_logprobs`` of ``net`` (DDP-wrapped or not), compiled: (N, L+1) each.
+        ``drop`` is made readable by the compiled pass first (``models.base.traceable_dropout``)."""
+        drop = traceable_dropout(unwrap(net), drop, att.shape[0], att.shape[1])
+        return self._tf(net, att, seqs, att_mask, drop, fc)
+
+    def compiled(self, fn):
+        """``fn`` compiled as the teacher-forced pass is (one compiled function per ``fn``, kept)."""
+        if fn not in self._compiled:
+            self._compiled[fn] = self._compile(fn, self.settings.train_mode)
+        return self._compiled[fn]
 
     def decoder(self, model: nn.Module) -> CompiledDecoder:
         """``model`` for ``decode`` with its decoding step compiled."""
