@@ -4,12 +4,14 @@ A training step of Att2in at the paper's shapes is bound by kernel launches and 
 loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
 run the same mathematics another way (docs/training.md, "The fast path"):
 
-- **one compiled teacher-forced pass.** ``Att2in.static_token_logprobs`` (every shape fixed by the
-  label width: the LSTM runs all L + 1 steps, the output layer every position, nothing waits for
-  the device) under ``torch.compile`` (``FastSettings.train_mode``; on CUDA ``"reduce-overhead"``,
-  i.e. CUDA graphs); under the compiler Att2in's two hand-written kernels give way to the plain
-  expressions, which it fuses itself (``models/ops.py``). One compiled function serves the XE
-  loss and the RL steps' policy log-probs (one graph per input shape).
+- **one compiled teacher-forced pass.** The model's ``static_token_logprobs`` (Att2in, UpDown, the
+  Transformer; every shape fixed by the label width: all L + 1 steps run, the output layer every
+  position, nothing waits for the device) under ``torch.compile`` (``FastSettings.train_mode``; on
+  CUDA ``"reduce-overhead"``, i.e. CUDA graphs); under the compiler Att2in's and UpDown's
+  hand-written kernels give way to the plain expressions, which it fuses itself
+  (``models/ops.py``). One compiled function serves the XE loss and the RL steps' policy log-probs
+  (one graph per input shape); scheduled sampling and label smoothing compile the XE step's own
+  function (``FastPath.compiled``).
 - **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
   replay them): the XE step's masks are drawn first (``xe_dropout``; on a CPU the very draws eager
   dropout makes, so the numbers are eager's), the RL step's are the sampling pass's, as always.
@@ -23,8 +25,9 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
 ``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
-equal (benchmarks/fast_path.py): so far nowhere. It is recorded in the manifest (``fast``,
-``fast_option``) and is not part of the resume identity, like ``--device``: on a CPU it gives the
+equal (benchmarks/fast_path.py), per device type and model: Att2in on CUDA. It is recorded in
+the manifest (``fast``, ``fast_option``) and is not part of the resume identity, like ``--device``:
+on a CPU it gives the
 eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
 the GPU's generator (the same distribution, another stream, as on another device).
 """
@@ -44,9 +47,10 @@ from rdpp_cli.training.distributed import call, unwrap
 
 # --fast auto: on where the fast path was measured faster than the eager step *and* equal to it, per
 # device type and model class (docs/training.md, "The fast path"; the GPU check is
-# benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32 -- XE step
-# 13.3 ms against 41.4 eager, R-DPP 50.8 against 84, SCST 63.5 against 76, the same numbers.
-# UpDown and the Transformer: not yet measured on a GPU. A CPU: slower (benchmarks/fast_path.py).
+# benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32, medians of
+# interleaved steps (benchmarks/fast_path.py) -- XE 13.3 ms against 63.5 eager, R-DPP 50.8 against
+# 100.1, SCST 63.5 against 97.3, the same numbers. UpDown and the Transformer: not yet measured on a
+# GPU. A CPU: slower (benchmarks/fast_path.py).
 ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
     ("cuda", "Att2in"): True,
     ("cuda", "UpDown"): False,

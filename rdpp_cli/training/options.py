@@ -104,8 +104,9 @@ class TrainLoopOptions(Options):
     fast: str = loop_option(
         DEFAULT_FAST, "The fast path for GPUs: the teacher-forced pass compiled at fixed shapes with dropout drawn "
         "before it, the reward on the model's device, fused Adam, the loss read every few steps; the same numbers "
-        "(docs/training.md). auto: on where measured faster and equal (Att2in on CUDA: XE 3.1x, R-DPP 1.7x, SCST "
-        "1.2x on an H200), on, off.",
+        "(docs/training.md). auto: on where measured faster and equal (Att2in on CUDA: XE 4.8x, R-DPP 2.0x, SCST "
+        "1.5x its eager step on an H200, 2026-11-27; off on a CPU and for UpDown and the Transformer until "
+        "measured), on, off.",
         identity=False, check=one_of(*FAST_CHOICES, what="a --fast setting"))
     workers: int = loop_option(0, "Threads reading the next batches while a step runs (0: read in the loop; "
                                "docs/data.md).", identity=False, check=at_least(0))
