@@ -76,5 +76,5 @@ def test_features_too_big_are_read_from_the_file(data, monkeypatch):
     monkeypatch.setattr(LD, "available_ram", lambda: 1000)
     assert CaptionBatches(data, "train", batch_size=4, resident="auto").resident is None
     monkeypatch.setattr(LD, "available_ram", lambda: 10 ** 12)
-    assert isinstance(CaptionBatches(data, "train", batch_size=4).resident, type(None))  # off unless asked
+    assert CaptionBatches(data, "train", batch_size=4).resident is None  # the loader alone: off unless asked
     assert isinstance(CaptionBatches(data, "train", batch_size=4, resident="auto").resident, ResidentFeatures)
