@@ -351,6 +351,34 @@ def test_the_fast_rl_step_gives_the_eager_loss_and_gradients(tiny, reward):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("name", MODELS)
+def test_every_models_fast_passes_are_captured_whole(tiny, name):
+    """Dynamo captures each model's fixed-shape passes whole (``fullgraph``: a host sync would be a
+    graph break, an error): the teacher-forced pass with the masks as the RL step draws them, the
+    scheduled-sampling pass, and a decoding step on the fixed-size state. The "eager" backend runs
+    the captured graph as it is (no AOT autograd: seconds, not minutes; the aot_eager tests below)."""
+    torch._dynamo.reset()
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    labels, (B, R) = batch.labels[..., :4], batch.att.shape[:2]  # 4 words: fewer steps to trace
+    L = labels.shape[-1]
+    drop = traceable_dropout(model, model.draw_dropout(B, 2 * B, L + 1, R), B, R)
+    compiled = lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)  # noqa: E731
+    tok, _ = compiled(model.static_token_logprobs)(batch.att, labels, batch.att_mask, drop, batch.fc)
+    torch.testing.assert_close(tok, model.static_token_logprobs(batch.att, labels, batch.att_mask, drop, batch.fc)[0])
+    use, u = torch.rand(2 * B, L) < 0.5, torch.rand(2 * B, L)
+    lp = compiled(scheduled_logprobs)(model, batch.att, labels, batch.att_mask, batch.fc, drop, use, u)
+    torch.testing.assert_close(lp, scheduled_logprobs(model, batch.att, labels, batch.att_mask, batch.fc, drop, use, u))
+    with torch.no_grad():
+        enc = model.expand(model.encode(batch.att, batch.att_mask, fc=batch.fc, drop=drop), 2)
+        state, it, step = static_state(model, 2 * B, L + 1), torch.zeros(2 * B, dtype=torch.long), compiled(model.step)
+        for t in range(3):  # one graph for every step: the shapes do not change
+            lp, state = step(it, enc, state, drop.at(t))
+            it = lp.argmax(-1)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["updown", "transformer"])
 def test_the_fast_xe_step_of_every_model_gives_the_eager_loss_and_gradients(tiny, name):
     torch._dynamo.reset()
@@ -360,6 +388,7 @@ def test_the_fast_xe_step_of_every_model_gives_the_eager_loss_and_gradients(tiny
     _close_grads(g_want, g_got)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_scheduled_sampling_and_label_smoothing_on_the_fast_path_give_the_eager_numbers(tiny):
     """The XE step with scheduled sampling (the compiled step-at-a-time pass) and label smoothing:
