@@ -408,6 +408,28 @@ def test_scheduled_sampling_and_label_smoothing_on_the_fast_path_give_the_eager_
     _close_grads(ga, gb)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["updown", "transformer"])
+def test_the_fast_rl_step_of_every_model_gives_the_eager_loss_and_gradients(tiny, name):
+    """UpDown's and the Transformer's R-DPP step through the fast path (compiled decoding steps on
+    the fixed-size state, the Transformer's encoder masks drawn out of their seed for the compiled
+    teacher-forced pass): the eager loss and gradients."""
+    torch._dynamo.reset()
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=1, batch_size=4)
+    kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=3, max_len=tiny.seq_length)
+    out = []
+    for fast in (None, F.FastPath(torch.device("cpu"), AOT)):
+        torch.manual_seed(1)
+        loss, _ = RewardStep(**kw, fast=fast)(model, batch)
+        loss.backward()
+        out.append((loss.detach(), _grads(model)))
+    (a, ga), (b, gb) = out
+    assert abs(float(a)) > 1e-3
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+    _close_grads(ga, gb)
+
+
 def _metrics(path: Path) -> pd.DataFrame:
     m = pd.read_csv(path / "metrics.csv")
     return m.drop(columns=["time", "images_per_s"])
