@@ -78,3 +78,13 @@ def test_features_too_big_are_read_from_the_file(data, monkeypatch):
     monkeypatch.setattr(LD, "available_ram", lambda: 10 ** 12)
     assert CaptionBatches(data, "train", batch_size=4).resident is None  # the loader alone: off unless asked
     assert isinstance(CaptionBatches(data, "train", batch_size=4, resident="auto").resident, ResidentFeatures)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_features_are_kept_on_it_and_the_batches_are_the_same(data):
+    kw = dict(batch_size=4, seq_per_img=5, seed=3, pin_memory=True, device="cuda")
+    gpu = CaptionBatches(data, "train", resident="auto", **kw)
+    disk = CaptionBatches(data, "train", resident="off", **kw)
+    assert gpu.resident.place == "device" and gpu.resident.att.is_cuda
+    for a, b in zip(gpu.epoch(1), disk.epoch(1)):
+        _same(a.to("cuda"), b.to("cuda"))
