@@ -17,6 +17,8 @@ DEFAULT_PRECISION = "fp32"
 # ``--fast`` (the training fast path, rdpp_cli/training/fast.py): its values and default
 FAST_CHOICES = ("auto", "on", "off")
 DEFAULT_FAST = "auto"
+# ``--resident`` (features held in memory by the training loader, rdpp_cli/data/loader.py)
+RESIDENT_CHOICES = ("auto", "off")
 
 
 def at_least(name: str, value: int | float | None, low: int | float) -> None:

@@ -27,7 +27,9 @@ from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.loggers import PendingLogs
 from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions, XEOptions
-from rdpp_cli.training.xe import fast_xe_loss, train_xe, xe_loss
+from rdpp_cli.models.base import scheduled_logprobs, static_state, traceable_dropout
+from rdpp_cli.models.registry import model_spec
+from rdpp_cli.training.xe import XELoss, fast_xe_loss, train_xe, xe_loss
 
 from helpers import Crash, att2in_for, state_dict, write_tiny_data
 
@@ -54,6 +56,20 @@ def tiny(tmp_path_factory) -> DataArtifact:
 def _model(d: DataArtifact, dropout: float = 0.5, seed: int = 0):
     torch.manual_seed(seed)
     return att2in_for(d, 16, dropout).train()
+
+
+SIZES = {"att2in": dict(input_encoding_size=16, rnn_size=16, att_hid_size=16),
+         "updown": dict(input_encoding_size=16, rnn_size=16, att_hid_size=16),
+         "transformer": dict(N_enc=1, N_dec=2, d_model=16, d_ff=24, num_att_heads=2, dropout=0.2)}
+MODELS = list(SIZES)
+
+
+def _any_model(name: str, d: DataArtifact, dropout: float = 0.3, seed: int = 0):
+    """A tiny ``name`` model for ``d`` in train mode (every dropout ``dropout``)."""
+    torch.manual_seed(seed)
+    kw = dict(SIZES[name], drop_prob_lm=dropout, **({"dropout": dropout} if name == "transformer" else {}))
+    return model_spec(name).build("small", vocab_size=d.vocab_size, att_feat_size=d.att_dim, fc_feat_size=d.fc_dim,
+                                  seq_length=d.seq_length, **kw).train()
 
 
 def _batch(d: DataArtifact, seq_per_img: int = 5, batch_size: int = 8):
@@ -155,13 +171,111 @@ def test_the_reward_on_tensors_gives_the_numpy_weights(tiny, reward, kw):
 
 
 @pytest.mark.unit
-def test_auto_is_on_only_where_measured(monkeypatch):
-    assert F.resolve_fast("auto", "cpu") == "off" and F.resolve_fast("auto", "cuda") == "off"
-    assert F.resolve_fast("on", "cpu") == "on" and F.fast_path("off", "cpu") is None
-    monkeypatch.setitem(F.ON_BY_DEFAULT, "cuda", True)
-    assert F.resolve_fast("auto", "cuda") == "on" and F.resolve_fast("auto", "cpu") == "off"
+def test_auto_is_on_only_where_measured(tiny):
+    """``--fast auto``: on for Att2in on CUDA (measured faster and equal on an H200), off for UpDown
+    and the Transformer until measured on a GPU, off on a CPU and for a model the table lacks."""
+    auto = {(dev, name): F.resolve_fast("auto", dev, name) for dev in ("cpu", "cuda")
+            for name in ("Att2in", "UpDown", "Transformer")}
+    assert auto == {("cpu", "Att2in"): "off", ("cpu", "UpDown"): "off", ("cpu", "Transformer"): "off",
+                    ("cuda", "Att2in"): "on", ("cuda", "UpDown"): "off", ("cuda", "Transformer"): "off"}
+    assert F.resolve_fast("auto", "cuda", _model(tiny)) == "on"  # a module: its class
+    assert F.resolve_fast("auto", "cuda", _any_model("updown", tiny)) == "off"
+    assert F.resolve_fast("auto", "cuda") == "off" and F.resolve_fast("auto", "mps", "Att2in") == "off"
+    assert F.resolve_fast("on", "cpu") == "on" and F.resolve_fast("off", "cuda", "Att2in") == "off"
+    assert F.fast_path("off", "cpu") is None and F.fast_path("auto", "cpu", _model(tiny)) is None
     with pytest.raises(RdppError, match="--fast 'fast' is not a --fast setting; use one of auto, on, off"):
         XEOptions(fast="fast")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_has_the_fast_path(tiny, name):
+    model = _any_model(name, tiny)
+    assert model.supports_fast and isinstance(F.fast_path("on", "cpu", model), F.FastPath)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", MODELS)
+def test_eager_dropout_is_what_the_eager_xe_pass_draws_and_the_static_pass_gives_its_numbers(tiny, name):
+    """Each model's ``eager_dropout`` makes the very draws of ``token_logprobs`` in train mode (same
+    generator state after, the same log-probs bitwise), and ``static_token_logprobs`` with them
+    (all L+1 steps, a label width past the longest caption) gives the eager log-probs and gradients."""
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    labels = torch.nn.functional.pad(batch.labels, (0, 3))
+    kw = dict(att_mask=batch.att_mask, fc=batch.fc)
+    torch.manual_seed(7)
+    tok, mask = model.token_logprobs(batch.att, labels, **kw)
+    (-tok.sum()).backward()
+    g_eager, after = _grads(model), torch.get_rng_state()
+    torch.manual_seed(7)
+    drop = model.eager_dropout(labels, batch.att.shape[1])
+    assert torch.equal(torch.get_rng_state(), after)
+    assert torch.equal(model.token_logprobs(batch.att, labels, drop=drop, **kw)[0], tok)
+    tok_s, mask_s = model.static_token_logprobs(batch.att, labels, drop=drop, **kw)
+    (-tok_s.sum()).backward()
+    assert tok_s.shape == (8, labels.shape[-1] + 1) and torch.equal(mask_s, mask) and tok.abs().sum() > 1
+    torch.testing.assert_close(tok_s, tok, rtol=1e-5, atol=1e-6)
+    _close_grads(g_eager, _grads(model))
+    assert model.eval().eager_dropout(labels, batch.att.shape[1]) is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("method", ["greedy", "random"])
+def test_static_decoding_state_gives_the_eager_captions(tiny, name, method):
+    """Decoding with the fixed-size state (the Transformer's preallocated key/value cache written at
+    each row's position) gives the captions and log-probs of the growing cache."""
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=1, batch_size=4)
+    model.eval()
+    L = tiny.seq_length
+    cfg = DecodeConfig(method=method, n=3, max_len=L)
+    kw = dict(att_mask=batch.att_mask, fc=batch.fc)
+    a = decode(model, batch.att, cfg, generator=torch.Generator().manual_seed(3), **kw)
+    b = decode(model, batch.att, cfg, generator=torch.Generator().manual_seed(3), static=True, **kw)
+    T = a.tokens.shape[-1]
+    assert torch.equal(b.tokens[..., :T], a.tokens) and not b.tokens[..., T:].any() and a.lengths.float().mean() > 1
+    torch.testing.assert_close(b.logprobs[..., :T + 1], a.logprobs, rtol=1e-5, atol=1e-5)
+    state = static_state(model, 6, L + 1)
+    assert all(s.shape[0] == 6 for s in state)
+    if name == "transformer":
+        assert len(state) == 2 * 2 + 1 and state[1].shape[2] == L + 1  # positions, then the caches
+
+
+@pytest.mark.unit
+def test_the_transformers_seeded_encoder_masks_drawn_out_are_the_same_masks(tiny):
+    model, batch = _any_model("transformer", tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    L = tiny.seq_length
+    drop = model.draw_dropout(4, 8, L + 1, batch.att.shape[1], torch.Generator().manual_seed(2))
+    out = traceable_dropout(model, drop, 4, batch.att.shape[1])
+    assert "seed" not in out.image and len(out.image) == 1 + 4 * 1  # att embedding, one layer's four sites
+    a = model.token_logprobs(batch.att, batch.labels, batch.att_mask, drop=drop)[0]
+    b = model.token_logprobs(batch.att, batch.labels, batch.att_mask, drop=out)[0]
+    assert torch.equal(a, b) and traceable_dropout(_model(tiny), drop, 4, 5) is drop
+
+
+@pytest.mark.unit
+def test_scheduled_sampling_draws_its_randomness_first_and_feeds_the_drawn_words(tiny):
+    """``scheduled_logprobs``: without coin flips the teacher-forced log-probs; with every coin heads
+    each step after the first is fed the word drawn with its uniform from the step before; the XE
+    step with scheduled sampling is a function of the seed."""
+    model, batch = _any_model("att2in", tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    model.eval()
+    labels = batch.labels.reshape(8, -1)
+    full = model(batch.att, labels)
+    torch.testing.assert_close(scheduled_logprobs(model, batch.att, labels), full, rtol=1e-5, atol=1e-6)
+    L = labels.shape[1]
+    use, u = torch.ones(8, L, dtype=torch.bool), torch.rand(8, L, generator=torch.Generator().manual_seed(1))
+    lp = scheduled_logprobs(model, batch.att, labels, use=use, uniforms=u)
+    fed = torch.stack([torch.searchsorted(lp[:, t].exp().cumsum(-1), (u[:, t] * lp[:, t].exp().sum(-1)).unsqueeze(1),
+                                          right=True).squeeze(1) for t in range(L)], 1)
+    torch.testing.assert_close(lp, model(batch.att, fed.clamp(max=lp.shape[-1] - 1)), rtol=1e-5, atol=1e-5)
+    model.train()
+    step = XELoss(lambda e: 0.5, 0.1, log_ss=True)
+    losses = []
+    for seed in (4, 4, 5):
+        torch.manual_seed(seed)
+        losses.append(step(model, batch)[0].item())
+    assert losses[0] == losses[1] != losses[2]
 
 
 @pytest.mark.integration
@@ -234,6 +348,87 @@ def test_the_fast_rl_step_gives_the_eager_loss_and_gradients(tiny, reward):
     for k in logs_e:
         assert float(logs_f[k]) == pytest.approx(float(logs_e[k]), rel=1e-5, abs=1e-7), k
     _close_grads(g, _grads(model))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", MODELS)
+def test_every_models_fast_passes_are_captured_whole(tiny, name):
+    """Dynamo captures each model's fixed-shape passes whole (``fullgraph``: a host sync would be a
+    graph break, an error): the teacher-forced pass with the masks as the RL step draws them, the
+    scheduled-sampling pass, and a decoding step on the fixed-size state. The "eager" backend runs
+    the captured graph as it is (no AOT autograd: seconds, not minutes; the aot_eager tests below)."""
+    torch._dynamo.reset()
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    labels, (B, R) = batch.labels[..., :4], batch.att.shape[:2]  # 4 words: fewer steps to trace
+    L = labels.shape[-1]
+    drop = traceable_dropout(model, model.draw_dropout(B, 2 * B, L + 1, R), B, R)
+    compiled = lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)  # noqa: E731
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    tok, _ = compiled(model.static_token_logprobs)(batch.att, labels, batch.att_mask, drop, batch.fc)
+    torch.testing.assert_close(tok, model.static_token_logprobs(batch.att, labels, batch.att_mask, drop, batch.fc)[0])
+    use, u = torch.rand(2 * B, L) < 0.5, torch.rand(2 * B, L)
+    lp = compiled(scheduled_logprobs)(model, batch.att, labels, batch.att_mask, batch.fc, drop, use, u)
+    torch.testing.assert_close(lp, scheduled_logprobs(model, batch.att, labels, batch.att_mask, batch.fc, drop, use, u))
+    with torch.no_grad():
+        enc = model.expand(model.encode(batch.att, batch.att_mask, fc=batch.fc, drop=drop), 2)
+        state, it, step = static_state(model, 2 * B, L + 1), torch.zeros(2 * B, dtype=torch.long), compiled(model.step)
+        for t in range(3):  # one graph for every step: the shapes do not change
+            lp, state = step(it, enc, state, drop.at(t))
+            it = lp.argmax(-1)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 3  # one decoding graph for 3 steps
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["updown", "transformer"])
+def test_the_fast_xe_step_of_every_model_gives_the_eager_loss_and_gradients(tiny, name):
+    torch._dynamo.reset()
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    want, got, g_want, g_got = _eager_and_fast_xe(model, F.FastPath(torch.device("cpu"), AOT), batch)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    _close_grads(g_want, g_got)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_scheduled_sampling_and_label_smoothing_on_the_fast_path_give_the_eager_numbers(tiny):
+    """The XE step with scheduled sampling (the compiled step-at-a-time pass) and label smoothing:
+    the same loss and gradients as eager from the same seed."""
+    torch._dynamo.reset()
+    model, batch = _any_model("att2in", tiny), _batch(tiny, seq_per_img=2, batch_size=4)
+    fast = F.FastPath(torch.device("cpu"), AOT)
+    out = []
+    for f in (None, fast):
+        torch.manual_seed(3)
+        loss, logs = XELoss(lambda e: 0.5, 0.1, log_ss=True, fast=f)(model, batch)
+        loss.backward()
+        out.append((loss.detach(), _grads(model), logs))
+    (a, ga, la), (b, gb, lb) = out
+    assert la == lb == {"ss_prob": 0.5}
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=0)
+    _close_grads(ga, gb)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["updown", "transformer"])
+def test_the_fast_rl_step_of_every_model_gives_the_eager_loss_and_gradients(tiny, name):
+    """UpDown's and the Transformer's R-DPP step through the fast path (compiled decoding steps on
+    the fixed-size state, the Transformer's encoder masks drawn out of their seed for the compiled
+    teacher-forced pass): the eager loss and gradients."""
+    torch._dynamo.reset()
+    model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=1, batch_size=4)
+    kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=3, max_len=tiny.seq_length)
+    out = []
+    for fast in (None, F.FastPath(torch.device("cpu"), AOT)):
+        torch.manual_seed(1)
+        loss, _ = RewardStep(**kw, fast=fast)(model, batch)
+        loss.backward()
+        out.append((loss.detach(), _grads(model)))
+    (a, ga), (b, gb) = out
+    assert abs(float(a)) > 1e-3
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+    _close_grads(ga, gb)
 
 
 def _metrics(path: Path) -> pd.DataFrame:

@@ -98,7 +98,7 @@ def test_a_word_never_sees_later_words_nor_padded_regions():
 @pytest.mark.unit
 def test_the_interface_and_the_registry():
     m = tiny()
-    assert isinstance(m, CaptionModel) and not m.uses_fc and not m.supports_fast
+    assert isinstance(m, CaptionModel) and not m.uses_fc and m.supports_fast
     spec = model_spec("transformer")
     cfg = spec.config("paper", vocab_size=9487, att_feat_size=2048, seq_length=16)
     assert (cfg.N_enc, cfg.N_dec, cfg.d_model, cfg.d_ff, cfg.num_att_heads, cfg.dropout) == (6, 6, 512, 2048, 8, 0.1)

@@ -111,12 +111,23 @@ def test_bf16_trains_the_model(trained, tmp_path):
     assert pd.read_csv(art.path / "metrics.csv")["loss"].notna().all()
 
 
-def test_fast_on_is_refused_in_one_line_and_auto_falls_back(trained, tmp_path):
+@pytest.mark.slow
+def test_fast_on_trains_the_model_with_the_eager_numbers(trained, tmp_path, monkeypatch):
+    """``--fast on`` (compiled with aot_eager: inductor takes minutes on 2 cores) for XE and R-DPP:
+    metrics.csv as the eager run's within float32 rounding, the manifest says it was on."""
+    from rdpp_cli.training import fast as F
+
+    monkeypatch.setitem(F.SETTINGS, "cpu", F.FastSettings(backend="aot_eager", log_every=2))
     name, ws = trained
-    line = error_line(rdpp("train-xe", "--workspace", ws, "--model", name, "--preset", "small", "--fast", "on",
-                           "--out", tmp_path / "f", "--device", "cpu"))
-    assert "has no fast path yet" in line and "--fast auto" in line
-    assert not (tmp_path / "f").exists()
+    data = ws / "data" / "tiny-v1"
+    xe = {f: train_xe(data, out=tmp_path / f"xe-{f}", model=name, fast=f, **{**XE, "epochs": 1}) for f in ("off", "on")}
+    ft = {f: finetune(xe["off"].path, data=data, out=tmp_path / f"ft-{f}", reward="dpp", m=3, epochs=1, batch_size=6,
+                      val_images=3, device="cpu", seed=2, fast=f) for f in ("off", "on")}
+    for runs in (xe, ft):
+        a, b = (pd.read_csv(runs[f].path / "metrics.csv").drop(columns=["time", "images_per_s"]) for f in ("off", "on"))
+        assert list(a.columns) == list(b.columns) and len(a) == 1
+        pd.testing.assert_frame_equal(b, a, rtol=1e-4, atol=1e-6)
+        assert runs["on"].manifest["config"]["fast"] == "on"
 
 
 def test_init_from_another_model_is_refused_in_one_line(trained, tmp_path):

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VALUES = {
     "epochs": 7, "batch_size": 9, "lr": 0.002, "grad_clip": 0.25, "grad_clip_mode": "norm", "lr_decay_every": 4,
     "lr_decay_rate": 0.5, "val_images": 3, "val_batch_size": 11, "save_every_steps": 2, "seed": 5, "device": "cpu",
-    "precision": "bf16", "workers": 1, "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
+    "precision": "bf16", "workers": 1, "resident": "off", "resume": False, "seq_per_img": 3, "data": "tiny-v1", "preset": None,
     "init_from": "xe/att2in-small-v1", "out": None, "force": True, "workspace": None, "model": "xe/a-v1",
     "reward": "scst", "m": 3, "baseline": "mean", "lam": 2.5, "sample_mode": "eval", "checkpoint": "last",
     "fast": "on", "ss_start": 2, "ss_every": 3, "ss_step": 0.1, "ss_max": 0.5, "label_smoothing": 0.1,
@@ -161,7 +161,8 @@ XE_IDENTITY = {"stage", "data_sha256", "preset", "init_sha256", "epochs", "batch
 FT_IDENTITY = {"stage", "reward", "m", "baseline", "lam", "preset", "sample_mode", "train_reward", "model_sha256",
                "checkpoint", "data_sha256", "epochs", "batch_size", "lr", "grad_clip", "grad_clip_mode",
                "lr_decay_every", "lr_decay_rate", "val_images", "val_batch_size", "seed", "precision"}
-NOT_IDENTITY = {"device", "precision_option", "fast", "fast_option", "workers", "save_every_steps", "processes"}
+NOT_IDENTITY = {"device", "precision_option", "fast", "fast_option", "workers", "resident", "save_every_steps",
+                "processes"}
 
 
 @pytest.mark.unit

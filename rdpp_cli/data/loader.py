@@ -21,6 +21,14 @@ itself (docs/data.md, "The data path at COCO scale"). Features stay in the file'
 by default) on the host — half the bytes to read and to copy to the GPU, where ``Batch.to`` makes
 them float32. With ``pin_memory`` (a CUDA run) rows are read straight into page-locked memory, so
 that copy is asynchronous.
+
+**Resident features** (``resident="auto"``, ``--resident``): where every feature row of the
+loader's images fits, they are read once, in file order, and each batch is gathered from memory —
+on the GPU when they take at most ``DEVICE_SHARE`` of its free memory, else in page-locked host
+memory (a CUDA run) or plain RAM (a CPU run) when they take at most ``HOST_SHARE`` of the available
+RAM; otherwise, or with ``resident="off"``, batches are read from the file as above. The batches
+are the same either way (the same rows, dtype and order), so residency is not part of a run's
+identity and a resumed run may differ in it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rdpp_cli.checks import RESIDENT_CHOICES
 from rdpp_cli.data.dataset import DataArtifact, att_mask
 from rdpp_cli.errors import RdppError
 
@@ -98,6 +107,8 @@ class CaptionBatches:
         num_workers: int = 0,
         images: np.ndarray | None = None,
         pin_memory: bool = False,
+        resident: str = "off",
+        device: torch.device | str = "cpu",
     ):
         if batch_size < 1:
             raise RdppError(f"--batch-size must be at least 1 (got {batch_size})")
@@ -122,6 +133,7 @@ class CaptionBatches:
         if nb > 1 and n - (nb - 1) * batch_size < world_size:  # a last batch too small to share out
             nb -= 1
         self._num_batches = nb
+        self.resident = ResidentFeatures.load(data, self.images, resident, torch.device(device))
 
     def __len__(self) -> int:
         """Batches (optimizer steps) per epoch."""
@@ -154,7 +166,10 @@ class CaptionBatches:
         parts = np.array_split(np.arange(len(glob)), self.world_size)[self.rank]
         idx = glob[parts]
         labels = torch.from_numpy(labels_all[parts])
-        if self.pin_memory:  # read straight into page-locked memory: no copy before the GPU's
+        if self.resident is not None:
+            fc, att, mask = self.resident.rows(idx)
+            labels = labels.to(fc.device)
+        elif self.pin_memory:  # read straight into page-locked memory: no copy before the GPU's
             d, dt = self.data, _TORCH_DTYPE[self.data.feature_dtype]
             fc = torch.empty((len(idx), d.fc_dim), dtype=dt, pin_memory=True)
             att = torch.empty((len(idx), d.att_regions, d.att_dim), dtype=dt, pin_memory=True)
@@ -179,6 +194,84 @@ class CaptionBatches:
 
 
 _TORCH_DTYPE = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}
+DEVICE_SHARE = 0.75  # resident on the GPU when the features take at most this share of its free memory
+HOST_SHARE = 0.5  # in host memory when they take at most this share of the available RAM
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to a new allocation without swapping (``MemAvailable``; 0 if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def residency(nbytes: int, device: torch.device) -> str | None:
+    """Where ``nbytes`` of features are kept for a run on ``device``: "device" (the GPU, when they
+    take at most ``DEVICE_SHARE`` of its free memory), "pinned" (page-locked host memory, a CUDA
+    run) or "ram" (a CPU run) when they take at most ``HOST_SHARE`` of the available RAM; else None
+    (read from the file per batch)."""
+    if device.type == "cuda" and nbytes <= DEVICE_SHARE * torch.cuda.mem_get_info(device)[0]:
+        return "device"
+    if nbytes <= HOST_SHARE * available_ram():
+        return "pinned" if device.type == "cuda" else "ram"
+    return None
+
+
+class ResidentFeatures:
+    """The feature rows of some images held in memory (the file's dtype), gathered per batch."""
+
+    def __init__(self, data: DataArtifact, images: np.ndarray, place: str, device: torch.device,
+                 chunk: int = 1024):
+        self.images = np.unique(images)  # sorted: read in file order
+        self.place = place
+        where = device if place == "device" else torch.device("cpu")
+        n, dt = len(self.images), _TORCH_DTYPE[data.feature_dtype]
+        pin = place == "pinned"
+        self.fc = torch.empty((n, data.fc_dim), dtype=dt, device=where, pin_memory=pin)
+        self.att = torch.empty((n, data.att_regions, data.att_dim), dtype=dt, device=where, pin_memory=pin)
+        self.lens = None if not data.has_att_len else torch.empty(n, dtype=torch.long)
+        for s in range(0, n, chunk):
+            fc, att, lens = data.feature_rows(self.images[s:s + chunk])
+            self.fc[s:s + chunk].copy_(torch.from_numpy(fc))
+            self.att[s:s + chunk].copy_(torch.from_numpy(att))
+            if self.lens is not None:
+                self.lens[s:s + chunk] = torch.from_numpy(np.asarray(lens, dtype=np.int64))
+        self.regions = data.att_regions
+
+    @classmethod
+    def load(cls, data: DataArtifact, images: np.ndarray, option: str, device: torch.device
+             ) -> "ResidentFeatures | None":
+        """The features of ``images`` in memory where ``option`` ("auto", "off") and ``residency`` allow."""
+        if option not in RESIDENT_CHOICES:
+            raise RdppError(f"--resident {option!r} is not a residency setting; use one of {', '.join(RESIDENT_CHOICES)}")
+        if option == "off":
+            return None
+        n = len(np.unique(images))
+        per_image = (data.fc_dim + data.att_regions * data.att_dim) * data.feature_dtype.itemsize
+        place = residency(n * per_image, device)
+        return None if place is None else cls(data, images, place, device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.fc.nbytes + self.att.nbytes
+
+    def rows(self, idx: np.ndarray) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(fc, att, att_mask) of images ``idx`` (in that order, repeats allowed), where they are kept."""
+        pos = torch.from_numpy(np.searchsorted(self.images, idx))
+        mask = None if self.lens is None else att_mask(self.lens[pos].numpy(), self.regions)
+        if self.place == "pinned":  # gathered straight into page-locked memory
+            fc = torch.empty((len(pos), *self.fc.shape[1:]), dtype=self.fc.dtype, pin_memory=True)
+            att = torch.empty((len(pos), *self.att.shape[1:]), dtype=self.att.dtype, pin_memory=True)
+            torch.index_select(self.fc, 0, pos, out=fc)
+            torch.index_select(self.att, 0, pos, out=att)
+            return fc, att, None if mask is None else mask.pin_memory()
+        pos = pos.to(self.fc.device)
+        return self.fc[pos], self.att[pos], None if mask is None else mask.to(self.fc.device)
 
 
 def read_ahead(load: Callable, items: Iterable, threads: int) -> Iterator:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from rdpp_cli.decoding.config import METHODS, DecodeConfig
-from rdpp_cli.models.base import select_rows
+from rdpp_cli.models.base import select_rows, static_state
 
 __all__ = ["METHODS", "DecodeConfig", "Decoded", "decode"]
 
@@ -169,7 +169,7 @@ def _suppress(lp: Tensor, word: int) -> Tensor:
 def _sample(model, enc, B: int, n: int, cfg: DecodeConfig, generator, drop=None, static: bool = False) -> Decoded:
     N = B * n
     device = _device(model)
-    state = model.init_state(N)
+    state = static_state(model, N, cfg.max_len + 1) if static else model.init_state(N)  # static: fixed shapes
     it = torch.zeros(N, dtype=torch.long, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
     tokens = torch.zeros(N, cfg.max_len, dtype=torch.long, device=device)

@@ -29,8 +29,21 @@ one line in ``rdpp_cli.models.registry`` and its tests (CONTRIBUTING.md, "A new 
   the captions were drawn with (on-policy RL).
 
 Class attributes: ``uses_fc`` (whether ``encode`` reads ``fc``) and ``supports_fast`` (whether the
-training fast path, ``rdpp_cli.training.fast``, can compile it: it needs ``static_token_logprobs``
-and ``eager_dropout``).
+training fast path, ``rdpp_cli.training.fast``, can compile it). The fast path needs:
+
+- ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
+  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device);
+- ``eager_dropout(labels, regions) -> DropoutMasks | None``: the very masks eager dropout draws in
+  an XE step's ``token_logprobs`` (same generator, shapes, order), laid out at the label width;
+
+and, optionally (``static_state`` and ``traceable_dropout`` below fall back when absent):
+
+- ``init_static_state(rows, steps) -> state``: a decoding state whose tensors keep their shapes
+  for ``steps`` steps (the Transformer's preallocated key/value cache, written at each row's
+  position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
+  every step; models whose ``init_state`` is fixed-size already need none;
+- ``traceable_dropout(drop, batch, regions) -> DropoutMasks``: ``drop`` with anything a compiled
+  region cannot read (a generator's seed) drawn out into masks now.
 """
 
 from __future__ import annotations
@@ -170,5 +183,55 @@ def stepwise_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None 
         if feed is not None and t >= 1:
             it = feed(t, it, out[-1])
         lp, state = model.step(it, enc, state)
+        out.append(lp)
+    return torch.stack(out, 1)
+
+
+def static_state(model, rows: int, steps: int) -> tuple:
+    """A decoding state of ``rows`` rows that keeps its shapes for ``steps`` steps of ``model.step``
+    (``init_static_state`` where the model has one, else ``init_state``, fixed-size already)."""
+    init = getattr(model, "init_static_state", None)
+    return init(rows, steps) if init is not None else model.init_state(rows)
+
+
+def traceable_dropout(model, drop: "DropoutMasks | None", batch: int, regions: int) -> "DropoutMasks | None":
+    """``drop`` as a compiled pass can read it (``model.traceable_dropout`` where the model has one)."""
+    fn = getattr(model, "traceable_dropout", None)
+    return drop if drop is None or fn is None else fn(drop, batch, regions)
+
+
+def draw_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """One index per row of ``probs`` (N, K) (non-negative, any scale) from uniforms ``u`` (N,) in
+    [0, 1): the first index whose cumulative probability passes ``u`` of the row's total (inverse-CDF
+    sampling: ``torch.multinomial``'s distribution, with the randomness drawn beforehand)."""
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1), right=True)
+    return idx.squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+def scheduled_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
+                       drop: DropoutMasks | None = None, use: Tensor | None = None,
+                       uniforms: Tensor | None = None) -> Tensor:
+    """Log-probs (N, L+1, V+1) of ``seqs`` (N, L) or (B, n, L) under scheduled sampling, a step at a
+    time through ``encode``/``step`` with a fixed-size state (``static_state``) and every random
+    number drawn beforehand, so that the pass has fixed shapes and no host wait (compilable) and is
+    a function of its inputs: ``drop`` the dropout masks (``draw_dropout``, N rows, ≥ L+1 steps; None:
+    the mode's own dropout), ``use`` (N, L) bool whether step t+1 is fed the model's own word instead of
+    the reference's, drawn (``draw_by_cdf``) from step t's distribution with ``uniforms[:, t]``.
+    ``use`` None: the references throughout (teacher forcing, a step at a time)."""
+    seqs = seqs.reshape(-1, seqs.shape[-1])
+    (N, L), B = seqs.shape, att.shape[0]
+    if N % B:
+        raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
+    enc = model.expand(model.encode(att, att_mask, fc=fc, drop=drop), N // B)
+    state = static_state(model, N, L + 1)
+    it, out = seqs.new_zeros(N), []
+    for t in range(L + 1):
+        if t >= 1:
+            it = seqs[:, t - 1]
+            if use is not None:
+                own = draw_by_cdf(out[-1].detach().float().exp(), uniforms[:, t - 1])
+                it = torch.where(use[:, t - 1], own, it)
+        lp, state = model.step(it, enc, state, drop.at(t) if drop is not None else None)
         out.append(lp)
     return torch.stack(out, 1)

@@ -74,7 +74,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from rdpp_cli.models.base import DropoutMasks, targets
+from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, targets
 from rdpp_cli.models.ops import f32, token_logprob
 
 __all__ = ["Transformer", "TransformerConfig", "PRESETS", "LayerNorm", "positional_encoding"]
@@ -129,24 +129,30 @@ class LayerNorm(nn.Module):
 
 
 class Drop:
-    """Where one pass's dropout comes from. A site calls ``drop(x, p, mask)``: with a bool ``mask``
-    (a pre-drawn one, True = kept) ``x · mask / (1 − p)``; else a fresh draw -- from ``generator``
-    when given (the encoder replaying a sampling pass), from torch's RNG in train mode, none in eval."""
+    """Where one pass's dropout comes from. A site calls ``drop(x, p, mask)``: with a pre-drawn
+    ``mask`` -- bool (True = kept) ``x · mask / (1 − p)``, float (kept entries already 1 / (1 − p),
+    as eager dropout draws them) ``x · mask`` -- else a fresh draw: the next of ``replay`` (the
+    encoder's masks drawn in advance, in site order) when given, from ``generator`` when given, from
+    torch's RNG in train mode, none in eval."""
 
-    def __init__(self, training: bool, generator: torch.Generator | None = None):
+    def __init__(self, training: bool, generator: torch.Generator | None = None, replay=None):
         self.training, self.generator = training, generator
+        self.replay = None if replay is None else iter(replay)
 
     def active(self, p: float, mask: Tensor | None = None) -> bool:
-        return p > 0 and (mask is not None or self.generator is not None or self.training)
+        drawn = self.generator is not None or self.replay is not None
+        return p > 0 and (mask is not None or drawn or self.training)
 
     def __call__(self, x: Tensor, p: float, mask: Tensor | None = None) -> Tensor:
         if not self.active(p, mask):
             return x
+        if mask is None and self.replay is not None:
+            mask = next(self.replay)
         if mask is None and self.generator is None:
             return F.dropout(x, p, True)
         if mask is None:
             mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p, generator=self.generator)
-        return x * mask * (1.0 / (1.0 - p))
+        return x * mask if mask.is_floating_point() else x * mask * (1.0 / (1.0 - p))
 
     def site(self, p: float, mask: Tensor | None = None) -> Callable[[Tensor], Tensor] | None:
         """This dropout as a function of x for one site, or None where it drops nothing."""
@@ -228,19 +234,28 @@ class DecoderLayer(nn.Module):
         self.p = c.dropout
 
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor | None,
-                past: tuple[Tensor, Tensor], drop: Drop, masks: dict[str, Tensor] | None
-                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                past: tuple[Tensor, Tensor], drop: Drop, masks: dict[str, Tensor] | None,
+                at: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (N, T, d): positions t0 … t0+T−1 of N rows, after ``past`` = the self-attention keys
         and values of positions < t0 (N, h, t0, d_k); memory: the cross-attention keys and values
         (B, h, R, d_k) of the B images (row b·n + j is image b). ``masks``: this layer's pre-drawn
-        masks (N, T, ...), or None. Returns x and the keys and values of positions < t0 + T."""
+        masks (N, T, ...), or None. Returns x and the keys and values of positions < t0 + T.
+        ``at`` (N,) (static decoding, T = 1): ``past`` is a preallocated cache (N, h, S, d_k) and
+        row r's position is at[r]: its keys and values are written there, the keys after it hidden."""
         N, T, _ = x.shape
         a, p, m = self.self_attn, self.p, masks or {}
         h = self.norms[0](x)
-        k, v = (torch.cat([c, a.heads(lin(h), N)], 2) for c, lin in zip(past, (a.k, a.v)))
+        new = [a.heads(lin(h), N) for lin in (a.k, a.v)]
+        if at is None:
+            k, v = (torch.cat([c, n], 2) for c, n in zip(past, new))
+            seen = causal_mask(T, k.shape[2], x.device)
+        else:
+            where = at.view(N, 1, 1, 1)
+            k, v = (c.scatter(2, where.expand(-1, a.h, 1, a.d_k), n) for c, n in zip(past, new))
+            seen = torch.arange(k.shape[2], device=x.device) <= where  # (N, 1, 1, S)
         pm = m.get("self_attn")
         pm = None if pm is None else pm[..., :k.shape[2]].transpose(1, 2)  # (N, h, T, keys so far)
-        att = attention(a.heads(a.q(h), N), k, v, causal_mask(T, k.shape[2], x.device), drop.site(p, pm))
+        att = attention(a.heads(a.q(h), N), k, v, seen, drop.site(p, pm))
         sub = m.get("sub")
         x = x + drop(a.merge(att, x.shape), p, None if sub is None else sub[:, :, 0])
         x = x + drop(self._cross(self.norms[1](x), memory, memory_mask, drop, m.get("src_attn")), p,
@@ -282,7 +297,7 @@ class Transformer(nn.Module):
     """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
 
     uses_fc = False  # the peer's TransformerModel reads only the att features
-    supports_fast = False
+    supports_fast = True  # static_token_logprobs, eager_dropout, a preallocated cache: the fast path
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -300,15 +315,14 @@ class Transformer(nn.Module):
 
     # -- images ------------------------------------------------------------------------------
     def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
-               drop: DropMasks | None = None) -> Encoded:
+               drop: DropoutMasks | None = None) -> Encoded:
         """The memory of the B images and its keys and values for every decoder layer (``fc`` is
-        not read). ``drop``: pre-drawn masks; the encoder's dropout is drawn from their ``seed``."""
+        not read). ``drop``: pre-drawn masks; the encoder's are their ``enc0``, ``enc1``, … (in site
+        order, ``encoder_dropout``) or else drawn from their ``seed``."""
         c = self.config
-        gen = None
+        d = Drop(self.training)
         if drop is not None:
-            gen = torch.Generator(device=att.device)
-            gen.manual_seed(int(drop.image["seed"]))
-        d = Drop(self.training, gen)
+            d = Drop(self.training, replay=self._encoder_masks(drop, att.shape[0], att.shape[1]))
         mask = None if att_mask is None else att_mask.bool()[:, None, None, :]
         x = d(f32(F.relu(self.att_embed(att))), c.drop_prob_lm)  # the residual stream stays float32 under autocast
         for layer in self.encoder.layers:
@@ -318,6 +332,33 @@ class Transformer(nn.Module):
         layers = [layer.src_attn for layer in self.decoder.layers]
         return Encoded(tuple(a.heads(a.k(memory), B) for a in layers),
                        tuple(a.heads(a.v(memory), B) for a in layers), mask, 1)
+
+    def _encoder_sites(self, B: int, R: int) -> list[tuple[float, tuple[int, ...]]]:
+        """(p, shape) of every encoder dropout site, in the order ``encode`` reaches them: the att
+        embedding, then per layer the attention probabilities, residual, FFN, residual."""
+        c = self.config
+        layer = [(c.dropout, (B, c.num_att_heads, R, R)), (c.dropout, (B, R, c.d_model)),
+                 (c.dropout, (B, R, c.d_ff)), (c.dropout, (B, R, c.d_model))]
+        return [(p, s) for p, s in [(c.drop_prob_lm, (B, R, c.d_model))] + layer * c.N_enc if p > 0]
+
+    def _encoder_masks(self, drop: DropoutMasks, B: int, R: int) -> list[Tensor]:
+        """The encoder's masks of ``drop``: its ``enc<i>`` masks, or else every site's drawn from a
+        generator seeded with its ``seed`` (bool, in site order)."""
+        if "seed" not in drop.image:
+            return [drop.image[f"enc{i}"] for i in range(len(self._encoder_sites(B, R)))]
+        gen = torch.Generator(device=self.generator.weight.device)
+        gen.manual_seed(int(drop.image["seed"]))
+        return [torch.empty(s, dtype=torch.bool, device=gen.device).bernoulli_(1 - p, generator=gen)
+                for p, s in self._encoder_sites(B, R)]
+
+    def traceable_dropout(self, drop: DropoutMasks, batch: int, regions: int) -> DropoutMasks:
+        """``drop`` (for ``batch`` images of ``regions`` regions) with its encoder masks drawn from
+        its ``seed`` now (``enc<i>``: the very masks ``encode`` would draw), so that a compiled pass
+        reads them instead of seeding a generator, which a compiled region cannot."""
+        if "seed" not in drop.image:
+            return drop
+        masks = self._encoder_masks(drop, batch, regions)
+        return DropoutMasks({f"enc{i}": m for i, m in enumerate(masks)}, dict(drop.row))
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
@@ -329,6 +370,15 @@ class Transformer(nn.Module):
         c = self.config
         empty = self.generator.weight.new_zeros(rows, c.num_att_heads, 0, c.d_model // c.num_att_heads)
         return (empty,) * (2 * c.N_dec)
+
+    def init_static_state(self, rows: int, steps: int) -> tuple[Tensor, ...]:
+        """A fixed-size decoding state for at most ``steps`` steps: each row's position (rows,),
+        then preallocated key/value caches (rows, h, steps, d_k), step t writing position t: every
+        step has the same shapes (a compiled or captured sampling loop); the same numbers."""
+        c = self.config
+        cache = self.generator.weight.new_zeros(rows, c.num_att_heads, steps, c.d_model // c.num_att_heads)
+        pos = torch.zeros(rows, dtype=torch.long, device=cache.device)
+        return (pos,) + tuple(cache.clone() for _ in range(2 * c.N_dec))
 
     def draw_dropout(self, batch: int, rows: int, steps: int, regions: int,
                      generator: torch.Generator | None = None) -> DropoutMasks:
@@ -345,35 +395,44 @@ class Transformer(nn.Module):
         return DropoutMasks(image={"seed": seed}, row=row)
 
     # -- the decoder ---------------------------------------------------------------------------
-    def _decode(self, inputs: Tensor, enc: Encoded, past: tuple[Tensor, ...],
-                masks: dict[str, Tensor] | None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def _decode(self, inputs: Tensor, enc: Encoded, past: tuple[Tensor, ...], masks: dict[str, Tensor] | None,
+                at: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Decoder outputs (N, T, d) (after the final norm) for input word ids (N, T) at the
         positions after ``past`` (the key/value caches), and the caches extended by them.
-        ``masks``: pre-drawn masks laid out (N, T, ...), or None for this mode's own dropout."""
+        ``masks``: pre-drawn masks laid out (N, T, ...), or None for this mode's own dropout.
+        ``at`` (N,): static decoding (T = 1), ``past`` preallocated and row r at position at[r]."""
         c = self.config
         drop = Drop(self.training)
-        t0, T = past[0].shape[2], inputs.shape[1]
-        x = self.embed(inputs) * math.sqrt(c.d_model) + positional_encoding(t0, T, c.d_model, inputs.device)
+        T, S = inputs.shape[1], past[0].shape[2]
+        if at is None:
+            pe = positional_encoding(S, T, c.d_model, inputs.device)
+        else:  # the same rows of the same table: positional_encoding(t, 1) is row t of (0, S)
+            pe = positional_encoding(0, S, c.d_model, inputs.device)[at].unsqueeze(1)
+        x = self.embed(inputs) * math.sqrt(c.d_model) + pe
         x = drop(x, c.dropout, None if masks is None else masks["embed"])
         caches = []
         for i, layer in enumerate(self.decoder.layers):
             mi = None if masks is None else {k: v[:, :, i] for k, v in masks.items() if k != "embed"}
-            x, kv = layer(x, (enc.keys[i], enc.values[i]), enc.mask, past[2 * i:2 * i + 2], drop, mi)
+            x, kv = layer(x, (enc.keys[i], enc.values[i]), enc.mask, past[2 * i:2 * i + 2], drop, mi, at)
             caches += kv
         return self.decoder.norm(x), tuple(caches)
 
     def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, ...],
              drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Feed word ids ``it`` (N,) (0 = BOS) at the position after the cached ones; log-probs
-        (N, V + 1) of the next word and the caches one step longer. ``drop``: this step's masks
-        (``DropoutMasks.at(t)``), or None for this mode's own dropout."""
+        (N, V + 1) of the next word and the caches one step longer (a static state,
+        ``init_static_state``: the same shapes, written at each row's position, which moves on).
+        ``drop``: this step's masks (``DropoutMasks.at(t)``), or None for this mode's own dropout."""
         masks = None if drop is None else {k: v.unsqueeze(1) for k, v in drop.items()}
-        y, state = self._decode(it.unsqueeze(1), enc, state, masks)
+        static = len(state) == 2 * self.config.N_dec + 1
+        at, caches = (state[0], state[1:]) if static else (None, state)
+        y, caches = self._decode(it.unsqueeze(1), enc, caches, masks, at)
+        state = (at + 1,) + caches if static else caches
         return F.log_softmax(f32(self.generator(y[:, 0])), dim=-1), state
 
     # -- teacher forcing -----------------------------------------------------------------------
     def _teacher_forced(self, att: Tensor, inputs: Tensor, att_mask: Tensor | None,
-                        drop: DropMasks | None) -> Tensor:
+                        drop: DropoutMasks | None) -> Tensor:
         """Decoder outputs (N, T, d) for input word ids (N, T) (inputs[:, 0] = 0 = BOS), in one pass."""
         B, (N, T) = att.shape[0], inputs.shape
         if N % B:
@@ -383,7 +442,7 @@ class Transformer(nn.Module):
         return self._decode(inputs, enc, self.init_state(N), masks)[0]
 
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                drop: DropMasks | None = None, fc: Tensor | None = None) -> Tensor:
+                drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
         """Log-probs (B*n, L+1, V+1) under teacher forcing for seqs (B, n, L) or (B*n, L): input 0
         (BOS), then seqs[:, t-1]; output t predicts seqs[:, t] (t < L) and, at t = L, the EOS."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
@@ -391,7 +450,7 @@ class Transformer(nn.Module):
         return F.log_softmax(f32(self.generator(y)), dim=-1)
 
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                       drop: DropMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(att, seqs), seqs)`` (token_logp, mask), both (N, L+1), faster:
         the decoder stops at the longest caption's EOS and the generator runs only on the tokens
         that count, with a fused log-softmax + gather."""
@@ -404,3 +463,45 @@ class Transformer(nn.Module):
         tok = token_logprob(self.generator(y[keep]), target[:, :T][keep].long())
         out = tok.new_zeros(mask.shape).masked_scatter(mask, tok)
         return out, mask.to(out.dtype)
+
+    def static_token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                              drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``token_logprobs`` with every shape fixed by the inputs' shapes: the decoder runs all L+1
+        positions and the generator every one (those past a caption's EOS are zeroed), nothing waits
+        for the device -- the form a compiled step or a CUDA graph needs. The same numbers: attention
+        is causal, so a position past the EOS never reaches an earlier one. ``drop`` (N, ≥ L+1 steps)."""
+        seqs = seqs.reshape(-1, seqs.shape[-1])
+        target, mask = targets(seqs)
+        y = self._teacher_forced(att, torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1), att_mask, drop)
+        tok = token_logprob(self.generator(y).flatten(0, 1), target.flatten().long()).view(target.shape)
+        mask = mask.to(tok.dtype)
+        return tok * mask, mask
+
+    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
+        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
+        -- torch's generator, the shapes of the positions the batch needs (T), the sites' order --
+        as float masks (kept entries 1/(1-p)): the encoder's as ``enc<i>``, the decoder's laid out at
+        the label width (N, L+1, ...), so that a pass given them (the fast path's compiled one) gives
+        the eager numbers. None in eval mode or without dropout."""
+        c = self.config
+        if not self.training or (c.dropout == 0 and c.drop_prob_lm == 0):
+            return None
+        B, n, L = labels.shape
+        N, T = B * n, int(targets(labels.reshape(-1, L))[1].sum(1).max())
+        w = self.generator.weight
+        enc = [bernoulli_masks(w, p, {"m": s})["m"] for p, s in self._encoder_sites(B, regions)]
+        H, D, Ld, p = c.num_att_heads, c.d_model, c.N_dec, c.dropout
+        row = {"embed": w.new_zeros(N, L + 1, D), "self_attn": w.new_zeros(N, L + 1, Ld, H, L + 1),
+               "sub": w.new_zeros(N, L + 1, Ld, 3, D), "src_attn": w.new_zeros(N, L + 1, Ld, H, regions),
+               "ff": w.new_zeros(N, L + 1, Ld, c.d_ff)}
+        if p > 0:
+            draw = lambda *shape: bernoulli_masks(w, p, {"m": shape})["m"]  # noqa: E731
+            row["embed"][:, :T] = draw(N, T, D)
+            for i in range(Ld):
+                row["self_attn"][:, :T, i, :, :T] = draw(N, H, T, T).transpose(1, 2)
+                row["sub"][:, :T, i, 0] = draw(N, T, D)
+                row["src_attn"][:, :T, i] = draw(B, H, n * T, regions).transpose(1, 2).reshape(N, T, H, regions)
+                row["sub"][:, :T, i, 1] = draw(N, T, D)
+                row["ff"][:, :T, i] = draw(N, T, c.d_ff)
+                row["sub"][:, :T, i, 2] = draw(N, T, D)
+        return DropoutMasks(image={f"enc{i}": m for i, m in enumerate(enc)}, row=row)

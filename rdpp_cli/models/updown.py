@@ -87,7 +87,7 @@ class UpDown(nn.Module):
     """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
 
     uses_fc = True  # LSTM¹ reads the embedded pooled features at every step
-    supports_fast = False  # the compiled training fast path is Att2in's only
+    supports_fast = True  # static_token_logprobs and eager_dropout: the training fast path
 
     def __init__(self, config: UpDownConfig):
         super().__init__()
@@ -213,6 +213,18 @@ class UpDown(nn.Module):
         return F.log_softmax(f32(self.logit(o)), dim=-1), state
 
     # -- teacher forcing -----------------------------------------------------------------------
+    @staticmethod
+    def _tokens(N: int, T: int, device, steps: Tensor | None = None) -> tuple[Tensor, list[int], Tensor, Tensor]:
+        """The token order of a teacher-forced pass (``_hidden``): the rows taken longest first
+        (``order``), the rows running at each step (``counts``), and each token's row and step."""
+        order, counts = torch.arange(N, device=device), [N] * T
+        if steps is not None:
+            order = torch.argsort(steps, descending=True, stable=True)
+            counts = (steps.unsqueeze(1) > torch.arange(T, device=steps.device)).sum(0).tolist()
+        rows = torch.cat([order[:n] for n in counts])
+        cols = torch.cat([torch.full((n,), t, device=device) for t, n in enumerate(counts)])
+        return order, counts, rows, cols
+
     def _hidden(self, att: Tensor, inputs: Tensor, att_mask: Tensor | None, fc: Tensor | None,
                 drop: DropoutMasks | None, steps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Language-LSTM outputs h² (tokens, H) for input word ids (N, T) (inputs[:, 0] = 0 = BOS),
@@ -223,12 +235,7 @@ class UpDown(nn.Module):
         if N % B:
             raise ValueError(f"{N} captions for {B} images: each image needs the same number of captions")
         enc = self.expand(self.encode(att, att_mask, fc=fc, drop=drop), N // B)
-        order, counts = torch.arange(N, device=inputs.device), [N] * T
-        if steps is not None:
-            order = torch.argsort(steps, descending=True, stable=True)
-            counts = (steps.unsqueeze(1) > torch.arange(T, device=steps.device)).sum(0).tolist()
-        rows = torch.cat([order[:n] for n in counts])
-        cols = torch.cat([torch.full((n,), t, device=order.device) for t, n in enumerate(counts)])
+        order, counts, rows, cols = self._tokens(N, T, inputs.device, steps)
         x = F.relu(self.embed(inputs[rows, cols]))  # (tokens, E)
         x = x * drop.embed[rows, cols] if drop is not None else self.dropout(x)
         x_gates = F.linear(x, enc.w["x"]).split(counts)  # the word products of every token in one matmul
@@ -265,3 +272,40 @@ class UpDown(nn.Module):
         tok = token_logprob(self.logit(h), target[rows, cols].long())
         out = tok.new_zeros(mask.shape).index_put((rows, cols), tok)
         return out, mask.to(out.dtype)
+
+    def static_token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                              drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``token_logprobs`` with every shape fixed by the inputs' shapes: both LSTMs run all L+1
+        steps for every row and the output layer every position (those past a caption's EOS are
+        zeroed), and nothing waits for the device -- the form a compiled step or a CUDA graph needs.
+        The same numbers: a step past the EOS never reaches an earlier position. ``drop`` (N, ≥ L+1 steps)."""
+        seqs = seqs.reshape(-1, seqs.shape[-1])
+        N, L = seqs.shape
+        target, mask = targets(seqs)
+        h, _, _ = self._hidden(att, torch.cat([seqs.new_zeros(N, 1), seqs], 1), att_mask, fc, drop)
+        h = h.view(L + 1, N, -1).transpose(0, 1)  # (N, L+1, H)
+        h = h * drop.out[:, :L + 1] if drop is not None else self.dropout(h)
+        tok = token_logprob(self.logit(h).flatten(0, 1), target.flatten().long()).view(target.shape)
+        mask = mask.to(tok.dtype)
+        return tok * mask, mask
+
+    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
+        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
+        -- torch's generator, the same shapes and order: the att features (B, R, H), the fc features
+        (B, H), the word embeddings and the outputs of the tokens that count (tokens, ·), in
+        ``_hidden``'s token order -- laid out at the label width (N, L+1, ·), so that a pass given
+        them (the fast path's compiled one) gives the eager numbers. None in eval mode or without dropout."""
+        c = self.config
+        if not self.training or c.drop_prob_lm == 0:
+            return None
+        seqs = labels.reshape(-1, labels.shape[-1])
+        (N, L), w = seqs.shape, self.logit.weight
+        steps = targets(seqs)[1].sum(1)
+        T = max(int(steps.max()), 1)
+        _, _, rows, cols = self._tokens(N, T, seqs.device, steps)
+        m = bernoulli_masks(w, c.drop_prob_lm, {"att": (labels.shape[0], regions, c.rnn_size),
+                                                "fc": (labels.shape[0], c.rnn_size)})
+        embed, out = w.new_zeros(N, L + 1, c.input_encoding_size), w.new_zeros(N, L + 1, c.rnn_size)
+        embed[rows, cols] = bernoulli_masks(w, c.drop_prob_lm, {"e": (len(rows), c.input_encoding_size)})["e"]
+        out[rows, cols] = bernoulli_masks(w, c.drop_prob_lm, {"o": (len(rows), c.rnn_size)})["o"]
+        return DropoutMasks(image=m, row={"embed": embed, "out": out})

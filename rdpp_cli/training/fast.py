@@ -4,12 +4,14 @@ A training step of Att2in at the paper's shapes is bound by kernel launches and 
 loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
 run the same mathematics another way (docs/training.md, "The fast path"):
 
-- **one compiled teacher-forced pass.** ``Att2in.static_token_logprobs`` (every shape fixed by the
-  label width: the LSTM runs all L + 1 steps, the output layer every position, nothing waits for
-  the device) under ``torch.compile`` (``FastSettings.train_mode``; on CUDA ``"reduce-overhead"``,
-  i.e. CUDA graphs); under the compiler Att2in's two hand-written kernels give way to the plain
-  expressions, which it fuses itself (``models/ops.py``). One compiled function serves the XE
-  loss and the RL steps' policy log-probs (one graph per input shape).
+- **one compiled teacher-forced pass.** The model's ``static_token_logprobs`` (Att2in, UpDown, the
+  Transformer; every shape fixed by the label width: all L + 1 steps run, the output layer every
+  position, nothing waits for the device) under ``torch.compile`` (``FastSettings.train_mode``; on
+  CUDA ``"reduce-overhead"``, i.e. CUDA graphs); under the compiler Att2in's and UpDown's
+  hand-written kernels give way to the plain expressions, which it fuses itself
+  (``models/ops.py``). One compiled function serves the XE loss and the RL steps' policy log-probs
+  (one graph per input shape); scheduled sampling and label smoothing compile the XE step's own
+  function (``FastPath.compiled``).
 - **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
   replay them): the XE step's masks are drawn first (``xe_dropout``; on a CPU the very draws eager
   dropout makes, so the numbers are eager's), the RL step's are the sampling pass's, as always.
@@ -23,8 +25,9 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
 ``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
-equal (benchmarks/fast_path.py): so far nowhere. It is recorded in the manifest (``fast``,
-``fast_option``) and is not part of the resume identity, like ``--device``: on a CPU it gives the
+equal (benchmarks/fast_path.py), per device type and model: Att2in on CUDA. It is recorded in
+the manifest (``fast``, ``fast_option``) and is not part of the resume identity, like ``--device``:
+on a CPU it gives the
 eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
 the GPU's generator (the same distribution, another stream, as on another device).
 """
@@ -39,12 +42,20 @@ from torch import Tensor, nn
 
 from rdpp_cli.checks import FAST_CHOICES
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.base import DropoutMasks
-from rdpp_cli.training.distributed import call
+from rdpp_cli.models.base import DropoutMasks, traceable_dropout
+from rdpp_cli.training.distributed import call, unwrap
 
-# --fast auto: on where it was measured faster than the eager step *and* equal to it, per device
-# type (docs/training.md, "The fast path"; the GPU check is benchmarks/cuda_check.sh).
-ON_BY_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False}
+# --fast auto: on where the fast path was measured faster than the eager step *and* equal to it, per
+# device type and model class (docs/training.md, "The fast path"; the GPU check is
+# benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32, medians of
+# interleaved steps (benchmarks/fast_path.py) -- XE 13.3 ms against 63.5 eager, R-DPP 50.8 against
+# 100.1, SCST 63.5 against 97.3, the same numbers. UpDown and the Transformer: not yet measured on a
+# GPU. A CPU: slower (benchmarks/fast_path.py).
+ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
+    ("cuda", "Att2in"): True,
+    ("cuda", "UpDown"): False,
+    ("cuda", "Transformer"): False,
+}
 
 
 @dataclass(frozen=True)
@@ -70,32 +81,41 @@ SETTINGS: dict[str, FastSettings] = {
 }
 
 
-def resolve_fast(option: str, device: torch.device | str) -> str:
-    """``--fast`` for a run on ``device``: "on" or "off" (``auto``: ``ON_BY_DEFAULT``)."""
+def _model_class(model: nn.Module | str | None) -> str | None:
+    """The class name ``ON_BY_DEFAULT`` knows ``model`` by (a module, DDP-wrapped or not, or the name)."""
+    if model is None or isinstance(model, str):
+        return model
+    return type(unwrap(model)).__name__
+
+
+def resolve_fast(option: str, device: torch.device | str, model: nn.Module | str | None = None) -> str:
+    """``--fast`` for a run of ``model`` (a module or its class name) on ``device``: "on" or "off"
+    (``auto``: ``ON_BY_DEFAULT`` for the device type and the model; off for a model it does not list)."""
     if option not in FAST_CHOICES:
         raise RdppError(f"--fast {option!r} is not a --fast setting; use one of {', '.join(FAST_CHOICES)}")
     if option == "auto":
-        return "on" if ON_BY_DEFAULT.get(torch.device(device).type, False) else "off"
+        key = (torch.device(device).type, _model_class(model))
+        return "on" if ON_BY_DEFAULT.get(key, False) else "off"
     return option
 
 
 def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
-    """The fast path of a run on ``device`` with ``--fast option`` for ``model``, or None when it is
+    """The fast path of a run of ``model`` on ``device`` with ``--fast option``, or None when it is
     off. A model without it (``supports_fast`` False): ``auto`` is off, ``on`` an RdppError."""
     device = torch.device(device)
-    if model is not None and not getattr(model, "supports_fast", False):
+    if model is not None and not getattr(unwrap(model), "supports_fast", False):
         if option == "on":
-            raise RdppError(f"--fast on: the {type(model).__name__} model has no fast path yet; "
+            raise RdppError(f"--fast on: the {type(unwrap(model)).__name__} model has no fast path; "
                             "train it with --fast auto or --fast off")
         return None
-    if resolve_fast(option, device) == "off":
+    if resolve_fast(option, device, model) == "off":
         return None
     return FastPath(device, SETTINGS.get(device.type, FastSettings()))
 
 
 def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None,
-                    drop: DropoutMasks | None) -> tuple[Tensor, Tensor]:
-    return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop)
+                    drop: DropoutMasks | None, fc: Tensor | None) -> tuple[Tensor, Tensor]:
+    return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop, fc=fc)
 
 
 def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple,
@@ -131,6 +151,7 @@ class FastPath:
         self._tf = self._compile(_teacher_forced, s.train_mode)
         self._step = self._compile(_decoding_step, s.sample_mode) if s.compile_sampling else _decoding_step
         self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
+        self._compiled: dict = {}
 
     def _compile(self, fn, mode: str | None):
         kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
@@ -154,9 +175,17 @@ class FastPath:
             torch.compiler.cudagraph_mark_step_begin()
 
     def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                       drop: DropoutMasks | None = None) -> tuple[Tensor, Tensor]:
-        """``static_token_logprobs`` of ``net`` (DDP-wrapped or not), compiled: (N, L+1) each."""
-        return self._tf(net, att, seqs, att_mask, drop)
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``static_token_logprobs`` of ``net`` (DDP-wrapped or not), compiled: (N, L+1) each.
+        ``drop`` is made readable by the compiled pass first (``models.base.traceable_dropout``)."""
+        drop = traceable_dropout(unwrap(net), drop, att.shape[0], att.shape[1])
+        return self._tf(net, att, seqs, att_mask, drop, fc)
+
+    def compiled(self, fn):
+        """``fn`` compiled as the teacher-forced pass is (one compiled function per ``fn``, kept)."""
+        if fn not in self._compiled:
+            self._compiled[fn] = self._compile(fn, self.settings.train_mode)
+        return self._compiled[fn]
 
     def decoder(self, model: nn.Module) -> CompiledDecoder:
         """``model`` for ``decode`` with its decoding step compiled."""

@@ -249,7 +249,7 @@ class RewardStep:
                         ) -> tuple[Tensor, Tensor]:
         """``token_logprobs`` of ``seqs`` under ``net`` (the fast path's compiled fixed-shape pass)."""
         if self.fast is not None:
-            return self.fast.token_logprobs(net, batch.att, seqs, batch.att_mask, drop)
+            return self.fast.token_logprobs(net, batch.att, seqs, batch.att_mask, drop, batch.fc)
         return call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask, drop=drop, fc=batch.fc)
 
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
@@ -402,7 +402,8 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
             "finetune", opts, precision,
             identity={"lam": opts.reward_setting("lam"), "train_reward": TRAIN_REWARD,
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
-            recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES})
+            recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES},
+            model=net)
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
                                name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
                                force=opts.force, reads=[inp.model.path, inp.data_artifact.path])

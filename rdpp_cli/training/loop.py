@@ -150,17 +150,17 @@ def _non_finite_parameter(model: nn.Module) -> str | None:
 
 
 def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity: dict[str, Any],
-                 recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+                 recorded: dict[str, Any], model: nn.Module | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """A training run's identity (what decides its result, so a rerun with it resumes the unfinished
     run: the options' ``identity``, ``precision`` resolved, and the stage's ``identity`` such as its
     inputs' manifest hashes) and the manifest's config (that, the options' ``recorded`` settings,
-    what ``--precision`` asked, ``--fast`` resolved and asked, the number of processes and the
+    what ``--precision`` asked, ``--fast`` resolved (for ``model``) and asked, the number of processes and the
     stage's ``recorded`` values)."""
     from rdpp_cli.training.fast import resolve_fast
 
     ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
     config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
-              "fast": resolve_fast(opts.fast, D.runtime().device), "fast_option": opts.fast,
+              "fast": resolve_fast(opts.fast, D.runtime().device, model), "fast_option": opts.fast,
               "processes": D.runtime().world_size, **recorded}
     return ident, config
 
@@ -280,7 +280,7 @@ class TrainingRecipe:
         self.model.to(rt.device)
         self.loader = CaptionBatches(self.data, "train", batch_size=o.batch_size, seq_per_img=o.seq_per_img,
                                      seed=o.seed, rank=rt.rank, world_size=rt.world_size, num_workers=o.workers,
-                                     pin_memory=rt.device.type == "cuda")
+                                     pin_memory=rt.device.type == "cuda", resident=o.resident, device=rt.device)
         self.val_all = validation_images(self.data, o.val_images)
         self.val_share = np.array_split(self.val_all, rt.world_size)[rt.rank]
         if len(self.val_all) and self.cider is None:

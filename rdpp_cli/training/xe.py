@@ -7,7 +7,9 @@ captions per image; with ``--label-smoothing`` its ``LabelSmoothing`` (the KL di
 smoothed target). With scheduled sampling (``--ss-start``; probability ``XEOptions.ss_prob(epoch)``)
 each input word after the first is, with that probability, a word sampled from the model's own
 previous output distribution, as self-critical.pytorch's ``AttModel._forward`` does; the pass then
-runs a step at a time (``models.base.stepwise_logprobs``). Everything else (epochs, validation,
+runs a step at a time (``models.base.scheduled_logprobs``). With either, the step's randomness
+(dropout, coin flips, the draws) is drawn before the pass (``xe_draws``), so that ``--fast on``
+compiles the same pass and gives the same numbers. Everything else (epochs, validation,
 checkpoints, resume, DDP) is the shared loop in ``rdpp_cli.training.loop``.
 """
 
@@ -28,7 +30,7 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.base import stepwise_logprobs, targets
+from rdpp_cli.models.base import DropoutMasks, scheduled_logprobs, targets, traceable_dropout
 from rdpp_cli.models.registry import model_spec
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
@@ -68,40 +70,69 @@ def smoothed_nll(logprobs: Tensor, seqs: Tensor, smoothing: float) -> tuple[Tens
     return (per_token * mask).sum(), mask.sum()
 
 
-def scheduled_sampling_feed(ss_prob: float):
-    """The word fed at step t: the reference's, or with probability ``ss_prob`` one drawn from the
-    model's previous output distribution (no gradient through the draw)."""
-    def feed(t: int, it: Tensor, previous: Tensor) -> Tensor:
-        use = torch.rand(it.shape[0], device=it.device) < ss_prob
-        if not bool(use.any()):
-            return it
-        drawn = torch.multinomial(previous.detach().float().exp(), 1).squeeze(1)
-        return torch.where(use, drawn, it)
+@dataclass
+class XEDraws:
+    """The randomness of an XE step with scheduled sampling or label smoothing, drawn before its
+    pass (``xe_draws``), so that the pass is a function of its inputs: the eager and the fast path
+    run the same numbers from the same seed."""
 
-    return feed
+    drop: DropoutMasks | None  # the pass's dropout (None in eval mode)
+    use: Tensor | None = None  # (N, L) bool: step t+1 is fed the model's own word (None: no scheduled sampling)
+    uniforms: Tensor | None = None  # (N, L): the inverse-CDF draws of those words
+
+
+def xe_draws(model: nn.Module, batch: Batch, ss_prob: float) -> XEDraws:
+    """``XEDraws`` of ``batch`` from torch's generator on the batch's device, in this order: the
+    dropout masks (``model.draw_dropout`` over the batch's images, caption rows and L+1 steps), then,
+    with ``ss_prob`` > 0, the coin flips (N, L) (heads with probability ``ss_prob``) and the uniforms
+    (N, L) of the words drawn from the model's own distribution."""
+    B, n, L = batch.labels.shape
+    drop = model.draw_dropout(B, B * n, L + 1, batch.att.shape[1]) if model.training else None
+    if ss_prob <= 0:
+        return XEDraws(drop)
+    dev = batch.labels.device
+    use = torch.rand(B * n, L, device=dev) < ss_prob
+    return XEDraws(drop, use, torch.rand(B * n, L, device=dev))
+
+
+def xe_terms(net: nn.Module, att: Tensor, labels: Tensor, att_mask: Tensor | None, fc: Tensor | None,
+             drop: DropoutMasks | None, use: Tensor | None, uniforms: Tensor | None,
+             smoothing: float) -> tuple[Tensor, Tensor]:
+    """``smoothed_nll`` (sum, tokens) of ``labels`` under the full log-probs with the drawn
+    randomness: one teacher-forced pass (``forward``) without scheduled sampling, else the pass a
+    step at a time feeding the drawn words (``models.base.scheduled_logprobs``). Fixed shapes and
+    no host wait: the fast path compiles it as it is."""
+    if use is None:
+        logprobs = call(net, "forward", att, labels, att_mask=att_mask, drop=drop, fc=fc)
+    else:
+        logprobs = call(net, scheduled_logprobs, att, labels, att_mask, fc, drop, use, uniforms)
+    return smoothed_nll(logprobs, labels, smoothing)
 
 
 @dataclass
 class XELoss:
     """The XE step function: ``xe_loss`` while scheduled sampling is off and no label smoothing
-    is asked; otherwise the full log-probs (a step at a time while ``ss_prob(epoch)`` > 0) and
-    ``smoothed_nll``. Logs the epoch's scheduled-sampling probability when it has one."""
+    is asked; otherwise its randomness drawn first (``xe_draws``) and ``xe_terms`` (the full
+    log-probs, a step at a time while ``ss_prob(epoch)`` > 0, and ``smoothed_nll``). ``fast``: both
+    through the fast path (compiled; the same numbers). Logs the epoch's scheduled-sampling
+    probability when it has one."""
 
     ss_prob: Callable[[int], float] = lambda epoch: 0.0
     label_smoothing: float = 0.0
     log_ss: bool = False
+    fast: FastPath | None = None
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         ss = self.ss_prob(batch.epoch)
         logs = {"ss_prob": ss} if self.log_ss else {}
         if ss == 0 and self.label_smoothing == 0:
-            return xe_loss(net, batch), logs
-        if ss > 0:
-            logprobs = call(net, stepwise_logprobs, batch.att, batch.labels, batch.att_mask, batch.fc,
-                            feed=scheduled_sampling_feed(ss))
-        else:
-            logprobs = call(net, "forward", batch.att, batch.labels, att_mask=batch.att_mask, fc=batch.fc)
-        total, tokens = smoothed_nll(logprobs, batch.labels, self.label_smoothing)
+            return (xe_loss(net, batch) if self.fast is None else fast_xe_loss(self.fast)(net, batch)), logs
+        d = xe_draws(unwrap(net), batch, ss)
+        terms, drop = xe_terms, d.drop
+        if self.fast is not None:
+            terms, drop = self.fast.compiled(xe_terms), traceable_dropout(unwrap(net), drop, *batch.att.shape[:2])
+        total, tokens = terms(net, batch.att, batch.labels, batch.att_mask, batch.fc, drop, d.use, d.uniforms,
+                              self.label_smoothing)
         return total / D.per_process_share(tokens), logs
 
 
@@ -112,7 +143,7 @@ def fast_xe_loss(fast: FastPath) -> StepFn:
 
     def step(net: nn.Module, batch: Batch) -> Tensor:
         drop = fast.xe_dropout(unwrap(net), batch.labels, batch.att.shape[1])
-        token_logp, mask = fast.token_logprobs(net, batch.att, batch.labels, batch.att_mask, drop)
+        token_logp, mask = fast.token_logprobs(net, batch.att, batch.labels, batch.att_mask, drop, batch.fc)
         return -token_logp.sum() / D.per_process_share(mask.sum())
 
     return step
@@ -208,21 +239,16 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
 
 
 def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
-    """The run's fast path: none with scheduled sampling or label smoothing (the compiled pass is
-    the plain XE loss's), where ``--fast on`` is refused; else ``fast_path``."""
-    if opts.label_smoothing > 0 or opts.scheduled_sampling:
-        if opts.fast == "on":
-            raise RdppError("--fast on computes the plain XE loss only; train with scheduled sampling (--ss-start) or "
-                            "label smoothing with --fast auto or off, or pass --ss-start -1 --label-smoothing 0")
-        return None
+    """The run's fast path (``fast_path``): the plain XE loss, scheduled sampling and label
+    smoothing alike."""
     return fast_path(opts.fast, device, model)
 
 
 def step_function(opts: XEOptions, fast: FastPath | None) -> StepFn:
-    """The XE step: through the fast path, or ``XELoss`` (scheduled sampling, label smoothing)."""
-    if fast is not None:
+    """The XE step (``XELoss``), through the fast path when it is on."""
+    if fast is not None and not opts.scheduled_sampling and opts.label_smoothing == 0:
         return fast_xe_loss(fast)
-    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=opts.scheduled_sampling)
+    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=opts.scheduled_sampling, fast=fast)
 
 
 def baseline_summary(inp: XEInputs) -> dict[str, Any]:
@@ -261,7 +287,7 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
         identity, config = run_settings(
             "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where},
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
-                      "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None})
+                      "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, model=model)
         name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
                                config=identity, force=opts.force, reads=[inp.artifact.path, inp.init_where])
