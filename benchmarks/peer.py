@@ -308,3 +308,11 @@ def workdir() -> Path:
 
 
 _KEEP: list = []
+
+
+def repeat_tensors(mods: Modules):
+    """The peer's ``utils.repeat_tensors``: what its DBS's ``self.repeat_tensor`` (a method no model
+    defines, so its DBS stops at the second group) means; set on a peer model instance only."""
+    import importlib
+
+    return importlib.import_module("captioning.models.utils").repeat_tensors

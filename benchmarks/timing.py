@@ -166,13 +166,15 @@ def matmul_gflops(precision: str, device, n: int = 4096, repeats: int = 3) -> fl
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str, dict]:
+def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) -> dict[str, dict]:
     """Training steps timed the project's way: each side called once to warm up (its FLOPs counted
     on that call), once more for its peak memory (untimed: handing freed memory back to the OS
     before a timed call would add page faults to it), then ``interleaved`` ``repeat`` times, each
     call waiting for the device. Per side: ``times``, ``median``, ``best``, ``gflop``, ``peak_mib``
-    and ``results`` (what every timed call returned)."""
-    gflop = {name: count_gflop(fn) for name, fn in sides.items()}
+    and ``results`` (what every timed call returned). ``flops``: the sides whose FLOPs are counted
+    (default all; a compiled side is not: the counter's dispatch mode breaks its graph), the others warm up plainly."""
+    gflop = {name: count_gflop(fn) if flops is None or name in flops else (fn(), float("nan"))[1]
+             for name, fn in sides.items()}
     peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
     results: dict[str, list] = {name: [] for name in sides}
 
@@ -189,13 +191,14 @@ def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str,
                    "peak_mib": peak[name], "results": results[name]} for name in sides}
 
 
-def steps_on_roofline(sides: dict[str, Callable[[], Any]], repeat: int, device, precisions, matmul_size: int = 4096):
+def steps_on_roofline(sides: dict[str, Callable[[], Any]], repeat: int, device, precisions, matmul_size: int = 4096,
+                      flops=None):
     """``steps`` between two measurements of the matmul rate of every precision in ``precisions``
     (and fp32): the roofline, measured in the same run. Returns ``(steps(...), {precision:
     {"median", "runs"}}, [load average before, after])``."""
     rates = {p: [matmul_gflops(p, device, matmul_size)] for p in sorted({"fp32", *precisions})}
     load0 = os.getloadavg()[0]
-    t = steps(sides, repeat, device)
+    t = steps(sides, repeat, device, flops)
     load1 = os.getloadavg()[0]
     for p in rates:
         rates[p].append(matmul_gflops(p, device, matmul_size))
