@@ -43,12 +43,14 @@ QUICK = {"att2in": Shapes(300, 9, 32, 8, dict(rnn_size=48, input_encoding_size=4
 
 
 def recipe(model: str, stage: str, preset: str = "paper") -> dict:
-    """The loop settings of ``model``'s ``stage`` (``xe`` or ``finetune``) recipe ``preset``: the one
-    place the benchmarks read them (batch size, scheduled sampling, epochs)."""
+    """The settings of ``model``'s ``stage`` recipe ``preset`` (``xe``: ``epochs``, ``batch_size`` and
+    ``ss_epochs``, the epochs that run scheduled sampling; ``finetune``: its preset's settings): the
+    one place the benchmarks read the recipes."""
     from rdpp_cli.training import options
 
     if stage == "xe":
-        return dict(options.XE_RECIPES[model][preset])
+        o = options.XEOptions(model=model, preset=preset).with_preset()
+        return {"epochs": o.epochs, "batch_size": o.batch_size, "ss_epochs": sum(o.ss_prob(e) > 0 for e in range(o.epochs))}
     return dict(options.FINETUNE_PRESETS[preset])
 
 

@@ -5,15 +5,15 @@ images built on the spot (its training df made from its captions, the end token 
 epochs are asked for), data loading included, as the runs' own ``metrics.csv`` reports them
 (images/s from the first step to the last, the loader's workers and pinned memory as ``--workers
 W`` uses them), for each cache state (``--caches``: warm, cold) and worker count: one ``rdpp
-train-xe`` epoch (paper preset, V = 9,487) for each ``--xe-configs`` batch size and precision
-(``50:fp32`` by default), and, with ``--rl-epoch dpp,scst``, one ``rdpp finetune --preset paper
---m 5`` epoch of each reward (batch 128) from the first XE epoch's model. Untimed epochs of each
+train-xe`` epoch (paper preset, V = 9,487) for each ``--xe-configs`` batch size, precision and
+scheduled sampling (default: the preset's batch, without and with scheduled sampling), and, with ``--rl-epoch dpp,scst``, one ``rdpp finetune --preset paper
+--m 5`` epoch of each reward (the preset's batch) from the first XE epoch's model. Untimed epochs of each
 kind over 256 images come first (CUDA's lazy start-up). ``benchmarks/recipe_hours.py`` turns the
 JSON line into the paper recipe's GPU-hours. On a 16-core machine building the 8 GB of features
 takes about a minute.
 
     python benchmarks/data_epochs.py --device cuda --rows 10000 --workers 0,1,2,4 [--json]
-                                     [--xe-configs 50:fp32,200:bf16] [--caches warm,cold] [--rl-epoch dpp,scst]
+                                     [--xe-configs 128:fp32,128:fp32:ss] [--val 500] [--caches warm,cold] [--rl-epoch dpp,scst]
     python benchmarks/data_epochs.py --device cpu --preset small --rows 300 --rl-epoch dpp   # the code path
 
 Big files go to ``--dir`` (default: a folder under $TMPDIR) and are deleted at the end.
@@ -33,87 +33,91 @@ if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep inst
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BATCH, data_parser, write_artifact  # noqa: E402
+from common import BATCH, COCO_TRAIN_IMAGES, data_parser, recipe, write_artifact  # noqa: E402
 from timing import drop_cache  # noqa: E402
 
 
-def parse_configs(spec: str) -> list[tuple[int, str]]:
-    """``50:fp32,200:bf16`` -> [(50, "fp32"), (200, "bf16")]: XE epochs' batch size and precision."""
+def parse_configs(spec: str) -> list[tuple[int, str, bool]]:
+    """``128:fp32,128:fp32:ss`` -> [(128, "fp32", False), (128, "fp32", True)]: XE epochs' batch size,
+    precision and whether scheduled sampling runs (at the schedule's largest probability)."""
     out = []
     for item in filter(None, spec.split(",")):
-        b, _, prec = item.partition(":")
-        if not b.isdigit() or prec not in ("fp32", "bf16", "fp16"):
-            raise SystemExit(f"--xe-configs {spec}: give BATCH:PRECISION items, e.g. 50:fp32,200:bf16")
-        out.append((int(b), prec))
+        b, prec, *ss = item.split(":")
+        if not b.isdigit() or prec not in ("fp32", "bf16", "fp16") or ss not in ([], ["ss"]):
+            raise SystemExit(f"--xe-configs {spec}: give BATCH:PRECISION[:ss] items, e.g. 128:fp32,128:fp32:ss")
+        out.append((int(b), prec, bool(ss)))
     return out
 
 
-def _epoch_row(out: Path, wall: float) -> dict:
+def xe_options(ss: bool, **kw):
+    """train-xe's options; ``ss``: scheduled sampling from the first epoch at ``ss_max`` (the preset
+    starts it at epoch 0 with probability 0 that grows every 5 epochs: 25 of its 30 epochs run it)."""
+    from rdpp_cli.training.options import XEOptions
+
+    class EverySS(XEOptions):
+        def ss_prob(self, epoch: int) -> float:
+            return self.ss_max
+
+    return EverySS(**kw, ss_start=0) if ss else XEOptions(**kw)
+
+
+def _epoch_row(out: Path, wall: float, train_rows: int) -> dict:
+    """The run's metrics.csv row: images/s of the training steps, the epoch's seconds (validation and
+    saving included) and what validation and saving took beyond the steps."""
     import csv
 
     with open(out / "metrics.csv") as f:
         row = list(csv.DictReader(f))[-1]
-    return {"images_per_s": float(row["images_per_s"]), "epoch_s": float(row["time"]), "call_s": wall}
-
-
-def _warm_up(work: Path, device: str, preset: str, rl_rewards: list[str], m: int) -> None:
-    """Untimed epochs over 256 images of every kind timed later (CUDA's lazy start-up, kernels
-    chosen on first use), so that no timed epoch pays for them."""
-    from rdpp_cli.training.finetune import finetune
-    from rdpp_cli.training.xe import train_xe
-
-    data, xe = work / "warmup-data", work / "warmup-xe"
-    write_artifact(data, 256, real_df=bool(rl_rewards))
-    train_xe(data, out=xe, preset=preset, epochs=1, batch_size=BATCH, val_images=0, device=device, workers=0,
-             force=True, resume=False)
-    for reward in rl_rewards:
-        finetune(xe, data=data, reward=reward, m=m, preset="paper", epochs=1, val_images=0, device=device,
-                 workers=0, force=True, resume=False, out=work / f"warmup-{reward}")
-    for d in (data, xe, *(work / f"warmup-{r}" for r in rl_rewards)):
-        shutil.rmtree(d, ignore_errors=True)
+    ips, t = float(row["images_per_s"]), float(row["time"])
+    return {"images_per_s": ips, "epoch_s": t, "val_s": max(t - train_rows / ips, 0.0), "call_s": wall}
 
 
 def bench_epochs(work: Path, rows: int, workers: list[int], device: str, preset: str = "paper",
-                 configs=((BATCH, "fp32"),), caches=("warm", "cold"), rl_rewards=(), m: int = 5) -> dict:
-    """Whole epochs through ``train_xe`` (each of ``configs``: batch size, precision) and, from the
-    first XE run's model, through ``finetune`` (each of ``rl_rewards`` at ``m`` samples, the paper
-    preset: batch 128), data loading included, for each worker count and cache state; the rates are
-    the runs' own ``metrics.csv`` rows."""
+                 configs=((BATCH, "fp32", False),), caches=("warm", "cold"), rl_rewards=(), m: int = 5,
+                 val: int = 0) -> dict:
+    """Whole epochs through ``train_xe`` (each of ``configs``) and, from the first XE run's model,
+    through ``finetune`` (each of ``rl_rewards`` at ``m`` samples, the paper preset's batch), data
+    loading included, validating on ``val`` images, for each worker count and cache state; the
+    rates are the runs' own ``metrics.csv`` rows. Untimed epochs over 256 images come first."""
     from rdpp_cli.training.finetune import finetune
     from rdpp_cli.training.xe import train_xe
 
     import torch
 
-    res: dict = {"rows": rows, "device": device, "preset": preset, "epochs": []}
-    art = work / "xe-data"
+    res: dict = {"rows": rows, "val": val, "device": device, "preset": preset, "epochs": []}
+    art, rl_batch = work / "xe-data", recipe("att2in", "finetune", "paper")["batch_size"]
     t = time.perf_counter()
-    res.update(write_artifact(art, rows, real_df=bool(rl_rewards)))
+    res.update(write_artifact(art, rows, real_df=bool(rl_rewards), val=val))
     res["build_s"] = time.perf_counter() - t
     if device.startswith("cuda"):
         res["gpu"] = torch.cuda.get_device_name()
-    _warm_up(work, device, preset, list(rl_rewards), m)
-    init = work / "xe-init"  # the model the RL epochs start from: the first XE epoch's
-    for cache in caches:
-        for w in workers:
-            def epoch(stage: str, run, **kw):
-                if cache == "cold":
-                    res["cold_method"] = drop_cache([art / "features.h5"])
-                out = init if stage == "xe" and not init.exists() else work / f"run-{stage}"
-                t = time.perf_counter()
-                run(out)
-                res["epochs"].append({"stage": stage, **kw, "cache": cache, "workers": w,
-                                      **_epoch_row(out, time.perf_counter() - t)})
-                if out != init:
-                    shutil.rmtree(out, ignore_errors=True)
+    small = work / "warmup-data"  # untimed epochs of every kind first (CUDA's lazy start-up, kernels chosen)
+    write_artifact(small, 256, real_df=bool(rl_rewards), val=min(val, 32))
+    for cache, w in [("untimed", 0)] + [(c, w) for c in caches for w in workers]:
+        data = small if cache == "untimed" else art
+        n_val = min(val, 32) if cache == "untimed" else val
+        init = work / f"init-{data.name}"  # the model the RL epochs start from: the first XE epoch's on data
 
-            for batch, prec in configs:
-                epoch("xe", lambda out: train_xe(art, out=out, preset=preset, epochs=1, batch_size=batch, val_images=0,
-                                                 device=device, workers=w, precision=prec, force=True, resume=False),
-                      batch=batch, precision=prec)
-            for reward in rl_rewards:
-                epoch(reward, lambda out: finetune(init, data=art, reward=reward, m=m, preset="paper", epochs=1,
-                                                   val_images=0, device=device, workers=w, force=True, resume=False,
-                                                   out=out), m=m, batch=128, precision="fp32")
+        def epoch(stage: str, run, **kw):
+            if cache == "cold":
+                res["cold_method"] = drop_cache([art / "features.h5"])
+            out = init if stage == "xe" and not init.exists() else work / f"run-{stage}"
+            t = time.perf_counter()
+            run(out)
+            if cache != "untimed":
+                res["epochs"].append({"stage": stage, **kw, "cache": cache, "workers": w,
+                                      **_epoch_row(out, time.perf_counter() - t, rows - val)})
+            if out != init:
+                shutil.rmtree(out, ignore_errors=True)
+
+        for batch, prec, ss in configs:
+            epoch("xe", lambda out: train_xe(xe_options(
+                ss, data=data, out=out, preset=preset, epochs=1, batch_size=batch, val_images=n_val, device=device,
+                workers=w, precision=prec, force=True, resume=False)), batch=batch, precision=prec, ss="ss" if ss else "")
+        for reward in rl_rewards:
+            epoch(reward, lambda out: finetune(init, data=data, reward=reward, m=m, preset="paper", epochs=1,
+                                               val_images=n_val, device=device, workers=w, force=True, resume=False,
+                                               out=out), m=m, batch=rl_batch, precision="fp32")
     return res
 
 
@@ -123,12 +127,13 @@ def print_table(xe: dict, args) -> None:
 
     t = Table(title=f"whole epochs, {args.preset} preset, {args.rows:,} images of 196×2,048 fp16 "
                     f"({xe.get('gpu', args.device)}; data loading included)")
-    for c in ("stage", "batch", "precision", "cache", "workers", "images/s", "epoch s", "a COCO epoch (113,287 images) s"):
+    for c in ("stage", "batch", "precision", "cache", "workers", "images/s", "epoch s", "val s",
+              "a COCO epoch (113,287 images) s"):
         t.add_column(c, justify="right")
     for e in xe["epochs"]:
-        stage = e["stage"] if e["stage"] == "xe" else f"{e['stage']} m={e['m']}"
-        t.add_row(stage, str(e["batch"]), e["precision"], e["cache"], str(e["workers"]),
-                  f"{e['images_per_s']:,.0f}", f"{e['epoch_s']:.1f}", f"{113_287 / e['images_per_s']:,.0f}")
+        stage = (e["stage"] + (" ss" if e.get("ss") else "")) if e["stage"] == "xe" else f"{e['stage']} m={e['m']}"
+        t.add_row(stage, str(e["batch"]), e["precision"], e["cache"], str(e["workers"]), f"{e['images_per_s']:,.0f}",
+                  f"{e['epoch_s']:.1f}", f"{e['val_s']:.1f}", f"{COCO_TRAIN_IMAGES / e['images_per_s']:,.0f}")
     Console(width=160).print(t)
 
 
@@ -137,7 +142,10 @@ def main() -> None:
     ap.add_argument("--workers", default="0,1,2", help="DataLoader worker counts, comma-separated")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="paper", help="the XE epochs' model (small: a CPU check of the code path)")
-    ap.add_argument("--xe-configs", default=f"{BATCH}:fp32", help="BATCH:PRECISION,... of the XE epochs")
+    xe_batch = recipe("att2in", "xe", "paper")["batch_size"]
+    ap.add_argument("--xe-configs", default=f"{xe_batch}:fp32,{xe_batch}:fp32:ss",
+                    help="BATCH:PRECISION[:ss],... of the XE epochs (ss: scheduled sampling on)")
+    ap.add_argument("--val", type=int, default=0, help="rows in the val split, validated after every epoch")
     ap.add_argument("--caches", default="warm,cold", help="warm, cold or both")
     ap.add_argument("--rl-epoch", default="", help="also RL epochs of these rewards (dpp,scst), paper preset, "
                                                    "from the first XE epoch's model")
@@ -153,7 +161,7 @@ def main() -> None:
     try:
         xe = bench_epochs(work, args.rows, [int(w) for w in args.workers.split(",") if w != ""], args.device,
                           args.preset, parse_configs(args.xe_configs), [c for c in args.caches.split(",") if c],
-                          [r for r in args.rl_epoch.split(",") if r], args.m)
+                          [r for r in args.rl_epoch.split(",") if r], args.m, args.val)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(xe, args)
