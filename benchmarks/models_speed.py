@@ -43,7 +43,8 @@ other round), each waiting for the device; medians (best beside), ratios of medi
 most 4 images, one repeat, a check that the code runs (benchmarks/cuda_check.sh --device cpu).
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode]
-        [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam]
+        [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
+        [--xe-words 8-16] [--ms 5]
         [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda] [--matmul-size 4096]
         [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
@@ -73,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
 import peer_transformer  # noqa: E402
 import peer_updown  # noqa: E402
-from common import PAPER, QUICK, Shapes, make_batch, make_model, make_refs, output_bias  # noqa: E402
+from common import PAPER, QUICK, Shapes, make_batch, make_model, make_refs, output_bias, parse_words  # noqa: E402
 from timing import machine_info, steps, steps_on_roofline, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
@@ -313,7 +314,7 @@ def rdpp_rl_step(step: RewardStep, model, opt, batch: Batch, refs: list, precisi
 def xe_sides(b: Bench) -> tuple[dict, list, dict]:
     """rdpp's XE step per precision (and with scheduled sampling, and fast) against ``Peer.xe_step``."""
     ours, theirs, check = b.pair(words=b.s.max_len)  # XE: the EOS bias plays no part
-    batch = b.batch((8, 16))
+    batch = b.batch(parse_words(b.args.xe_words))
     if theirs is not None:
         check["float64"] = xe_float64(b, ours, batch)
     if b.args.fast and not b.fast_paths():
@@ -356,13 +357,11 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
     ours, theirs, check = b.pair(b.args.words, lr=1e-6)  # tiny steps: the caption lengths stay put
     batch, opt = b.batch(), torch.optim.Adam(ours.parameters(), lr=1e-6)
     sides, pairs, ref = {}, [], f"{b.peer_title} scst m={M}"
-    for reward in rewards:
-        for prec in b.args.precision:
-            st = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=L, seed=0)
-            sides[f"rdpp {b.title} {reward} m={M} {prec}"] = (
-                lambda st=st, p=prec: rdpp_rl_step(st, ours, opt, batch, refs, p))
-        if theirs is not None:
-            pairs += [(f"{reward} m={M} {p}", f"rdpp {b.title} {reward} m={M} {p}", ref) for p in b.args.precision]
+    for reward, m, prec in [(r, m, p) for r in rewards for m in b.args.ms for p in b.args.precision]:
+        st, mine = RewardStep(data=None, cider=cider, reward=reward, m=m, max_len=L, seed=0), f"rdpp {b.title} {reward} m={m} {prec}"
+        sides[mine] = lambda st=st, p=prec: rdpp_rl_step(st, ours, opt, batch, refs, p)
+        if theirs is not None and m == M:
+            pairs.append((f"{reward} m={M} {prec}", mine, ref))
     if theirs is not None:
         theirs.init_reward(train_refs, peer.workdir())
         check["reward"] = reward_check(ours, theirs, cider, batch, refs, L)
@@ -419,7 +418,9 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
         theirs.model.eval()
         theirs.model.repeat_tensor = peer.repeat_tensors(b.mods)  # its DBS calls a method no model defines
     for method in b.args.methods:
-        cfg = DecodeConfig(max_len=b.s.max_len, diversity_lambda=0.5, **METHODS[method]).check()
+        kw = {**METHODS[method], **({"n": b.args.n} if METHODS[method]["n"] == M else {})}
+        kw.update({"n": b.args.n, "groups": b.args.n} if method == "dbs" else {})
+        cfg = DecodeConfig(max_len=b.s.max_len, diversity_lambda=0.5, **kw).check()
         mine, ref = f"rdpp {b.title} decode {method} n={cfg.n}", f"{b.peer_title} decode {method} n={cfg.n}"
         sides[mine] = torch.no_grad()(lambda cfg=cfg: decode(ours, batch.att, cfg, fc=batch.fc).tokens)
         if theirs is not None:
@@ -491,6 +492,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each fast side first")
     ap.add_argument("--ss", type=float, default=0.0, help="also the XE step with scheduled sampling at this probability")
     ap.add_argument("--methods", default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
+    ap.add_argument("--xe-words", default="8-16", help="words of the XE captions: N, or MIN-MAX drawn uniformly")
+    ap.add_argument("--ms", default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
+    ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per side, interleaved (after the warm-up)")
     ap.add_argument("--words", type=float, default=9.0, help="mean sampled caption length of the RL steps' model")
@@ -508,6 +512,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.summary:
         return args
     args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
+    args.ms = [int(m) for m in split(args.ms)]
     bad = [w for w in args.what if w not in ALL] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]
     if args.model is None or bad or not args.what or not args.precision:
