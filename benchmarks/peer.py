@@ -1,5 +1,5 @@
 """self-critical.pytorch's own code, unmodified, loaded into the benchmark's process: the speed
-reference of benchmarks/train.py and benchmarks/finetune.py.
+reference of benchmarks/models_speed.py (and of the tests that compare against the peer).
 
 What runs is the peer's: ``captioning.models.setup`` builds its ``Att2in2Model`` (``--caption_model
 att2in2``: the att features embedded, then projected to the attention keys; rdpp's ``Att2in`` has
@@ -208,12 +208,6 @@ class Peer:
             return self.mods.rewards.get_self_critical_reward(greedy_res, gts, gen_result, self.opt)
 
     # -- SCST ------------------------------------------------------------------------------------------
-
-    def lw_scst_loss(self, fc, att, gts) -> torch.Tensor:
-        """``LossWrapper``'s SCST path end to end (``sc_flag`` on): what ``scst_step`` times in parts."""
-        with contextlib.redirect_stdout(io.StringIO()):
-            out = self.lw(fc, att, None, None, None, gts, torch.arange(0, len(gts)), True, False, False)
-        return out["loss"].mean()
 
     def scst_parts(self, fc, att, gts, sync=lambda: None):
         """``LossWrapper.forward``'s ``sc_flag`` branch, call for call, with a clock between the

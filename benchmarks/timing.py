@@ -68,7 +68,7 @@ def machine() -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Training steps (benchmarks/train.py, benchmarks/finetune.py): warm-up, FLOPs, peak memory, roofline
+# Training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline
 # ----------------------------------------------------------------------------------------------
 
 def sync(device) -> None:
