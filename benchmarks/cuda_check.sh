@@ -62,7 +62,7 @@ if [[ "$DEVICE" == cuda ]]; then  # the measurement: the paper's shapes; repeat 
   nvidia-smi -L
 else  # a check of the code paths on a CPU: tiny sizes, nothing worth reading in the times
   SPEED="--quick --threads 2" FAST=${FAST:-fast} BACKEND=aot_eager SLOW=${SLOW:-4}
-  EPOCHS="--preset small --rows 60 --val 10 --workers 0 --caches warm --xe-configs 16:fp32,16:fp32:ss --threads 2"
+  EPOCHS="--preset small --rows 60 --val 10 --workers 0 --caches warm --threads 2"
 fi
 $PY -c "import torch, rdpp_cli; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available()
       else 'no GPU', '| rdpp', rdpp_cli.__version__)" || exit 1

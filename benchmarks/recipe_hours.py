@@ -40,7 +40,7 @@ def settings(epochs: list[dict]) -> dict[tuple, dict]:
     for e in epochs:
         key = (e["stage"], e["batch"], e["precision"], e.get("ss", ""), e["workers"])
         if key not in worst or e["images_per_s"] < worst[key]["images_per_s"]:
-            worst[key] = {"images_per_s": e["images_per_s"], "val_s": e.get("val_s", 0.0), "val": e.get("val", 0)}
+            worst[key] = {"images_per_s": e["images_per_s"], "val_s": e.get("val_s", 0.0)}
     best: dict[tuple, dict] = {}
     for key, r in worst.items():
         if key[:4] not in best or r["images_per_s"] > best[key[:4]]["images_per_s"]:
