@@ -69,7 +69,7 @@ $PY -c "import torch, rdpp_cli; print('torch', torch.__version__, torch.cuda.get
 
 if want 1; then
   stamp "1. tests/test_cuda.py"
-  TAIL=4 run test_cuda.log 120 $PY -m pytest -q -p no:cacheprovider -m "not slow or slow" tests/test_cuda.py
+  TAIL=4 run test_cuda.log 120 $PY -m pytest -o addopts="" -q -p no:cacheprovider -m "not slow or slow" tests/test_cuda.py
 fi
 if want 2; then
   stamp "2. Att2in against the peer's Att2in2Model: XE, SCST / R-DPP m = 5, decoding; the fast path"

@@ -582,10 +582,10 @@ def summary(paths: list[str]) -> None:
                       f"{e['images_per_s']:>8,.0f} im/s{'':>12}")
         elif r.get("benchmark") == "recipe_hours":
             for x in r["recipes"]:
-                print(f"{x['recipe'][:64]:<64}{x['gpu_hours']:>10.2f} h")
+                print(f"the recipe: {x['recipe']}\n{'':<64}{x['gpu_hours']:>10.2f} h")
     for p in paths:
         if p.endswith("test_cuda.log") and Path(p).is_file():
-            tail = [ln.strip() for ln in open(p) if " passed" in ln or " failed" in ln]
+            tail = [ln.strip() for ln in open(p) if any(w in ln for w in (" passed", " failed", " skipped", " error"))]
             print(f"{'tests/test_cuda.py':<64}{(tail or ['(no result)'])[-1]}")
 
 
