@@ -144,19 +144,6 @@ def make_refs(rng: np.random.Generator, n_images: int, s: Shapes = PAPER) -> lis
 
 # -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
 
-def data_parser(doc: str, keep: bool = True):
-    """The options every data benchmark shares: --json, --rows, --dir (and --keep)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
-    if keep:
-        ap.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same --rows reuses them)")
-    return ap
-
-
 def feature_blocks(rows: int, block: int, seed: int = 0):
     """(start, fc, att) blocks of synthetic CNN-like features (≥ 0, fp16); row i carries i in att[i, 0, 0]."""
     base = np.maximum(np.random.default_rng(seed).standard_normal((256, REGIONS, ATT_DIM), dtype=np.float32), 0)

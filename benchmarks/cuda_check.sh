@@ -9,7 +9,7 @@
 #   3. UpDown and the Transformer against the peer's UpDownModel / TransformerModel, batch 50
 #   4. whole epochs over COCO-shaped rows as the paper presets run them, loading and validation
 #      included: XE at the preset's batch without and with scheduled sampling, R-DPP m = 5 at the
-#      preset's batch, cold page cache (benchmarks/data_epochs.py), then the paper recipe's projected
+#      preset's batch, cold page cache (benchmarks/data.py epochs), then the paper recipe's projected
 #      GPU-hours (benchmarks/recipe_hours.py)
 #   5. the summary table of every figure above (benchmarks/models_speed.py --summary)
 # Each step's log (JSON lines included) goes to $OUT (default /tmp/rdpp-cuda-check); STEPS="2 3" runs some;
@@ -85,7 +85,7 @@ fi
 if want 4; then
   stamp "4. whole epochs as the paper presets run them (loading and validation included), then the recipe"
   rm -rf /tmp/rdpp-cuda-epochs
-  TAIL=14 run epochs.log 150 $PY benchmarks/data_epochs.py --device "$DEVICE" $EPOCHS --rl-epoch dpp \
+  TAIL=14 run epochs.log 150 $PY benchmarks/data.py epochs --device "$DEVICE" $EPOCHS --rl-epoch dpp \
     --dir /tmp/rdpp-cuda-epochs --json
   run recipe.log 30 $PY benchmarks/recipe_hours.py "$OUT/epochs.log" --json
 fi

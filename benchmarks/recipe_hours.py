@@ -5,7 +5,7 @@ epoch 0 whose probability is 0 for the first 5 epochs and grows after: 25 epochs
 step-by-step path), then ``rdpp finetune --preset paper`` (100 R-DPP epochs at m = 5, batch 128),
 over COCO's 113,287 training images, validating on its 5,000 val images after every epoch; the
 settings are read from the presets (benchmarks/common.py ``recipe``). The epochs are those
-``benchmarks/data_epochs.py ... --rl-epoch dpp,scst --val N --json`` measured on COCO-shaped images
+``benchmarks/data.py epochs ... --rl-epoch dpp,scst --val N --json`` measured on COCO-shaped images
 (196 × 2,048 fp16 features, data loading included); a COCO epoch is 113,287 images at the measured
 images/s, and its validation the measured validation (and checkpoint) seconds scaled to 5,000 images.
 Start-up is not in it.
@@ -14,8 +14,8 @@ Which measurement stands for a setting: of its cache states, the slower (an epoc
 features is read cold at first, and is not sure to stay in the page cache), and of its worker
 counts, the faster (the one a user would pick).
 
-    python benchmarks/recipe_hours.py epochs.log          # holds the JSON line of data_epochs.py --json
-    python benchmarks/data_epochs.py ... --json | python benchmarks/recipe_hours.py -
+    python benchmarks/recipe_hours.py epochs.log          # holds the JSON line of data.py epochs --json
+    python benchmarks/data.py epochs ... --json | python benchmarks/recipe_hours.py -
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def epoch_seconds(images_per_s: float, images: int = COCO_TRAIN_IMAGES) -> float
 
 
 def settings(epochs: list[dict]) -> dict[tuple, dict]:
-    """{(stage, batch, precision, ss): {"images_per_s", "val_s"}} from data_epochs.py's rows: the slower
+    """{(stage, batch, precision, ss): {"images_per_s", "val_s"}} from `data.py epochs`'s rows: the slower
     cache state of each worker count, then the fastest worker count."""
     worst: dict[tuple, dict] = {}
     for e in epochs:
@@ -79,11 +79,11 @@ def recipes(rates: dict[tuple, dict], xe: dict, rl: dict, val: int) -> list[dict
 
 
 def load(path: str) -> dict:
-    """data_epochs.py's JSON line (the last) from a file or stdin."""
+    """`data.py epochs`'s JSON line (the last) from a file or stdin."""
     text = sys.stdin.read() if path == "-" else open(path).read()
     lines = [ln for ln in text.splitlines() if ln.startswith('{"benchmark": "data_epochs"')]
     if not lines:
-        raise SystemExit(f"{path}: no line of `benchmarks/data_epochs.py ... --json` in it")
+        raise SystemExit(f"{path}: no line of `benchmarks/data.py epochs ... --json` in it")
     return json.loads(lines[-1])
 
 
@@ -91,7 +91,7 @@ def main() -> None:
     from common import recipe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="file holding data_epochs.py --json's output, or - for stdin")
+    ap.add_argument("results", help="file holding data.py epochs --json's output, or - for stdin")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args()
     res = load(args.results)["xe_epoch"]
@@ -106,7 +106,7 @@ def main() -> None:
     for r in rows:
         print(f"  {r['recipe']}: {r['gpu_hours']:.2f} {unit}")
     if not rows:
-        print("  (needs an XE epoch at the preset's batch and an RL epoch: data_epochs.py --rl-epoch dpp)")
+        print("  (needs an XE epoch at the preset's batch and an RL epoch: data.py epochs --rl-epoch dpp)")
     if args.json:
         print(json.dumps({"benchmark": "recipe_hours", "device": where, "recipes": rows,
                           "rates": {"/".join(map(str, k)): v for k, v in rates.items()}}))

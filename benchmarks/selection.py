@@ -13,6 +13,15 @@ medians.
     python benchmarks/selection.py [--json] [--threads 2] [--device cpu,cuda] [--select-images 5000]
                                    [--candidates 50] [--keep 5] [--repeats 3] [--clock wall|cpu] [--df cider_df.h5]
     python benchmarks/selection.py --select-images 50 --candidates 6 --keep 2 --repeats 1   # a quick check
+
+``--what draw``: the two per-step costs of drawing docs/decoding.md quotes, on the CPU, 200 rows of
+9,488 words + EOS (COCO's vocabulary), peaked (trained-model-like) and flat rows: (1) one random
+draw per row, ``decode._draw`` (inverse CDF: cumsum + searchsorted) against ``torch.multinomial``,
+checked first to draw from the same distribution (frequencies of 100,000 draws within 4 standard
+errors); (2) ``decode._nucleus`` at p = 0.9, the nucleus among the top 128 words (peaked) or not
+(flat: the full-sort fallback). Interleaved, medians (best beside).
+
+    python benchmarks/selection.py --what draw [--repeats 21] [--threads 1]
 """
 
 from __future__ import annotations
@@ -29,9 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BATCH, SEQ_LEN, VOCAB, features, paper_model, zipf_p  # noqa: E402
-from timing import interleaved, machine  # noqa: E402
+from timing import interleaved, machine, print_table  # noqa: E402
 
-from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
 from rdpp_cli.decoding.select import SelectConfig, _cider_terms, greedy_map, select  # noqa: E402
 from rdpp_cli.metrics.cider import DocFreq  # noqa: E402
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos  # noqa: E402
@@ -118,45 +127,85 @@ def run(device: torch.device, images: int, C: int, K: int, repeats: int, df_path
     return rows
 
 
-def print_table(rows: list[dict], args) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"rdpp sample --select: {args.keep} of {args.candidates} per image, {args.select_images} "
-                    f"images (paper preset, random weights; medians of {args.repeats} interleaved runs, "
-                    f"CPU threads {args.threads}, {args.clock} clock)", title_justify="left")
-    for col in ("device", "what", "s", "ms/image", "x draw", "reference s", "speedup"):
-        t.add_column(col, justify="left" if col in ("device", "what") else "right")
-    for r in rows:
-        t.add_row(r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
+def show(rows: list[dict], args) -> None:
+    print_table(f"rdpp sample --select: {args.keep} of {args.candidates} per image, {args.select_images} images (paper "
+                f"preset, random weights; medians of {args.repeats} interleaved runs, CPU threads {args.threads}, "
+                f"{args.clock} clock)", ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
+                [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
                   f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
-                  f"{r['speedup']:.1f}x" if "reference" in r else "-")
-    Console(width=170).print(t)
+                  f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
     print(machine())
+
+
+DRAW_ROWS, DRAW_WORDS = 200, 9488
+
+
+def draw_rows(peaked: bool, seed: int = 0) -> torch.Tensor:
+    """(DRAW_ROWS, DRAW_WORDS + 1) probabilities: softmax of Gaussian logits, scaled up for peaked rows."""
+    logits = torch.randn(DRAW_ROWS, DRAW_WORDS + 1, generator=torch.Generator().manual_seed(seed))
+    return torch.softmax(logits * (6.0 if peaked else 0.1), -1)
+
+
+def same_distribution() -> float:
+    """Largest |frequency difference| / standard error between _draw and multinomial over 8 outcomes."""
+    p = torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02]]).repeat(100_000, 1)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    a = torch.bincount(_draw(p, g1), minlength=8).double() / len(p)
+    b = torch.bincount(torch.multinomial(p, 1, generator=g2).squeeze(1), minlength=8).double() / len(p)
+    se = (p[0].double() * (1 - p[0].double()) * 2 / len(p)).sqrt()
+    return float(((a - b).abs() / se).max())
+
+
+def draw_costs(repeat: int, threads: int) -> None:
+    """``--what draw``: one draw per row against torch.multinomial, and nucleus sampling's two paths."""
+    z = same_distribution()
+    if z > 4:
+        raise SystemExit(f"_draw and torch.multinomial draw from different distributions ({z:.1f} standard errors)")
+    g, ms = torch.Generator().manual_seed(0), lambda t: f"{t.median * 1e3:.2f} ms (best {t.best * 1e3:.2f})"
+    print(f"{DRAW_ROWS} rows x {DRAW_WORDS:,} words + EOS, CPU, {threads} thread(s), {repeat} interleaved runs each; "
+          f"distributions agree ({z:.1f} standard errors at most)")
+    for name, peaked in (("peaked", True), ("flat", False)):
+        probs = draw_rows(peaked)
+        t = interleaved({"multinomial": lambda: torch.multinomial(probs, 1, generator=g),
+                         "_draw": lambda: _draw(probs, g)}, repeat)
+        m, d = t["multinomial"], t["_draw"]
+        print(f"(1) one draw per row, {name} rows: torch.multinomial {ms(m)}, _draw {ms(d)}: "
+              f"{m.median / d.median:.1f}x cheaper (medians)")
+    peaked, flat = draw_rows(True), draw_rows(False)
+    assert (peaked.topk(128, -1).values.sum(-1) >= 0.9).all() and (flat.topk(128, -1).values.sum(-1) < 0.9).all()
+    t = interleaved({"peaked": lambda: _nucleus(peaked, 0.9, g), "flat": lambda: _nucleus(flat, 0.9, g)}, repeat)
+    print(f"(2) nucleus p=0.9: peaked rows (top-128 path) {ms(t['peaked'])}; flat rows (full sort) {ms(t['flat'])} "
+          f"per step: {t['flat'].median / t['peaked'].median:.0f}x (medians)")
+    print(f"machine: {machine()}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", choices=("select", "draw"), default="select", help="draw: _draw and nucleus sampling")
     ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 2; draw: 1)")
     ap.add_argument("--device", default="cpu,cuda", help="comma list; cuda is skipped without a GPU")
     ap.add_argument("--select-images", type=int, default=5000, help="images to draw for and select on")
     ap.add_argument("--candidates", type=int, default=50, help="C: samples drawn per image")
     ap.add_argument("--keep", type=int, default=5, help="K: captions selected per image")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each side (at least 3)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs of each side (default and least: 3; draw: 21)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: process CPU time (all threads), steadier than wall time on a shared machine")
     ap.add_argument("--df", type=Path, default=None, help="a cider_df.h5 (default: a synthetic COCO-sized one)")
     args = ap.parse_args()
-    args.repeats = max(args.repeats, 3)
+    draw = args.what == "draw"
+    args.threads = args.threads or (1 if draw else 2)
     torch.set_num_threads(args.threads)
+    if draw:
+        return draw_costs(args.repeats or 21, args.threads)
+    args.repeats = max(args.repeats or 3, 3)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     with tempfile.TemporaryDirectory(prefix="rdpp-bench-df-") as tmp:
         df = args.df or zipf_df(Path(tmp) / "cider_df.h5")
         rows = [r for dev in args.device.split(",") if dev != "cuda" or torch.cuda.is_available()
                 for r in run(torch.device(dev), args.select_images, args.candidates, args.keep, args.repeats, df,
                              clock)]
-    print_table(rows, args)
+    show(rows, args)
     if args.json:
         print(json.dumps({"benchmark": "selection", "threads": args.threads, "clock": args.clock, "machine": machine(),
                           "select_rows": rows}))

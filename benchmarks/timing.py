@@ -67,6 +67,29 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
 
 
+def parser(doc: str):
+    """The options every script shares: its description (the docstring's first line) and --json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    return ap
+
+
+def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> None:
+    """One table on the console: the first ``left`` columns left-aligned, the others right; ``rows``
+    of values (str() of each)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for k, c in enumerate(columns):
+        t.add_column(c, justify="left" if k < left else "right")
+    for r in rows:
+        t.add_row(*map(str, r))
+    Console(width=width).print(t)
+
+
 # ----------------------------------------------------------------------------------------------
 # Training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline
 # ----------------------------------------------------------------------------------------------
@@ -215,7 +238,7 @@ def machine_info() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Cold reads (benchmarks/data_loader.py, data_epochs.py, data_content_check.py): files out of the page cache
+# Cold reads (benchmarks/data.py): files out of the page cache
 # ----------------------------------------------------------------------------------------------
 
 def drop_cache(paths) -> str:
