@@ -1,52 +1,23 @@
 """The speed of an rdpp model's training and decoding steps against self-critical.pytorch's own
 module of that model (``Att2in2Model``, ``UpDownModel``, ``TransformerModel``), with the same
-weights and inputs, in the same process; rdpp's fast path (``--fast on``) against its eager step.
+weights and inputs, in the same process; rdpp's fast path (``--fast``) against its eager step.
 
-Shapes (benchmarks/common.py): the model's paper preset, a vocabulary of 9,487 words (9,488
-logits), 196 att regions of 2,048 features and fc = their mean, ``--batch`` (50) images in every
-row, 5 captions per image of 8-16 words (XE), captions of at most 16 words, 5 references per image
-(RL). The model is random; for the RL steps the EOS logit's bias is set so that sampled captions
-average ``--words`` (9, about what a COCO-trained model samples) words; for XE and decoding no
-caption ends early (every caption takes all 17 steps on both sides).
-
-Rows (``--what``; every side starts from the same weights and gets the same batch):
-
-- ``xe``: what ``rdpp train-xe`` runs per batch (``xe_loss`` under ``--precision``'s autocast,
-  backward, clipping by value 0.1, Adam), for each of ``--precision``, against the peer's
-  ``LossWrapper`` XE path and tools/train.py's backward, clipping and optimizer step
-  (benchmarks/peer.py ``Peer.xe_step``); ``--ss P``: also rdpp's step with scheduled sampling at
-  probability P (the step-by-step path the paper preset takes from its sixth epoch);
-- ``scst``, ``dpp``: rdpp's ``RewardStep`` at m = 5 timed in its parts (decode: the samples, and
-  the greedy baseline for SCST, without gradients; reward: CIDEr-D and the R-DPP weights; backward:
-  the teacher-forced replay, backward, clipping, Adam) against the peer's SCST step
-  (``LossWrapper``'s ``sc_flag`` branch call for call) and, for Att2in, the published R-DPP way
-  (M ``_sample`` calls, CiderD per pair, ``np.linalg.inv``: ``Peer.dpp_step``);
-- ``decode``: ``--methods`` (random: 5 samples per image) in eval mode without gradients: rdpp's
-  ``decode`` against the peer's ``_sample`` / ``_sample_beam`` as its eval_split_n calls them.
-
-``--fast fast[,fast-default]``: the XE and RL steps also through rdpp's fast path (the device's
-settings; fast-default: compiled without CUDA graphs), each checked against the eager step first
-(XE: loss and gradients on the same dropout masks; RL: the same captions, the weights of the same
-captions, the loss and gradients under fixed weights) and timed after ``--warmup`` steps; a model
-without a fast path is reported as refused.
-
-Checked first (a failed check stops the script): with dropout off on 4 images, rdpp's teacher-
-forced log-probs are within 1e-4 of the peer's and both decode the same greedy captions; XE in
-float64: the loss (1e-9) and gradients (1e-6 relative) equal the peer's; RL: the peer's CiderD
-q, kernel, R-DPP weights and SCST advantages equal rdpp's on rdpp's captions (1e-9).
-
-Timing (benchmarks/timing.py ``steps``): each side warmed up, its FLOPs counted, one untimed call
-for its peak memory, then ``--repeat`` calls of every side, interleaved (the order reversed every
-other round), each waiting for the device; medians (best beside), ratios of medians. With
-``--matmul-size N`` the device's ``torch.mm`` rate is measured before and after (the roofline).
-``--profile``: torch.profiler's top ops of one call of each side. ``--quick``: tiny sizes, at
-most 4 images, one repeat, a check that the code runs (benchmarks/cuda_check.sh --device cpu).
+Rows (``--what``): ``xe`` (one train-xe step per ``--precision``; ``--ss P`` with scheduled
+sampling) against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (``RewardStep`` at each of
+``--ms``, timed in its parts: decode / reward / backward) against the peer's SCST step and, for
+Att2in, the published R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` /
+``_sample_beam``. Shapes: benchmarks/common.py (the paper preset at COCO's shapes, ``--batch``
+images; ``--quick``: tiny sizes, one repeat). Checked first, a failed check stops the script: the
+teacher-forced log-probs (1e-4) and greedy captions equal the peer's; XE in float64 (loss 1e-9,
+gradients 1e-6); the peer's CiderD q, kernel, R-DPP weights and SCST advantages (1e-9); each fast
+side against the eager step. Timing: benchmarks/timing.py ``steps`` (warm-up, FLOPs, peak memory,
+``--repeat`` interleaved calls, medians); ``--profile``: torch.profiler's top ops. benchmarks/README.md
+("models_speed.py") says what each row runs on each side.
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode]
         [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
-        [--xe-words 8-16] [--ms 5]
-        [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda] [--matmul-size 4096]
-        [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
+        [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
+        [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
 Memory: the peer's Transformer repeats the features per caption before its encoder (its XE step
@@ -72,8 +43,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
-import peer_transformer  # noqa: E402
-import peer_updown  # noqa: E402
 from common import PAPER, QUICK, Shapes, make_batch, make_model, make_refs, output_bias, parse_words  # noqa: E402
 from timing import machine_info, steps, steps_on_roofline, sync  # noqa: E402
 
@@ -88,10 +57,7 @@ from rdpp_cli.training.finetune import RewardStep  # noqa: E402
 from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
 from rdpp_cli.training.xe import XELoss, fast_xe_loss, xe_loss  # noqa: E402
 
-# the peer's module of each model: its class name, benchmarks/peer*.py's Peer around it, rdpp -> peer names
-PEERS = {"att2in": ("Att2in2Model", peer.Peer, peer.RDPP_TO_PEER.__getitem__),
-         "updown": ("UpDownModel", peer_updown.UpDownPeer, peer_updown.peer_name),
-         "transformer": ("TransformerModel", peer_transformer.TransformerPeer, peer_transformer.peer_name)}
+PEERS = peer.PEER_CLASS  # the peer's module of each model
 ALL = ("xe", "scst", "dpp", "decode")
 VARIANTS = {"fast": {}, "fast-default": {"train_mode": None}}
 M = 5  # samples per image (RL steps, decoding)
@@ -114,7 +80,7 @@ class Bench:
 
     @property
     def peer_title(self) -> str:
-        return f"self-critical.pytorch {PEERS[self.model][0]}"
+        return f"self-critical.pytorch {PEERS[self.model]}"
 
     def batch(self, words=None) -> Batch:
         return make_batch(self.args.batch, words, self.device, s=self.s)
@@ -125,10 +91,10 @@ class Bench:
         ours = make_model(self.model, self.s, words, self.device)
         if self.mods is None:
             return ours, None, {}
-        theirs = PEERS[self.model][1](self.mods, ours, lr=lr)
+        theirs = peer.Peer(self.mods, ours, lr=lr)
         check = same_numbers(ours, theirs, self.batch((8, 16)), self.s.max_len)
         if not (check["logprob"] <= 1e-4 and check["same_greedy_captions"]):
-            raise SystemExit(f"rdpp's {self.title} and the peer's {PEERS[self.model][0]} disagree: {check}")
+            raise SystemExit(f"rdpp's {self.title} and the peer's {PEERS[self.model]} disagree: {check}")
         return ours, theirs, check
 
     def fast_paths(self) -> dict[str, F.FastPath]:
@@ -147,7 +113,7 @@ def same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images: int 
     captions are the same."""
     fc, att, labels = batch.fc[:images], batch.att[:images], batch.labels[:images]
     name = output_bias(model)
-    ours_b, theirs_b = model.get_parameter(name), ref.model.get_parameter(PEERS[model_name(model)][2](name))
+    ours_b, theirs_b = model.get_parameter(name), ref.model.get_parameter(peer.NAMES[model_name(model)](name))
     saved = ours_b[0].item()
     model.eval(), ref.model.eval()
     try:
@@ -175,11 +141,11 @@ def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
                      "labels": batch.labels[:images], "index": batch.index[:images]})
     a = xe_loss(ours, small)
     a.backward()
-    theirs = PEERS[b.model][1](b.mods, ours)
+    theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
     c = theirs.xe_loss(*peer_inputs(small))
     c.backward()
-    named, to_peer, worst = dict(theirs.model.named_parameters()), PEERS[b.model][2], 0.0
+    named, to_peer, worst = dict(theirs.model.named_parameters()), peer.NAMES[b.model], 0.0
     top = max(float(p.grad.abs().max()) for p in ours.parameters() if p.grad is not None)
     for name, p in ours.named_parameters():
         q = named[to_peer(name)].grad
