@@ -96,11 +96,6 @@ def make_model(name: str = "att2in", s: Shapes = PAPER, words: float | None = No
     return model.to(device)
 
 
-def paper_model(seed: int = 0, words: float | None = None, device="cpu"):
-    """A random Att2in of the paper preset at COCO's shapes (``make_model``)."""
-    return make_model("att2in", PAPER, words, device, seed)
-
-
 def features(images: int, generator: torch.Generator, s: Shapes = PAPER) -> torch.Tensor:
     """(images, regions, feat) att features: Gaussian, cut at 0 as a CNN's are."""
     return torch.randn(images, s.regions, s.feat, generator=generator).relu_()

@@ -10,7 +10,7 @@
 #   4. whole epochs over COCO-shaped rows as the paper presets run them, loading and validation
 #      included: XE at the preset's batch without and with scheduled sampling, R-DPP m = 5 at the
 #      preset's batch, cold page cache (benchmarks/data.py epochs), then the paper recipe's projected
-#      GPU-hours (benchmarks/recipe_hours.py)
+#      GPU-hours (benchmarks/data.py recipe)
 #   5. the summary table of every figure above (benchmarks/models_speed.py --summary)
 # Each step's log (JSON lines included) goes to $OUT (default /tmp/rdpp-cuda-check); STEPS="2 3" runs some;
 # FAST=fast,fast-default also times the fast path compiled without CUDA graphs.
@@ -87,7 +87,7 @@ if want 4; then
   rm -rf /tmp/rdpp-cuda-epochs
   TAIL=14 run epochs.log 150 $PY benchmarks/data.py epochs --device "$DEVICE" $EPOCHS --rl-epoch dpp \
     --dir /tmp/rdpp-cuda-epochs --json
-  run recipe.log 30 $PY benchmarks/recipe_hours.py "$OUT/epochs.log" --json
+  run recipe.log 30 $PY benchmarks/data.py recipe "$OUT/epochs.log" --json
 fi
 stamp "5. summary"
 $PY benchmarks/models_speed.py --summary "$OUT"/test_cuda.log "$OUT"/models_*.log "$OUT"/epochs.log "$OUT"/recipe.log

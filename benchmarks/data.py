@@ -5,14 +5,16 @@ One subcommand each, on a synthetic artifact of ``--rows`` COCO-shaped images (1
 deleted at the end unless ``--keep`` (a rerun with the same settings reuses it). Every path is
 checked to give the same numbers first; passes interleaved, medians of ``--rounds``; *cold*: the
 files dropped from the page cache before every pass. What each measures and against what:
-benchmarks/README.md ("the data path at COCO's scale"); ``benchmarks/recipe_hours.py`` turns the
-epochs' JSON line into the paper recipe's GPU-hours.
+benchmarks/README.md ("the data path at COCO's scale"); ``recipe`` turns the epochs' JSON line
+into the paper recipe's GPU-hours (30 XE epochs, 25 of them with scheduled sampling, and 100
+R-DPP epochs over COCO's 113,287 images, validating 5,000 after each; benchmarks/README.md "recipe").
 
     python benchmarks/data.py loader [--rows 10000] [--workers 0,1,2] [--images 2500] [--old-batches 4] [--json]
     python benchmarks/data.py epochs --device cuda --rows 10000 --workers 0,1,2,4 [--xe-configs 128:fp32,128:fp32:ss]
                                      [--val 500] [--caches warm,cold] [--rl-epoch dpp,scst] [--m 5] [--json]
     python benchmarks/data.py write --rows 1000 [--rounds 3] [--json]
     python benchmarks/data.py check --rows 10000 [--check-threads 8] [--rounds 3] [--json]
+    python benchmarks/data.py recipe epochs.log [--json]     # the paper recipe's GPU-hours from the epochs' JSON line
     python benchmarks/data.py loader --rows 300 --images 200 --workers 0 --rounds 1 --old-batches 2   # quick
     python benchmarks/data.py epochs --device cpu --preset small --rows 300 --rl-epoch dpp          # the code path
 """
@@ -35,8 +37,8 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ATT_DIM, BATCH, COCO_TRAIN_IMAGES, REGIONS, ROW_BYTES, feature_blocks, recipe,  # noqa: E402
-                    write_artifact)
+from common import (ATT_DIM, BATCH, COCO_TRAIN_IMAGES, COCO_VAL_IMAGES, REGIONS, ROW_BYTES, feature_blocks,  # noqa: E402
+                    recipe, write_artifact)
 from timing import cached_fraction, drop_cache, interleaved, machine, print_table  # noqa: E402
 
 COCO_IMAGES, BLOCK = 123_287, 32  # all of COCO's images; prepro coco's default batch
@@ -472,6 +474,80 @@ def show_check(res: dict, args) -> None:
                 ["way", "cache", "GB/s", "s here", "s at COCO", "% CPU epoch", "% GPU epoch"], rows)
 
 
+# -- recipe: the paper recipe's GPU-hours from the epochs' JSON line ---------------------------------
+
+def epoch_seconds(images_per_s: float, images: int = COCO_TRAIN_IMAGES) -> float:
+    return images / images_per_s
+
+
+def settings(epochs: list[dict]) -> dict[tuple, dict]:
+    """{(stage, batch, precision, ss): {"images_per_s", "val_s"}} from `data.py epochs`'s rows: the slower
+    cache state of each worker count, then the fastest worker count."""
+    worst: dict[tuple, dict] = {}
+    for e in epochs:
+        key = (e["stage"], e["batch"], e["precision"], e.get("ss", ""), e["workers"])
+        if key not in worst or e["images_per_s"] < worst[key]["images_per_s"]:
+            worst[key] = {"images_per_s": e["images_per_s"], "val_s": e.get("val_s", 0.0)}
+    best: dict[tuple, dict] = {}
+    for key, r in worst.items():
+        if key[:4] not in best or r["images_per_s"] > best[key[:4]]["images_per_s"]:
+            best[key[:4]] = r
+    return best
+
+
+def coco_epoch(r: dict, val: int) -> float:
+    """A COCO epoch's seconds at rate ``r``: its training images, and its validation scaled to 5,000 images."""
+    return epoch_seconds(r["images_per_s"]) + (r["val_s"] * COCO_VAL_IMAGES / val if val else 0.0)
+
+
+def recipe_hours(xe: float, xe_ss: float, rl: float, xe_epochs: int = 30, ss_epochs: int = 25,
+                 rl_epochs: int = 100) -> float:
+    """GPU-hours of the recipe from its epochs' seconds: plain XE, XE with scheduled sampling, RL."""
+    return ((xe_epochs - ss_epochs) * xe + ss_epochs * xe_ss + rl_epochs * rl) / 3600
+
+
+def recipes(rates: dict[tuple, dict], xe: dict, rl: dict, val: int) -> list[dict]:
+    """The recipe with each measured RL reward, XE at the preset's batch (``xe``, ``rl``: common.recipe)."""
+    plain = rates.get(("xe", xe["batch_size"], "fp32", ""))
+    ss = rates.get(("xe", xe["batch_size"], "fp32", "ss"))
+    out = []
+    for reward, name in (("dpp", "R-DPP"), ("scst", "SCST")):
+        r = rates.get((reward, rl["batch_size"], "fp32", ""))
+        if plain is None or r is None:
+            continue
+        x, xs, y = coco_epoch(plain, val), coco_epoch(ss or plain, val), coco_epoch(r, val)
+        out.append({"recipe": f"XE batch {xe['batch_size']} fp32, {xe['epochs'] - xe['ss_epochs']} epochs plain + "
+                              f"{xe['ss_epochs']} with scheduled sampling{'' if ss else ' (not measured: plain rate)'}, "
+                              f"then {rl['epochs']} {name} m=5 epochs (batch {rl['batch_size']} fp32)"
+                              + (f", validating {COCO_VAL_IMAGES:,} images per epoch" if val else ", no validation"),
+                    "xe_epoch_s": x, "xe_ss_epoch_s": xs, "rl_epoch_s": y,
+                    "gpu_hours": recipe_hours(x, xs, y, xe["epochs"], xe["ss_epochs"], rl["epochs"])})
+    return out
+
+
+def show_recipe(args) -> None:
+    """The measured epochs as COCO epochs, then each recipe's hours (the epochs' JSON line in ``args.results``)."""
+    text = sys.stdin.read() if args.results == "-" else open(args.results).read()
+    lines = [ln for ln in text.splitlines() if ln.startswith('{"benchmark": "data_epochs"')]
+    if not lines:
+        raise SystemExit(f"{args.results}: no line of `benchmarks/data.py epochs ... --json` in it")
+    res = json.loads(lines[-1])["xe_epoch"]
+    rates, where, val = settings(res["epochs"]), res.get("gpu") or res["device"], res.get("val", 0)
+    print(f"Measured epochs ({res['rows']:,} COCO-shaped images, {val} validated, {res['preset']} preset, {where}), "
+          f"as a COCO epoch of {COCO_TRAIN_IMAGES:,} images (+ validation of {COCO_VAL_IMAGES:,}):")
+    for (stage, batch, prec, ss), r in sorted(rates.items()):
+        print(f"  {stage + (' ss' if ss else ''):<8}{batch:>6}{prec:>6}{r['images_per_s']:>8,.0f} images/s"
+              f"{coco_epoch(r, val):>8,.0f} s")
+    rows = recipes(rates, recipe("att2in", "xe"), recipe("att2in", "finetune"), val)
+    for r in rows:
+        print(f"  {r['recipe']}: {r['gpu_hours']:.2f} {'GPU-hours' if res.get('gpu') else 'hours on the ' + res['device']}")
+    if not rows:
+        print("  (needs an XE epoch at the preset's batch and an RL epoch: data.py epochs --rl-epoch dpp)")
+    if args.json:
+        print(json.dumps({"benchmark": "recipe_hours", "device": where, "recipes": rows,
+                          "rates": {"/".join(map(str, k)): v for k, v in rates.items()}}))
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 BENCH = {"loader": (bench_loader, show_loader, "loader"), "epochs": (bench_epochs, show_epochs, "xe_epoch"),
@@ -506,7 +582,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-threads", type=int, default=None, help="hashing threads (default: rdpp's)")
     p.add_argument("--cpu-step-s", type=float, default=2.4, help="CPU XE seconds per 50-image step")
     p.add_argument("--gpu-epoch-s", type=float, default=80.0, help="GPU XE epoch seconds")
+    p = sub.add_parser("recipe", help="the paper recipe's GPU-hours from the epochs' JSON line (arithmetic only)")
+    p.add_argument("results", help="a file holding `data.py epochs --json`'s output, or - for stdin")
+    p.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
+    if args.what == "recipe":
+        return args
     args.workers = [int(w) for w in args.workers.split(",") if w != ""]
     return args
 
@@ -515,6 +596,8 @@ def main(argv=None) -> None:
     import torch
 
     args = parse_args(argv)
+    if args.what == "recipe":
+        return show_recipe(args)
     torch.set_num_threads(args.threads)
     bench, show, key = BENCH[args.what]
     work = args.dir or Path(tempfile.gettempdir()) / f"rdpp-bench-data-{args.what}"
@@ -527,7 +610,7 @@ def main(argv=None) -> None:
             shutil.rmtree(work, ignore_errors=True)
     show(res, args)
     print(f"load average {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {machine()}")
-    if args.json:  # benchmarks/recipe_hours.py reads the epochs' line
+    if args.json:  # `data.py recipe` reads the epochs' line
         print(json.dumps({"benchmark": f"data_{args.what}", "rows": args.rows, "cpus": os.cpu_count(),
                           "load_average_start_end": [load0, os.getloadavg()], key: res}))
 

@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
 from common import PAPER, QUICK, Shapes, make_batch, make_model, make_refs, output_bias, parse_words  # noqa: E402
-from timing import machine_info, steps, steps_on_roofline, sync  # noqa: E402
+from timing import machine_info, on_roofline, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
@@ -415,12 +415,12 @@ def run(b: Bench) -> tuple[dict, list, dict, dict]:
             if err:
                 checks[name][k] = err
                 del sides[k]
+        step = lambda: steps(sides, b.args.repeat, b.device, flops=set(sides) - set(warm))  # noqa: E731
         if b.args.matmul_size:
-            t, mm, _ = steps_on_roofline(sides, b.args.repeat, b.device, b.args.precision, b.args.matmul_size,
-                                         flops=set(sides) - set(warm))
-            rates.update({p: v["median"] for p, v in mm.items()})
+            t, mm = on_roofline(step, b.args.precision, b.device, b.args.matmul_size)
+            rates.update(mm)
         else:
-            t = steps(sides, b.args.repeat, b.device, flops=set(sides) - set(warm))
+            t = step()
         timed.update(t)
         pairs += [x for x in p if x[1] in t and x[2] in t]
         if b.args.profile:
@@ -442,6 +442,85 @@ def profile(sides: dict, device: torch.device, rows: int) -> None:
         print(p.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows))
 
 
+# -- --what numerics: bf16 against fp32, and the on-policy replay ----------------------------------------
+
+NUMERICS_TOL = {"bf16 XE loss vs fp32 (relative)": 1e-2, "bf16 XE gradients vs fp32 (worst ‖Δg‖/‖g‖)": 1e-1,
+                "fp32 replay vs sampling, max per token": 1e-4, "bf16 replay vs sampling, p99 per token": 0.1,
+                "bf16 replay vs sampling, mean per token": 0.01}
+
+
+def peaked_model(b: Bench):
+    """The model with its output layer scaled up so that its log-probs are as peaked as a trained
+    model's (sampled tokens' mean |log p| ≈ 2.4) and the EOS bias at 15 (captions of ≈ 8.5 words)."""
+    model, bias = make_model(b.model, b.s, device=b.device), output_bias(make_model(b.model, QUICK[b.model]))
+    with torch.no_grad():
+        model.get_parameter(bias[:-len("bias")] + "weight").mul_(30.0)
+        model.get_parameter(bias)[0] = 15.0
+    return model
+
+
+def xe_numerics(model, batch: Batch) -> dict[str, float]:
+    """The XE loss and gradients on 5 captions per image the model itself samples (a trained model's
+    loss, not that of random words), bf16 against fp32, dropout off; gradients: the largest over the
+    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖."""
+    with torch.no_grad():
+        d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=batch.labels.shape[-1]),
+                   generator=torch.Generator(device=batch.att.device).manual_seed(1))
+    batch, out = Batch(**{**batch.__dict__, "labels": d.tokens}), {}
+    for prec in ("fp32", "bf16"):
+        model.zero_grad(set_to_none=True)
+        loss = autocast_loss(xe_loss, model, batch, prec)
+        loss.backward()
+        out[prec] = float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model.train()
+    (l32, g32), (l16, g16) = out["fp32"], out["bf16"]
+    keys = [k for k in g32 if not k.endswith("alpha_net.bias")]  # softmax ignores a shift: its gradient is rounding noise
+    return {"xe_loss_fp32": l32, "xe_loss_bf16": l16, "xe_loss_rel": abs(l16 - l32) / l32,
+            "xe_grad_rel": max(float((g16[k] - g32[k]).norm() / g32[k].norm()) for k in keys),
+            "xe_grad_entry_rel": max(float((g16[k] - g32[k]).abs().max() / g32[k].abs().max()) for k in keys)}
+
+
+def replay(model, batch: Batch, precision: str) -> dict[str, float]:
+    """M = 5 captions per image sampled step by step with pre-drawn dropout masks, then the batched
+    teacher-forced pass that replays the masks: the differences of the two log-probabilities."""
+    step = RewardStep(data=None, cider=None, reward="dpp", m=M, max_len=batch.labels.shape[-1], seed=0)
+    img = Batch(**{**batch.__dict__, "labels": batch.labels[:, :1]})
+    with torch.no_grad(), autocast(precision, batch.att.device):
+        d = step.sample(model, img)
+        tf, mask = step.policy_logprobs(model, img, d)
+    on, drawn = mask.bool(), d.logprobs.reshape(tf.shape)
+    diff, seq = (tf - drawn)[on].abs().float(), ((tf - drawn) * mask).sum(1).abs()
+    return {"tokens": int(on.sum()), "words": float(d.lengths.float().mean()), "mean_abs_logp": float(drawn[on].abs().mean()),
+            "max": float(diff.max()), "p99": float(diff.quantile(0.99)), "mean": float(diff.mean()), "seq_max": float(seq.max())}
+
+
+def numerics(b: Bench) -> bool:
+    """How far bf16 is from fp32, and the replay from the sampling pass, against the stated
+    tolerances (docs/training.md "Precision"); prints PASS/FAIL per check."""
+    from rdpp_cli.precision import native_bf16
+
+    model, batch = peaked_model(b), b.batch()
+    res = {"device": str(b.device), "native_bf16": native_bf16(b.device), **xe_numerics(model, batch),
+           "replay": {p: replay(model, batch, p) for p in ("fp32", "bf16")}}
+    r32, r16 = res["replay"]["fp32"], res["replay"]["bf16"]
+    got = dict(zip(NUMERICS_TOL, (res["xe_loss_rel"], res["xe_grad_rel"], r32["max"], r16["p99"], r16["mean"])))
+    print(f"precision numerics, {b.title}, on {machine_info()['gpu'] or 'cpu'} (native bf16: {res['native_bf16']}), "
+          f"batch {b.args.batch}, XE loss fp32 {res['xe_loss_fp32']:.4f}, bf16 {res['xe_loss_bf16']:.4f}; largest "
+          f"gradient entry off by {res['xe_grad_entry_rel']:.1e} of the parameter's largest")
+    for p, r in res["replay"].items():
+        print(f"  replay {p}: {r['tokens']} tokens ({r['words']:.1f} words per caption, mean |log p| "
+              f"{r['mean_abs_logp']:.2f}): |Δ log p| per token max {r['max']:.2e}, p99 {r['p99']:.2e}, "
+              f"mean {r['mean']:.2e}; per caption max {r['seq_max']:.2e}")
+    print(f"  {'check':<48}{'measured':>12}{'tolerance':>12}")
+    for name, v in got.items():
+        print(f"  {name:<48}{v:>12.2e}{NUMERICS_TOL[name]:>12.0e}  {'PASS' if v <= NUMERICS_TOL[name] else 'FAIL'}")
+    res["pass"] = all(v <= NUMERICS_TOL[k] for k, v in got.items())
+    if b.args.json:
+        print(json.dumps({"benchmark": "precision_numerics", "model": b.model, **res}))
+    return res["pass"]
+
+
 # -- the command line, the report ----------------------------------------------------------------------
 
 def split(s: str) -> list[str]:
@@ -451,7 +530,8 @@ def split(s: str) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(PEERS), help="the rdpp model timed against the peer's")
-    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated rows to time, of {', '.join(ALL)}")
+    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated rows to time, of {', '.join(ALL)}; or "
+                    "numerics: bf16 against fp32 and the on-policy replay, against stated tolerances (exit 1 on a FAIL)")
     ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
     ap.add_argument("--fast", default="", help=f"also rdpp's fast path, comma-separated variants: {', '.join(VARIANTS)}")
     ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
@@ -479,7 +559,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
     args.ms = [int(m) for m in split(args.ms)]
-    bad = [w for w in args.what if w not in ALL] + [v for v in args.fast if v not in VARIANTS]
+    bad = [w for w in args.what if w not in (*ALL, "numerics")] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]
     if args.model is None or bad or not args.what or not args.precision:
         ap.error(f"give --model and known --what/--fast/--methods (unknown: {', '.join(bad) or '-'})")
@@ -497,10 +577,14 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     s = QUICK[args.model] if args.quick else PAPER
-    mods = None if args.no_peer else peer.modules(peer.find_repo(args.peer_repo))
+    timing = [w for w in args.what if w != "numerics"]
+    mods = None if args.no_peer or not timing else peer.modules(peer.find_repo(args.peer_repo))
     b = Bench(args.model, s, mods, device, args)
-    timed, pairs, checks, rates = run(b)
-    report(b, timed, pairs, checks, rates)
+    ok = numerics(b) if "numerics" in args.what else True
+    if timing:
+        report(b, *run(b))
+    if not ok:
+        sys.exit(1)
 
 
 def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:

@@ -1,26 +1,19 @@
 """self-critical.pytorch's own code, unmodified, loaded into the benchmark's process: the speed
-reference of benchmarks/models_speed.py (and of the tests that compare against the peer).
+reference of benchmarks/models_speed.py and of the tests that compare the models against the peer.
 
-What runs is the peer's: ``captioning.models.setup`` builds its module of the rdpp model's kind
-(``Att2in2Model``, ``UpDownModel``, ``TransformerModel``: ``build``; rdpp's models have the same
-parameters under other names, ``NAMES`` maps them, so both start from the same weights), its option parser
-gives every setting its own default (Adam at lr 4e-4, clipping by value 0.1, dropout 0.5), its
-``LossWrapper`` computes the losses, ``utils.build_optimizer`` makes the optimizer, and
-``tools/train.py``'s step order is kept: ``zero_grad``, the wrapper, ``loss.mean()``, backward,
-``clip_grad_value_``, ``optimizer.step()``, ``loss.item()``. The RL reward is its
-``get_self_critical_reward`` with its pinned ``CiderD`` (ruotianluo/cider under ``cider/``) over
-document frequencies made by its own ``scripts/prepro_ngrams.get_doc_freq``, pickled the way its
-``prepro_ngrams.py`` writes them. Not used: its data loader (batches are built here in the layout
-its ``DataLoader.get_batch`` returns) and ``DataParallel`` (one device).
+``build`` makes the peer's module of an rdpp model's kind (``captioning.models.setup``: its
+``Att2in2Model``, ``UpDownModel`` or ``TransformerModel``, with its own option defaults) holding a
+copy of the rdpp model's weights under the peer's names (``NAMES``); ``Peer`` adds its
+``LossWrapper``, ``utils.build_optimizer`` and tools/train.py's step order, its SCST step (its
+``get_self_critical_reward`` with its pinned ``CiderD`` over document frequencies made by its own
+``prepro_ngrams.get_doc_freq``) and the published R-DPP step composed from its parts
+(benchmarks/README.md, "The reference is the peer's own code").
 
 Where the checkout is: ``--peer-repo PATH``, else ``$SCP_REPO``, else a copy of commit 4c48a33
 beside this repository (``../shared/peers/self-critical.pytorch-4c48a33``, or ``.peer/`` inside it,
-where benchmarks/cuda_check.sh puts one for a GPU machine). A clone of
-ruotianluo/self-critical.pytorch works once its ``cider`` submodule is checked out
+where benchmarks/cuda_check.sh puts one for a GPU machine); a clone needs its ``cider`` submodule
 (``git submodule update --init``). The checkout is only read: the document-frequency pickle goes to
-a temporary folder and reaches ``CiderD`` by its absolute path (``CiderD(df=...)`` opens
-``os.path.join('data', df + '.p')``). Its imports need ``yacs`` and ``six`` beside torch and numpy
-(``pip install yacs six``); pycocoevalcap only for the BLEU reward, which no benchmark uses.
+a temporary folder. Its imports need ``yacs`` and ``six`` beside torch and numpy.
 """
 
 from __future__ import annotations

@@ -1,26 +1,21 @@
-"""``rdpp sample --select`` against drawing: choosing ``--keep`` (5) of ``--candidates`` (50) random
-samples per image for ``--select-images`` (5,000) images, against drawing those 50 samples
-(``decode``, method random, batches of 50 images as ``rdpp sample``), at the paper's shapes
-(benchmarks/common.py: a random paper-preset Att2in, 196×2048 att features, at most 16 words).
+"""``rdpp sample --select`` against drawing, and (``--what draw``) the costs of one draw per row.
 
-Every selection (DPP greedy MAP with consensus or log-prob quality, MBR, log-prob) runs on the drawn
-captions, with the CIDEr-D document frequencies of ``--df`` (default: a synthetic Zipf set of 20,000
-images, ~2M n-grams, the size of COCO's). The greedy MAP step alone is also timed against a
-per-image numpy loop of Chen, Zhang & Zhou's algorithm, checked first to choose the same items.
-There is no peer. Every side runs once untimed, then ``--repeats`` (at least 3) times interleaved;
-medians.
+``--what select`` (default): choosing ``--keep`` (5) of ``--candidates`` (50) random samples per image
+for ``--select-images`` (5,000) images against drawing those samples (``decode``, method random,
+batches of 50 as ``rdpp sample``), a random paper-preset Att2in at COCO's shapes; every selection
+(DPP greedy MAP with consensus or log-prob quality, MBR, log-prob) on the drawn captions with the
+CIDEr-D df of ``--df`` (default: a synthetic Zipf set of COCO's size), and the batched greedy MAP
+step against a per-image numpy loop of Chen, Zhang & Zhou's algorithm, checked first to choose the
+same items. No peer. Each side once untimed, then ``--repeats`` (at least 3) interleaved; medians.
+
+``--what draw``: on the CPU, 200 rows of 9,488 words + EOS, peaked and flat: ``decode._draw``
+against ``torch.multinomial`` (checked first to draw from the same distribution, within 4
+standard errors over 100,000 draws), and ``decode._nucleus`` at p = 0.9 on its top-128 path
+against its full-sort fallback. benchmarks/README.md says more of both.
 
     python benchmarks/selection.py [--json] [--threads 2] [--device cpu,cuda] [--select-images 5000]
                                    [--candidates 50] [--keep 5] [--repeats 3] [--clock wall|cpu] [--df cider_df.h5]
     python benchmarks/selection.py --select-images 50 --candidates 6 --keep 2 --repeats 1   # a quick check
-
-``--what draw``: the two per-step costs of drawing docs/decoding.md quotes, on the CPU, 200 rows of
-9,488 words + EOS (COCO's vocabulary), peaked (trained-model-like) and flat rows: (1) one random
-draw per row, ``decode._draw`` (inverse CDF: cumsum + searchsorted) against ``torch.multinomial``,
-checked first to draw from the same distribution (frequencies of 100,000 draws within 4 standard
-errors); (2) ``decode._nucleus`` at p = 0.9, the nucleus among the top 128 words (peaked) or not
-(flat: the full-sort fallback). Interleaved, medians (best beside).
-
     python benchmarks/selection.py --what draw [--repeats 21] [--threads 1]
 """
 
@@ -37,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BATCH, SEQ_LEN, VOCAB, features, paper_model, zipf_p  # noqa: E402
+from common import BATCH, SEQ_LEN, VOCAB, features, make_model, zipf_p  # noqa: E402
 from timing import interleaved, machine, print_table  # noqa: E402
 
 from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
@@ -77,7 +72,7 @@ def ref_greedy_map(L: np.ndarray, k: int) -> list[int]:
 def sides(device: torch.device, images: int, C: int, K: int, df_path: Path) -> dict:
     """The timed calls: ``draw`` (C random samples per image, batches of BATCH images), each
     selection on the drawn captions, the batched greedy MAP step and its per-image reference."""
-    model = paper_model(device=device).eval()
+    model = make_model("att2in", device=device).eval()
     att = features(BATCH, torch.Generator().manual_seed(0)).to(device)
     sizes = [min(BATCH, images - s) for s in range(0, images, BATCH)]
     cfg = DecodeConfig(method="random", n=C, max_len=SEQ_LEN).check()

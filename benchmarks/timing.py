@@ -214,18 +214,12 @@ def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) 
                    "peak_mib": peak[name], "results": results[name]} for name in sides}
 
 
-def steps_on_roofline(sides: dict[str, Callable[[], Any]], repeat: int, device, precisions, matmul_size: int = 4096,
-                      flops=None):
-    """``steps`` between two measurements of the matmul rate of every precision in ``precisions``
-    (and fp32): the roofline, measured in the same run. Returns ``(steps(...), {precision:
-    {"median", "runs"}}, [load average before, after])``."""
+def on_roofline(run: Callable[[], Any], precisions, device, matmul_size: int = 4096) -> tuple[Any, dict]:
+    """``run()`` between two measurements of the matmul rate of every precision in ``precisions`` (and
+    fp32): the roofline, measured in the same run. Returns ``(run(), {precision: median GFLOP/s})``."""
     rates = {p: [matmul_gflops(p, device, matmul_size)] for p in sorted({"fp32", *precisions})}
-    load0 = os.getloadavg()[0]
-    t = steps(sides, repeat, device, flops)
-    load1 = os.getloadavg()[0]
-    for p in rates:
-        rates[p].append(matmul_gflops(p, device, matmul_size))
-    return t, {p: {"median": statistics.median(v), "runs": v} for p, v in rates.items()}, [load0, load1]
+    out = run()
+    return out, {p: statistics.median([*v, matmul_gflops(p, device, matmul_size)]) for p, v in rates.items()}
 
 
 def machine_info() -> dict:

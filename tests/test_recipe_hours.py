@@ -1,4 +1,4 @@
-"""benchmarks/recipe_hours.py: the paper recipe's GPU-hours from measured epochs (the README figure),
+"""benchmarks/data.py recipe: the paper recipe's GPU-hours from measured epochs (the README figure),
 with the presets' own settings. Arithmetic only: hand-computed cases, no timing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "recipe_hours", Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_hours.py")
+    "data_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "data.py")
 R = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(R)
 pytestmark = pytest.mark.unit
