@@ -102,49 +102,13 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every 2 ms (CPU). Freed heap memory
-    is handed back to the OS first (``malloc_trim``), so that what an earlier call left cached in
-    the allocator does not hide this one's peak."""
-
-    def __enter__(self):
-        import threading
-
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:
-            pass
-        self.base = self.peak = self._rss()
-        self._stop = False
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop:
-            self.peak = max(self.peak, self._rss())
-            time.sleep(0.002)
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self._t.join()
-        self.peak = max(self.peak, self._rss())
-
-    @property
-    def mib(self) -> float:
-        return (self.peak - self.base) / 2**20
-
-
 def peak_mib(fn: Callable[[], Any], device) -> float:
-    """Peak memory (MiB) of one call of fn above what was in use before it: CPU resident memory,
-    or CUDA's allocator peak."""
+    """Peak memory (MiB) of one call of fn above what was in use before it: CUDA's allocator peak, or
+    on a CPU the resident memory sampled every 2 ms, freed heap memory handed back to the OS first
+    (``malloc_trim``) so that what an earlier call left cached in the allocator does not hide this one's."""
+    import ctypes
+    import threading
+
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
@@ -154,9 +118,27 @@ def peak_mib(fn: Callable[[], Any], device) -> float:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    with PeakRSS() as mem:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    rss = lambda: int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # noqa: E731
+    base = peak = rss()
+    done = threading.Event()
+
+    def watch():
+        nonlocal peak
+        while not done.wait(0.002):
+            peak = max(peak, rss())
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
         fn()
-    return mem.mib
+    finally:
+        done.set()
+        t.join()
+    return (max(peak, rss()) - base) / 2**20
 
 
 def count_gflop(fn: Callable[[], Any]) -> float:
