@@ -1,12 +1,7 @@
-"""What the benchmarks here share: COCO's shapes, the models at those shapes, synthetic batches and
-references, the recipes' settings, and COCO-shaped data artifacts on disk.
-
-Shapes (the paper presets on COCO): a vocabulary of 9,487 words (9,488 logits, 0 = EOS), 14 × 14 =
-196 att regions of 2,048 features (CNN features: ≥ 0) and fc = their mean, captions of at most 16
-words, 5 per image, batches of 50 images; the model's ``paper`` preset (``QUICK``: tiny sizes that
-check the code paths on a CPU in seconds). Every input is drawn from a seeded generator, so two
-sides of a benchmark (and two runs of it) get the same numbers; ``write_artifact`` writes them as a
-data artifact of COCO's feature shape (the loader, epoch and content-check benchmarks).
+"""What the benchmarks here share: COCO's shapes (the paper presets: 9,487 words, 196 att regions of
+2,048 features, captions of at most 16 words, 5 per image, batches of 50; ``QUICK``: tiny sizes for
+a CPU check), the models at those shapes, seeded synthetic batches, references and COCO-shaped data
+artifacts (two sides of a benchmark, and two runs of it, get the same numbers), the recipes' settings.
 """
 
 from __future__ import annotations

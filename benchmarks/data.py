@@ -1,20 +1,18 @@
 """The data path at COCO's feature shape: the training loader, whole epochs, writing features.h5, the content check.
 
-One subcommand each, on a synthetic artifact of ``--rows`` COCO-shaped images (196 × 2,048 fp16 att
-+ 2,048 fp16 fc, 0.81 MB an image; ``common.write_artifact``) in ``--dir`` (default: under $TMPDIR),
-deleted at the end unless ``--keep`` (a rerun with the same settings reuses it). Every path is
-checked to give the same numbers first; passes interleaved, medians of ``--rounds``; *cold*: the
-files dropped from the page cache before every pass. What each measures and against what:
-benchmarks/README.md ("the data path at COCO's scale"); ``recipe`` turns the epochs' JSON line
-into the paper recipe's GPU-hours (30 XE epochs, 25 of them with scheduled sampling, and 100
-R-DPP epochs over COCO's 113,287 images, validating 5,000 after each; benchmarks/README.md "recipe").
+One subcommand each, on a synthetic artifact of ``--rows`` COCO-shaped images (0.81 MB an image;
+``common.write_artifact``) in ``--dir`` (default: under $TMPDIR), deleted at the end unless
+``--keep`` (a rerun with the same settings reuses it). Every path is checked to give the same
+numbers first; passes interleaved, medians of ``--rounds``; *cold*: the files dropped from the page
+cache before every pass. ``recipe`` projects the paper recipe's GPU-hours from the epochs' JSON
+line. benchmarks/README.md ("the data path at COCO's scale", "data.py recipe") says what each does.
 
     python benchmarks/data.py loader [--rows 10000] [--workers 0,1,2] [--images 2500] [--old-batches 4] [--json]
     python benchmarks/data.py epochs --device cuda --rows 10000 --workers 0,1,2,4 [--xe-configs 128:fp32,128:fp32:ss]
                                      [--val 500] [--caches warm,cold] [--rl-epoch dpp,scst] [--m 5] [--json]
     python benchmarks/data.py write --rows 1000 [--rounds 3] [--json]
     python benchmarks/data.py check --rows 10000 [--check-threads 8] [--rounds 3] [--json]
-    python benchmarks/data.py recipe epochs.log [--json]     # the paper recipe's GPU-hours from the epochs' JSON line
+    python benchmarks/data.py recipe epochs.log [--json]     # the epochs' JSON line in epochs.log, or - for stdin
     python benchmarks/data.py loader --rows 300 --images 200 --workers 0 --rounds 1 --old-batches 2   # quick
     python benchmarks/data.py epochs --device cpu --preset small --rows 300 --rl-epoch dpp          # the code path
 """
@@ -371,18 +369,13 @@ def bench_write(work: Path, args) -> dict:
     assert hashes == {content_hash.recompute(f, f"h5rows:fc,att,image_ids;block={BLOCK}")}, hashes
     with h5py.File(f, "r+") as h:
         h.attrs["_done"] = rows  # finished rows, no manifest yet: what a rerun after a failed manifest opens
-    reopen = {"warm": [], "cold": []}
-    for _ in range(args.rounds):
-        for cache in reopen:
-            if cache == "cold":
-                drop_cache([f])
-            t0 = time.perf_counter()
-            w = feature_writer(ways["read back"], f, rows)
-            reopen[cache].append(time.perf_counter() - t0)
-            assert w.done == rows
-            w.close()
-    out = {name: v.median for name, v in t.items()}
-    out.update({f"resume check {c}": float(np.median(v)) for c, v in reopen.items()})
+    def reopen():  # a rerun opening the finished file: every block read back and its digest compared
+        w = feature_writer(ways["read back"], f, rows)
+        assert w.done == rows
+        w.close()
+
+    r = interleaved({"warm": reopen, "cold": reopen}, args.rounds, before=lambda c: c == "cold" and drop_cache([f]))
+    out = {**{name: v.median for name, v in t.items()}, **{f"resume check {c}": v.median for c, v in r.items()}}
     return {"rows": rows, "bytes": f.stat().st_size, "seconds": out, "machine": machine()}
 
 
@@ -432,24 +425,16 @@ def bench_check(work: Path, args, cached_calls: int = 200) -> dict:
 
     ways = {"first": first, "h5py": lambda: h5py_row_blocks(f, entry["hash_of"]), "sha256 file": lambda: sha256_file(f)}
     assert ways["h5py"]() == entry["sha256"] and first() == entry["sha256"]
-    times: dict[str, list[float]] = {f"{c} {w}": [] for c in ("warm", "cold") for w in ways}
-    for _ in range(args.rounds):
-        for cache in ("warm", "cold"):
-            for name, fn in ways.items():
-                method = drop_cache([f]) if cache == "cold" else None
-                t = time.perf_counter()
-                fn()
-                times[f"{cache} {name}"].append(time.perf_counter() - t)
-    cached = []
-    for _ in range(args.rounds * cached_calls):
-        verified._SEEN.clear()  # a new process: stat + the remembered hashes' JSON
-        t = time.perf_counter()
-        art.file("features.h5")
-        cached.append(time.perf_counter() - t)
+    cold: dict = {}
+    t = interleaved({f"{c} {w}": fn for c in ("warm", "cold") for w, fn in ways.items()}, args.rounds,
+                    before=lambda name: name.startswith("cold") and cold.update(method=drop_cache([f])))
+    cached = interleaved({"cached": lambda: art.file("features.h5")}, args.rounds * cached_calls,
+                         before=lambda _: verified._SEEN.clear())["cached"]  # a new process: stat + the hashes' JSON
     size = f.stat().st_size
-    res = {k: {"s": float(np.median(v)), "gb_per_s": size / float(np.median(v)) / 1e9} for k, v in times.items()}
-    res["cached"] = {"s": float(np.median(cached))}
-    return {"rows": args.rows, "bytes": size, "threads": content_hash.default_threads(), "cold_method": method, "ways": res}
+    res = {k: {"s": v.median, "gb_per_s": size / v.median / 1e9} for k, v in t.items()}
+    res["cached"] = {"s": cached.median}
+    return {"rows": args.rows, "bytes": size, "threads": content_hash.default_threads(), "cold_method": cold.get("method"),
+            "ways": res}
 
 
 def show_check(res: dict, args) -> None:

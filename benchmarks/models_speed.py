@@ -1,27 +1,25 @@
 """The speed of an rdpp model's training and decoding steps against self-critical.pytorch's own
-module of that model (``Att2in2Model``, ``UpDownModel``, ``TransformerModel``), with the same
-weights and inputs, in the same process; rdpp's fast path (``--fast``) against its eager step.
+module of that model (``Att2in2Model``, ``UpDownModel``, ``TransformerModel``), same weights and
+inputs, same process; rdpp's fast path (``--fast``) against its eager step; ``--what numerics``: bf16
+against fp32 and the on-policy replay against stated tolerances (docs/training.md "Precision").
 
-Rows (``--what``): ``xe`` (one train-xe step per ``--precision``; ``--ss P`` with scheduled
-sampling) against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (``RewardStep`` at each of
-``--ms``, timed in its parts: decode / reward / backward) against the peer's SCST step and, for
-Att2in, the published R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` /
-``_sample_beam``. Shapes: benchmarks/common.py (the paper preset at COCO's shapes, ``--batch``
-images; ``--quick``: tiny sizes, one repeat). Checked first, a failed check stops the script: the
-teacher-forced log-probs (1e-4) and greedy captions equal the peer's; XE in float64 (loss 1e-9,
-gradients 1e-6); the peer's CiderD q, kernel, R-DPP weights and SCST advantages (1e-9); each fast
-side against the eager step. Timing: benchmarks/timing.py ``steps`` (warm-up, FLOPs, peak memory,
-``--repeat`` interleaved calls, medians); ``--profile``: torch.profiler's top ops. benchmarks/README.md
-("models_speed.py") says what each row runs on each side.
+Rows (``--what``): ``xe`` against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (timed in
+their parts: decode / reward / backward) against the peer's SCST step and, for Att2in, the published
+R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` / ``_sample_beam``. Checked
+first, a failed check stops the script: log-probs (1e-4) and greedy captions equal the peer's, XE in
+float64 (loss 1e-9, gradients 1e-6), the reward's q, kernel, weights and advantages (1e-9), each
+fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak memory,
+``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each
+row runs on each side.
 
-    python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode]
+    python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics]
         [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
         [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
         [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
-Memory: the peer's Transformer repeats the features per caption before its encoder (its XE step
-at 50 images did not fit in 23 GB beside other work): give a smaller ``--batch`` on a small card.
+Memory: the peer's Transformer repeats the features per caption before its encoder: give a smaller
+``--batch`` on a small card.
 """
 
 from __future__ import annotations

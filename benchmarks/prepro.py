@@ -1,17 +1,13 @@
 """`rdpp prepro`'s speed: feature extraction against the reference loop, `prepro toy`'s backbones, `prepro coco`'s text side.
 
-- ``extract``: ``features.iter_features`` (`prepro coco`'s and `caption`'s loop, ``--workers``
-  processes, batches of ``--batches``) against self-critical.pytorch's ``prepro_feats.py`` loop (one
-  photo at a time, resized to rdpp's S×S so that both compute the same numbers: checked to 1e-3
-  first), on the first ``--images`` photos of ../shared/data/coco-real-390, MobileNetV2 (docs/data.md
-  "Extraction speed").
-- ``toy``: `rdpp prepro toy` with pixstats and with a random resnet18, each a fresh child process;
-  the two artifacts checked first to hold the same captions and different features.
-- ``text``: ``prepro_coco``'s text side in a child process on a Karpathy file of COCO's size
-  resampled from real captions (``--images N``: a smaller one), each step's seconds and the peak RSS.
-
-Sides timed ``--repeats`` times each, interleaved (benchmarks/timing.py), medians (bests beside);
-benchmarks/README.md says more of each.
+``extract``: ``features.iter_features`` (``--workers`` processes, batches of ``--batches``) against
+self-critical.pytorch's ``prepro_feats.py`` loop (one photo at a time, at rdpp's size so that both
+compute the same numbers: checked to 1e-3 first) on real photos, MobileNetV2 (docs/data.md
+"Extraction speed"). ``toy``: `rdpp prepro toy` with pixstats and with a random resnet18 in fresh
+child processes, checked first to write the same captions and different features. ``text``:
+``prepro_coco``'s text side in a child process on a Karpathy file of COCO's size resampled from
+real captions; each step's seconds and the peak RSS. Interleaved, medians (bests beside);
+benchmarks/README.md says more.
 
     python benchmarks/prepro.py extract [--images 48] [--image-size 448] [--repeats 3] [--workers 0,1,default]
                                         [--batches 8,32] [--threads N] [--json]

@@ -1,17 +1,13 @@
 """``rdpp sample --select`` against drawing, and (``--what draw``) the costs of one draw per row.
 
-``--what select`` (default): choosing ``--keep`` (5) of ``--candidates`` (50) random samples per image
-for ``--select-images`` (5,000) images against drawing those samples (``decode``, method random,
-batches of 50 as ``rdpp sample``), a random paper-preset Att2in at COCO's shapes; every selection
-(DPP greedy MAP with consensus or log-prob quality, MBR, log-prob) on the drawn captions with the
-CIDEr-D df of ``--df`` (default: a synthetic Zipf set of COCO's size), and the batched greedy MAP
-step against a per-image numpy loop of Chen, Zhang & Zhou's algorithm, checked first to choose the
-same items. No peer. Each side once untimed, then ``--repeats`` (at least 3) interleaved; medians.
-
-``--what draw``: on the CPU, 200 rows of 9,488 words + EOS, peaked and flat: ``decode._draw``
-against ``torch.multinomial`` (checked first to draw from the same distribution, within 4
-standard errors over 100,000 draws), and ``decode._nucleus`` at p = 0.9 on its top-128 path
-against its full-sort fallback. benchmarks/README.md says more of both.
+``select`` (default): choosing ``--keep`` of ``--candidates`` random samples per image for
+``--select-images`` images by every method (DPP greedy MAP with consensus or log-prob quality, MBR,
+log-prob; CIDEr-D df of ``--df``, default a synthetic Zipf set of COCO's size) against drawing them
+(``decode``, a random paper-preset Att2in at COCO's shapes), and the batched greedy MAP step
+against a per-image numpy loop of Chen et al.'s algorithm, checked first to choose the same items.
+``draw``: ``decode._draw`` against ``torch.multinomial`` (checked first to draw from the same
+distribution) and ``decode._nucleus``'s top-128 path against its full sort, 200 rows of 9,489
+probabilities. Interleaved, medians; benchmarks/README.md says more of both.
 
     python benchmarks/selection.py [--json] [--threads 2] [--device cpu,cuda] [--select-images 5000]
                                    [--candidates 50] [--keep 5] [--repeats 3] [--clock wall|cpu] [--df cider_df.h5]

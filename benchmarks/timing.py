@@ -1,11 +1,7 @@
 """How every benchmark here times two implementations: the same inputs, the same number of runs,
-interleaved, medians (the project rule; benchmarks/README.md).
-
-``interleaved({"pycocoevalcap": f, "rdpp": g}, repeat=7)`` runs f, g, g, f, f, g, ... (one run of
-each per round, the order reversed every other round so that neither always runs right after the
-other), so that on a shared machine both sample the same stretches of load; it returns each
-side's run times and last result. Ratios are taken between medians; the best run may be shown
-beside them.
+interleaved, medians (the project rule; benchmarks/README.md). ``interleaved`` runs f, g, g, f, f, g, ...
+(the order reversed every other round), so that on a shared machine both sides sample the same
+stretches of load; ratios are taken between medians, the best run may be shown beside them.
 """
 
 from __future__ import annotations
@@ -36,16 +32,19 @@ class Timing:
         return min(self.times)
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[[], float] = time.perf_counter,
+                before: Callable[[str], Any] | None = None) -> dict[str, Timing]:
     """Each function ``repeat`` times, one run of each per round: in the order given, then reversed.
-    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time."""
+    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time.
+    ``before(name)``: called untimed before each run (e.g. dropping a file from the page cache)."""
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
     out = {name: Timing([], None) for name in fns}
     items = list(fns.items())
     for k in range(repeat):
         for name, fn in (items if k % 2 == 0 else items[::-1]):
+            if before is not None:
+                before(name)
             t = clock()
             res = fn()
             out[name].times.append(clock() - t)
