@@ -81,13 +81,10 @@ def old_captions(labels: h5py.Dataset, start: np.ndarray, end: np.ndarray, idx: 
 
 def timed_pass(batches) -> tuple[float, float]:
     """(seconds to the first batch, images/s from the first batch to the last) of a generator of batch sizes."""
-    t0 = time.perf_counter()
-    t_first, n_after_first = None, 0
-    for b in batches:
-        if t_first is None:
-            t_first = time.perf_counter()
-        else:
-            n_after_first += b
+    t0, sizes = time.perf_counter(), iter(batches)
+    next(sizes)
+    t_first = time.perf_counter()
+    n_after_first = sum(sizes)  # each batch is made as it is asked for
     t_end = time.perf_counter()
     return t_first - t0, (n_after_first / (t_end - t_first) if t_end > t_first else float("nan"))
 

@@ -1,7 +1,10 @@
 """The speed of an rdpp model's training and decoding steps against self-critical.pytorch's own
 module of that model (``Att2in2Model``, ``UpDownModel``, ``TransformerModel``), same weights and
-inputs, same process; rdpp's fast path (``--fast``) against its eager step; ``--what numerics``: bf16
-against fp32 and the on-policy replay against stated tolerances (docs/training.md "Precision").
+inputs, same process; rdpp's fast path (``--fast``) against its eager step. Also (``--what``, no peer):
+``numerics``, bf16 against fp32 and the on-policy replay against stated tolerances (docs/training.md
+"Precision"); ``select``, ``rdpp sample --select`` against drawing the candidates and the batched
+greedy MAP step against a per-image numpy loop, checked to choose the same items; ``draw``,
+``decode._draw`` against ``torch.multinomial`` (checked to draw alike) and nucleus sampling's two paths.
 
 Rows (``--what``): ``xe`` against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (timed in
 their parts: decode / reward / backward) against the peer's SCST step and, for Att2in, the published
@@ -12,14 +15,14 @@ fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak
 ``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each
 row runs on each side.
 
-    python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics]
+    python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
         [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
         [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
         [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
+        [--select-images 5000] [--candidates 50] [--keep 5] [--df cider_df.h5] [--clock wall|cpu]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
-Memory: the peer's Transformer repeats the features per caption before its encoder: give a smaller
-``--batch`` on a small card.
+Memory: the peer's Transformer repeats the features per caption before its encoder (``--batch`` smaller on a small card).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import copy
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,11 +45,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
-from common import PAPER, QUICK, Shapes, make_batch, make_model, make_refs, output_bias, parse_words  # noqa: E402
-from timing import machine_info, on_roofline, steps, sync  # noqa: E402
+from common import (BATCH, PAPER, QUICK, Shapes, features, make_batch, make_model, make_refs, output_bias,  # noqa: E402
+                    parse_words, zipf_p)
+from timing import interleaved, machine, machine_info, on_roofline, print_table, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
-from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
+from rdpp_cli.decoding.select import SelectConfig, _cider_terms, greedy_map, select  # noqa: E402
+from rdpp_cli.metrics.cider import DocFreq  # noqa: E402
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
 from rdpp_cli.models.base import sequence_logprobs  # noqa: E402
 from rdpp_cli.models.registry import model_name, model_spec  # noqa: E402
@@ -55,7 +62,6 @@ from rdpp_cli.training.finetune import RewardStep  # noqa: E402
 from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
 from rdpp_cli.training.xe import XELoss, fast_xe_loss, xe_loss  # noqa: E402
 
-PEERS = peer.PEER_CLASS  # the peer's module of each model
 ALL = ("xe", "scst", "dpp", "decode")
 VARIANTS = {"fast": {}, "fast-default": {"train_mode": None}}
 M = 5  # samples per image (RL steps, decoding)
@@ -78,7 +84,7 @@ class Bench:
 
     @property
     def peer_title(self) -> str:
-        return f"self-critical.pytorch {PEERS[self.model]}"
+        return f"self-critical.pytorch {peer.PEER_CLASS[self.model]}"
 
     def batch(self, words=None) -> Batch:
         return make_batch(self.args.batch, words, self.device, s=self.s)
@@ -92,7 +98,7 @@ class Bench:
         theirs = peer.Peer(self.mods, ours, lr=lr)
         check = same_numbers(ours, theirs, self.batch((8, 16)), self.s.max_len)
         if not (check["logprob"] <= 1e-4 and check["same_greedy_captions"]):
-            raise SystemExit(f"rdpp's {self.title} and the peer's {PEERS[self.model]} disagree: {check}")
+            raise SystemExit(f"rdpp's {self.title} and the peer's {peer.PEER_CLASS[self.model]} disagree: {check}")
         return ours, theirs, check
 
     def fast_paths(self) -> dict[str, F.FastPath]:
@@ -327,7 +333,7 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
         if theirs is not None and m == M:
             pairs.append((f"{reward} m={M} {prec}", mine, ref))
     if theirs is not None:
-        theirs.init_reward(train_refs, peer.workdir())
+        theirs.init_reward(train_refs)
         check["reward"] = reward_check(ours, theirs, cider, batch, refs, L)
         sides[ref] = lambda: theirs.scst_step(batch.fc, batch.att, refs, lambda: sync(b.device))
         if b.model == "att2in" and "dpp" in rewards:
@@ -414,11 +420,8 @@ def run(b: Bench) -> tuple[dict, list, dict, dict]:
                 checks[name][k] = err
                 del sides[k]
         step = lambda: steps(sides, b.args.repeat, b.device, flops=set(sides) - set(warm))  # noqa: E731
-        if b.args.matmul_size:
-            t, mm = on_roofline(step, b.args.precision, b.device, b.args.matmul_size)
-            rates.update(mm)
-        else:
-            t = step()
+        t, mm = on_roofline(step, b.args.precision, b.device, b.args.matmul_size) if b.args.matmul_size else (step(), {})
+        rates.update(mm)
         timed.update(t)
         pairs += [x for x in p if x[1] in t and x[2] in t]
         if b.args.profile:
@@ -450,7 +453,8 @@ NUMERICS_TOL = {"bf16 XE loss vs fp32 (relative)": 1e-2, "bf16 XE gradients vs f
 def peaked_model(b: Bench):
     """The model with its output layer scaled up so that its log-probs are as peaked as a trained
     model's (sampled tokens' mean |log p| ≈ 2.4) and the EOS bias at 15 (captions of ≈ 8.5 words)."""
-    model, bias = make_model(b.model, b.s, device=b.device), output_bias(make_model(b.model, QUICK[b.model]))
+    model = make_model(b.model, b.s, device=b.device)
+    bias = output_bias(model)
     with torch.no_grad():
         model.get_parameter(bias[:-len("bias")] + "weight").mul_(30.0)
         model.get_parameter(bias)[0] = 15.0
@@ -511,13 +515,147 @@ def numerics(b: Bench) -> bool:
         print(f"  replay {p}: {r['tokens']} tokens ({r['words']:.1f} words per caption, mean |log p| "
               f"{r['mean_abs_logp']:.2f}): |Δ log p| per token max {r['max']:.2e}, p99 {r['p99']:.2e}, "
               f"mean {r['mean']:.2e}; per caption max {r['seq_max']:.2e}")
-    print(f"  {'check':<48}{'measured':>12}{'tolerance':>12}")
-    for name, v in got.items():
-        print(f"  {name:<48}{v:>12.2e}{NUMERICS_TOL[name]:>12.0e}  {'PASS' if v <= NUMERICS_TOL[name] else 'FAIL'}")
+    print_table("against the stated tolerances", ["check", "measured", "tolerance", ""], [
+        [k, f"{v:.2e}", f"{NUMERICS_TOL[k]:.0e}", "PASS" if v <= NUMERICS_TOL[k] else "FAIL"] for k, v in got.items()])
     res["pass"] = all(v <= NUMERICS_TOL[k] for k, v in got.items())
     if b.args.json:
         print(json.dumps({"benchmark": "precision_numerics", "model": b.model, **res}))
     return res["pass"]
+
+
+# -- --what select, draw: rdpp sample --select against drawing; one draw per row ---------------------------
+
+SELECTIONS = [("dpp", "consensus"), ("dpp", "logprob"), ("mbr", None), ("logprob", None)]
+
+
+def zipf_df(path: Path, vocab: int, images: int = 20000, seed: int = 0) -> Path:
+    """A cider_df.h5 of synthetic references (COCO's size by default): 5 per image, 12 Zipf-distributed words and the EOS."""
+    refs = np.random.default_rng(seed).choice(np.arange(1, vocab + 1), p=zipf_p(vocab=vocab), size=(images, 5, 12))
+    doc_freq_with_eos([r.tolist() for r in refs], vocab + 1).save_h5(path)
+    return path
+
+
+def ref_greedy_map(L: np.ndarray, k: int) -> list[int]:
+    """Chen, Zhang & Zhou's fast greedy MAP for one kernel, a plain numpy loop (the published form)."""
+    C = L.shape[0]
+    cis = np.zeros((k, C))
+    d2 = np.diag(L).copy()
+    j = int(np.argmax(d2))
+    chosen = [j]
+    while len(chosen) < k:
+        t = len(chosen) - 1
+        e = (L[j, :] - cis[:t, j] @ cis[:t, :]) / np.sqrt(d2[j])
+        cis[t, :] = e
+        d2 = d2 - e ** 2
+        d2[chosen] = -np.inf
+        j = int(np.argmax(d2))
+        chosen.append(j)
+    return chosen
+
+
+def select_sides(b: Bench, df_path: Path) -> dict:
+    """The timed calls: ``draw`` (``--candidates`` random samples per image for ``--select-images``
+    images, batches of 50), each selection of ``--keep`` on the drawn captions (what ``rdpp sample
+    --select`` runs), the batched greedy MAP step and its per-image reference, checked first to agree."""
+    a, device, L, V = b.args, b.device, b.s.max_len, b.s.vocab
+    model, C, K = make_model(b.model, b.s, device=device).eval(), a.candidates, a.keep
+    att = features(BATCH, torch.Generator().manual_seed(0), b.s).to(device)
+    sizes = [min(BATCH, a.select_images - s) for s in range(0, a.select_images, BATCH)]
+    cfg, gen, drawn = DecodeConfig(method="random", n=C, max_len=L).check(), torch.Generator(device=device).manual_seed(0), []
+
+    def draw():
+        drawn.clear()
+        with torch.no_grad():
+            drawn.extend(decode(model, att[:n], cfg, generator=gen) for n in sizes)
+        sync(device)
+
+    scorer = TrainCider(DocFreq.from_h5(df_path), V + 1, L, L)  # what rdpp sample builds
+
+    def choose(method, quality):
+        sel = SelectConfig(method, C, quality).check(K)
+        return lambda: [select(d.tokens, d.seq_logprob, d.lengths, K, sel, scorer) for d in drawn]
+
+    draw()  # the captions every selection runs on
+    kernels = []
+    for d in drawn:
+        q, S = _cider_terms(d.tokens.cpu().numpy(), scorer)
+        kernels.append(torch.from_numpy(S * q[:, :, None] * q[:, None, :]))
+    ours = lambda: [greedy_map(k, K) for k in kernels]  # noqa: E731
+    ref = lambda: [[ref_greedy_map(k_b, K) for k_b in k.numpy()] for k in kernels]  # noqa: E731
+    if torch.cat(ours()).tolist() != [r for rs in ref() for r in rs]:
+        raise SystemExit("batched greedy MAP chose other items than the per-image reference; not timed")
+    return {"draw": draw, **{f"{m}-{q}" if q else m: choose(m, q) for m, q in SELECTIONS}, "greedy": ours, "ref": ref}
+
+
+def selection(b: Bench) -> None:
+    """``--what select``: every side once untimed, then ``--repeat`` (at least 3) interleaved; medians, a table."""
+    a, images = b.args, b.args.select_images
+    with tempfile.TemporaryDirectory(prefix="rdpp-bench-df-") as tmp:
+        fns = select_sides(b, a.df or zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
+        for name, fn in fns.items():
+            if name != "draw":
+                fn()  # warm-up (draw's was the captions' draw)
+        clock = time.process_time if a.clock == "cpu" else time.perf_counter
+        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3), clock=clock).items()}
+    row = lambda what, key, **kw: {"device": b.device.type, "what": what, "images": images,  # noqa: E731
+                                   "seconds": round(med[key], 4), "ms_per_image": round(1e3 * med[key] / images, 4),
+                                   "vs_draw": round(med[key] / med["draw"], 5), **kw}
+    rows = [row(f"draw {a.candidates} random samples per image (decode)", "draw")]
+    rows += [row(f"select {a.keep} of {a.candidates}: {name} (kernel + choice, CPU)", name)
+             for name in fns if name not in ("draw", "greedy", "ref")]
+    rows.append(row(f"greedy MAP step alone, batched ({a.keep} of {a.candidates})", "greedy", speedup=round(
+        med["ref"] / med["greedy"], 2), reference="per-image numpy loop (Chen et al.)", ref_seconds=round(med["ref"], 4)))
+    print_table(f"rdpp sample --select, {b.title}: {a.keep} of {a.candidates} per image, {images} images (random weights; "
+                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}, {a.clock} clock)",
+                ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
+                [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
+                  f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
+                  f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
+    if a.json:
+        print(json.dumps({"benchmark": "selection", "threads": a.threads, "clock": a.clock, "machine": machine_info(),
+                          "select_rows": rows}))
+
+
+DRAW_ROWS, DRAW_WORDS = 200, 9488
+
+
+def draw_rows(peaked: bool, seed: int = 0) -> torch.Tensor:
+    """(DRAW_ROWS, DRAW_WORDS + 1) probabilities: softmax of Gaussian logits, scaled up for peaked rows."""
+    logits = torch.randn(DRAW_ROWS, DRAW_WORDS + 1, generator=torch.Generator().manual_seed(seed))
+    return torch.softmax(logits * (6.0 if peaked else 0.1), -1)
+
+
+def same_distribution() -> float:
+    """Largest |frequency difference| / standard error between _draw and multinomial over 8 outcomes."""
+    p = torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02]]).repeat(100_000, 1)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    a = torch.bincount(_draw(p, g1), minlength=8).double() / len(p)
+    b = torch.bincount(torch.multinomial(p, 1, generator=g2).squeeze(1), minlength=8).double() / len(p)
+    se = (p[0].double() * (1 - p[0].double()) * 2 / len(p)).sqrt()
+    return float(((a - b).abs() / se).max())
+
+
+def draw_costs(repeat: int, threads: int) -> None:
+    """``--what draw``: one draw per row against torch.multinomial, and nucleus sampling's two paths."""
+    z = same_distribution()
+    if z > 4:
+        raise SystemExit(f"_draw and torch.multinomial draw from different distributions ({z:.1f} standard errors)")
+    g, ms = torch.Generator().manual_seed(0), lambda t: f"{t.median * 1e3:.2f} ms (best {t.best * 1e3:.2f})"
+    print(f"{DRAW_ROWS} rows x {DRAW_WORDS:,} words + EOS, CPU, {threads} thread(s), {repeat} interleaved runs each; "
+          f"distributions agree ({z:.1f} standard errors at most)")
+    for name, peaked in (("peaked", True), ("flat", False)):
+        probs = draw_rows(peaked)
+        t = interleaved({"multinomial": lambda: torch.multinomial(probs, 1, generator=g),
+                         "_draw": lambda: _draw(probs, g)}, repeat)
+        m, d = t["multinomial"], t["_draw"]
+        print(f"(1) one draw per row, {name} rows: torch.multinomial {ms(m)}, _draw {ms(d)}: "
+              f"{m.median / d.median:.1f}x cheaper (medians)")
+    peaked, flat = draw_rows(True), draw_rows(False)
+    assert (peaked.topk(128, -1).values.sum(-1) >= 0.9).all() and (flat.topk(128, -1).values.sum(-1) < 0.9).all()
+    t = interleaved({"peaked": lambda: _nucleus(peaked, 0.9, g), "flat": lambda: _nucleus(flat, 0.9, g)}, repeat)
+    print(f"(2) nucleus p=0.9: peaked rows (top-128 path) {ms(t['peaked'])}; flat rows (full sort) {ms(t['flat'])} "
+          f"per step: {t['flat'].median / t['peaked'].median:.0f}x (medians)")
+    print(f"machine: {machine()}")
 
 
 # -- the command line, the report ----------------------------------------------------------------------
@@ -528,9 +666,10 @@ def split(s: str) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=sorted(PEERS), help="the rdpp model timed against the peer's")
-    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated rows to time, of {', '.join(ALL)}; or "
-                    "numerics: bf16 against fp32 and the on-policy replay, against stated tolerances (exit 1 on a FAIL)")
+    ap.add_argument("--model", choices=sorted(peer.PEER_CLASS), help="the rdpp model timed against the peer's")
+    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+                    "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
+                    "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
     ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
     ap.add_argument("--fast", default="", help=f"also rdpp's fast path, comma-separated variants: {', '.join(VARIANTS)}")
     ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
@@ -541,9 +680,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ms", default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
     ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per side, interleaved (after the warm-up)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per side, interleaved (3; draw alone: 21)")
     ap.add_argument("--words", type=float, default=9.0, help="mean sampled caption length of the RL steps' model")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; 2, draw alone: 1)")
+    ap.add_argument("--select-images", type=int, default=5000, help="select: images to draw for and select on")
+    ap.add_argument("--candidates", type=int, default=50, help="select: C, samples drawn per image")
+    ap.add_argument("--keep", type=int, default=5, help="select: K, captions selected per image")
+    ap.add_argument("--df", type=Path, default=None, help="select: a cider_df.h5 (default: a synthetic COCO-sized one)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="select: cpu counts this process's CPU time")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--matmul-size", type=int, default=0, help="n of the n×n torch.mm roofline (0: not measured)")
     ap.add_argument("--peer-repo", default=None, help="self-critical.pytorch checkout (default: $SCP_REPO, then "
@@ -558,10 +702,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
     args.ms = [int(m) for m in split(args.ms)]
-    bad = [w for w in args.what if w not in (*ALL, "numerics")] + [v for v in args.fast if v not in VARIANTS]
+    bad = [w for w in args.what if w not in (*ALL, "numerics", "select", "draw")] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]
     if args.model is None or bad or not args.what or not args.precision:
         ap.error(f"give --model and known --what/--fast/--methods (unknown: {', '.join(bad) or '-'})")
+    draw = args.what == ["draw"]
+    args.repeat, args.threads = args.repeat or (21 if draw else 3), args.threads or (1 if draw else 2)
     if args.quick:
         args.repeat, args.batch, args.warmup = 1, min(args.batch, 4), min(args.warmup, 1)
     if args.batch < 1 or args.repeat < 1:
@@ -576,10 +722,14 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     s = QUICK[args.model] if args.quick else PAPER
-    timing = [w for w in args.what if w != "numerics"]
+    timing = [w for w in args.what if w in ALL]
     mods = None if args.no_peer or not timing else peer.modules(peer.find_repo(args.peer_repo))
     b = Bench(args.model, s, mods, device, args)
     ok = numerics(b) if "numerics" in args.what else True
+    if "draw" in args.what:
+        draw_costs(args.repeat, args.threads)
+    if "select" in args.what:
+        selection(b)
     if timing:
         report(b, *run(b))
     if not ok:
@@ -602,9 +752,7 @@ def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:
         print("matmul rate (torch.mm, median of before and after): "
               + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in rates.items()))
     ratios = {label: t[ref]["median"] / t[mine]["median"] for label, mine, ref in pairs}
-    print("ratios of medians (how many times faster rdpp's side is):")
-    for k, v in ratios.items():
-        print(f"  {k}: {v:.2f}")
+    print("ratios of medians (how many times faster rdpp's side is):", *(f"  {k}: {v:.2f}" for k, v in ratios.items()), sep="\n")
     for k, c in checks.items():
         print(f"checked first ({k}): {json.dumps(c, default=float)}")
     if args.json:

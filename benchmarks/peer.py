@@ -156,10 +156,6 @@ def modules(repo: Path) -> Modules:
     return _LOADED[repo]
 
 
-def array_to_str(mods: Modules, arr) -> str:
-    return mods.rewards.array_to_str(arr)
-
-
 def options(mods: Modules, model, *, max_length: int | None = None, seq_per_img: int = 5, lr: float | None = None):
     """The peer's options for its module of ``model``'s kind and sizes (its defaults for the rest).
     The Transformer's sizes have no flags: its ``TransformerModel`` reads ``opt.N_enc``, ``N_dec``,
@@ -246,21 +242,18 @@ class Peer:
 
     # -- the reward ------------------------------------------------------------------------------------
 
-    def init_reward(self, train_refs: list[np.ndarray], workdir: Path) -> None:
+    def init_reward(self, train_refs: list[np.ndarray]) -> None:
         """The peer's CiderD over the document frequencies of ``train_refs`` (per image, (n, L) word
         ids, 0-padded) as ``prepro_ngrams.py`` makes them: each reference's ids and the end token
         '0' (``wtoi['<eos>'] = 0``), counted once per image; ``ref_len`` the number of images. Set
         as the module's ``CiderD_scorer``, which ``init_scorer`` would load from data/<name>.p."""
         refs_idxs = [[" ".join([str(int(w)) for w in r if w != 0] + ["0"]) for r in img] for img in train_refs]
         ngram_idxs, count_refs = self.mods.prepro_ngrams.get_doc_freq(refs_idxs, {})
-        stem = Path(workdir) / "bench-train-idxs"
+        self._tmp = tempfile.TemporaryDirectory(prefix="rdpp-peer-")  # removed with this Peer
+        stem = Path(self._tmp.name) / "bench-train-idxs"
         with open(f"{stem}.p", "wb") as f:
             self.mods.misc.pickle_dump({"document_frequency": ngram_idxs, "ref_len": count_refs}, f)
         self.mods.rewards.CiderD_scorer = self.mods.rewards.CiderD(df=str(stem))
-
-    @property
-    def scorer(self):
-        return self.mods.rewards.CiderD_scorer
 
     def self_critical_reward(self, greedy_res, gts, gen_result) -> np.ndarray:
         with contextlib.redirect_stdout(io.StringIO()):  # it prints the mean score each call
@@ -303,8 +296,8 @@ class Peer:
 
     def cider_scores(self, hyps: np.ndarray, refs: list[list[str]]) -> np.ndarray:
         """The peer's ``CiderD.compute_score`` of each hypothesis row against ``refs[i]`` (strings)."""
-        res = [{"image_id": i, "caption": [array_to_str(self.mods, h)]} for i, h in enumerate(hyps)]
-        _, scores = self.scorer.compute_score({i: refs[i] for i in range(len(hyps))}, res)
+        res = [{"image_id": i, "caption": [self.mods.rewards.array_to_str(h)]} for i, h in enumerate(hyps)]
+        _, scores = self.mods.rewards.CiderD_scorer.compute_score({i: refs[i] for i in range(len(hyps))}, res)
         return np.asarray(scores)
 
     def dpp_weights(self, caps: list[np.ndarray], gts: list[np.ndarray]):
@@ -313,11 +306,11 @@ class Peer:
         calls (caption j against caption i as the only reference), L = diag(q) S diag(q),
         w = (sign(L⁻¹) ∘ L) 1 / M with ``np.linalg.inv``."""
         B, M = len(caps[0]), len(caps)
-        ref_strs = [[array_to_str(self.mods, r) for r in g] for g in gts]
+        ref_strs = [[self.mods.rewards.array_to_str(r) for r in g] for g in gts]
         q = np.stack([self.cider_scores(c, ref_strs) for c in caps], 1)
         S = np.zeros((B, M, M))
         for i in range(M):
-            as_ref = [[array_to_str(self.mods, r)] for r in caps[i]]
+            as_ref = [[self.mods.rewards.array_to_str(r)] for r in caps[i]]
             for j in range(i, M):
                 S[:, i, j] = S[:, j, i] = self.cider_scores(caps[j], as_ref)
         L = S * q[:, :, None] * q[:, None, :]
@@ -351,16 +344,6 @@ def mean_words(seqs) -> float:
     """Mean words per caption of (N, T) ids (up to the first 0)."""
     s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
     return float((s > 0).cumprod(-1).sum(-1).mean())
-
-
-def workdir() -> Path:
-    """A temporary folder for the df pickle, removed at exit."""
-    d = tempfile.TemporaryDirectory(prefix="rdpp-peer-")
-    _KEEP.append(d)
-    return Path(d.name)
-
-
-_KEEP: list = []
 
 
 def repeat_tensors(mods: Modules):

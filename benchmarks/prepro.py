@@ -76,6 +76,7 @@ def bench_extract(args) -> dict:
     from rdpp_cli.data.karpathy import load_karpathy
 
     os.environ["RDPP_NO_PROGRESS"] = "1"
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     paths = [args.root / "images" / r.relpath for r in load_karpathy(args.root / "dataset_coco390.json")[:args.images]]
     weights = args.weights if args.weights.is_file() else None
     bb = build_backbone("mobilenet_v2", att_size=args.image_size // 32, image_size=args.image_size,
@@ -352,10 +353,6 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if getattr(args, "_child", None):
         return text_child(*args._child)
-    if args.threads and args.what == "extract":
-        import torch
-
-        torch.set_num_threads(args.threads)
     bench, show = BENCH[args.what]
     load0 = os.getloadavg()
     try:

@@ -54,14 +54,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[
 
 def machine() -> str:
     """One line for a table's caption: CPU, cores, and the load average when the run ended."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")),
+               platform.processor() or platform.machine())
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
 
@@ -161,13 +156,7 @@ def matmul_gflops(precision: str, device, n: int = 4096, repeats: int = 3) -> fl
     b = torch.randn(n, n, generator=g, device=device).to(dtype)
     torch.mm(a, b)
     sync(device)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return 2 * n**3 / interleaved({"mm": lambda: (torch.mm(a, b), sync(device))}, repeats)["mm"].median / 1e9
 
 
 def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) -> dict[str, dict]:
