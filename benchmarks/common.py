@@ -1,26 +1,52 @@
-"""What the benchmarks here share: COCO's shapes, the paper-size model and synthetic batches.
-
-Shapes (the paper preset on COCO): Att2in 512/512/512 with dropout 0.5, a vocabulary of 9,487 words
-(9,488 logits, 0 = EOS), 14 × 14 = 196 att regions of 2,048 features (CNN features: ≥ 0), captions
-of at most 16 words, 5 per image, batches of 50 images. Every input is drawn from a seeded generator,
-so two sides of a benchmark (and two runs of it) get the same numbers; ``write_artifact`` writes
-them as a data artifact of COCO's feature shape (the loader, epoch and content-check benchmarks).
+"""What the benchmarks here share: COCO's shapes (the paper presets: 9,487 words, 196 att regions of
+2,048 features, captions of at most 16 words, 5 per image, batches of 50; ``QUICK``: tiny sizes for
+a CPU check), the models at those shapes, seeded synthetic batches, references and COCO-shaped data
+artifacts (two sides of a benchmark, and two runs of it, get the same numbers), the recipes' settings.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.att2in import Att2in, config_from_preset
+from rdpp_cli.models.registry import model_spec
 
 VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG, BATCH = 9487, 196, 2048, 16, 5, 50
 REFS = 5  # references per image
 ROW_BYTES = (REGIONS * ATT_DIM + ATT_DIM) * 2  # one image's att + fc features in float16 (0.81 MB)
+COCO_TRAIN_IMAGES, COCO_VAL_IMAGES = 113_287, 5_000  # the Karpathy split (restval in train)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    vocab: int = VOCAB
+    regions: int = REGIONS
+    feat: int = ATT_DIM
+    max_len: int = SEQ_LEN
+    sizes: dict = field(default_factory=dict)  # overrides of the model's paper preset (empty: its sizes)
+
+
+PAPER = Shapes()
+QUICK = {"att2in": Shapes(300, 9, 32, 8, dict(rnn_size=48, input_encoding_size=40, att_hid_size=24)),
+         "updown": Shapes(300, 9, 32, 8, dict(rnn_size=48, input_encoding_size=40, att_hid_size=24)),
+         "transformer": Shapes(300, 9, 32, 8, dict(N_enc=2, N_dec=2, d_model=32, d_ff=64, num_att_heads=4))}
+
+
+def recipe(model: str, stage: str, preset: str = "paper") -> dict:
+    """The settings of ``model``'s ``stage`` recipe ``preset`` (``xe``: ``epochs``, ``batch_size`` and
+    ``ss_epochs``, the epochs that run scheduled sampling; ``finetune``: its preset's settings): the
+    one place the benchmarks read the recipes."""
+    from rdpp_cli.training import options
+
+    if stage == "xe":
+        o = options.XEOptions(model=model, preset=preset).with_preset()
+        return {"epochs": o.epochs, "batch_size": o.batch_size, "ss_epochs": sum(o.ss_prob(e) > 0 for e in range(o.epochs))}
+    return dict(options.FINETUNE_PRESETS[preset])
 
 
 def parse_words(s: str) -> tuple[int, int]:
@@ -45,73 +71,68 @@ def eos_probability(words: float, max_len: int = SEQ_LEN) -> float:
     return (lo + hi) / 2
 
 
-def paper_model(seed: int = 0, words: float | None = None, device="cpu") -> Att2in:
-    """A random Att2in of the paper preset at COCO's shapes (``torch.manual_seed(seed)`` first).
+def output_bias(model: torch.nn.Module) -> str:
+    """The name of the bias of ``model``'s output layer (the vocabulary's logits)."""
+    V = model.config.vocab_size + 1
+    return next(f"{n}.bias" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == V)
+
+
+def make_model(name: str = "att2in", s: Shapes = PAPER, words: float | None = None, device="cpu", seed: int = 0):
+    """A random ``name`` of its paper preset at ``s``'s shapes (``torch.manual_seed(seed)`` first).
     ``words``: the EOS logit's bias set so that sampled captions have that many words on average
-    (the other logits are ≈ 0: P(EOS) = e^b / (e^b + V))."""
+    (the other logits are ≈ 0: P(EOS) = e^b / (e^b + V)); ``s.max_len`` or more: no caption ends early."""
     torch.manual_seed(seed)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN))
+    model = model_spec(name).build("paper", vocab_size=s.vocab, att_feat_size=s.feat, fc_feat_size=s.feat,
+                                   seq_length=s.max_len, **s.sizes)
     if words is not None:
-        p = eos_probability(words)
+        p = eos_probability(words, s.max_len)
         with torch.no_grad():
-            model.logit.bias[0] = float(np.log(p * VOCAB / (1 - p))) if p > 0 else -30.0
+            model.get_parameter(output_bias(model))[0] = float(np.log(p * s.vocab / (1 - p))) if p > 0 else -30.0
     return model.to(device)
 
 
-def features(images: int, generator: torch.Generator) -> torch.Tensor:
-    """(images, REGIONS, ATT_DIM) att features: Gaussian, cut at 0 as a CNN's are."""
-    return torch.randn(images, REGIONS, ATT_DIM, generator=generator).relu_()
+def features(images: int, generator: torch.Generator, s: Shapes = PAPER) -> torch.Tensor:
+    """(images, regions, feat) att features: Gaussian, cut at 0 as a CNN's are."""
+    return torch.randn(images, s.regions, s.feat, generator=generator).relu_()
 
 
-def make_batch(images: int, words: tuple[int, int] | None = None, device="cpu", seed: int = 0) -> Batch:
+def make_batch(images: int, words: tuple[int, int] | None = None, device="cpu", seed: int = 0,
+               s: Shapes = PAPER) -> Batch:
     """A training batch of ``images`` images: features, and with ``words`` (MIN, MAX) SEQ_PER_IMG
-    random captions per image of MIN..MAX words (uniform); without, one empty caption per image
-    (the RL steps sample their own)."""
+    random captions per image of MIN..MAX words (uniform, at most ``s.max_len``); without, one empty
+    caption per image (the RL steps sample their own)."""
     g = torch.Generator().manual_seed(seed)
-    att = features(images, g)
+    att, L = features(images, g, s), s.max_len
     if words is None:
-        labels = torch.zeros(images, 1, SEQ_LEN, dtype=torch.long)
+        labels = torch.zeros(images, 1, L, dtype=torch.long)
     else:
-        labels = torch.randint(1, VOCAB + 1, (images, SEQ_PER_IMG, SEQ_LEN), generator=g)
-        n = torch.randint(words[0], words[1] + 1, (images, SEQ_PER_IMG, 1), generator=g)
-        labels = labels * (torch.arange(SEQ_LEN) < n)
+        labels = torch.randint(1, s.vocab + 1, (images, SEQ_PER_IMG, L), generator=g)
+        n = torch.randint(min(words[0], L), min(words[1], L) + 1, (images, SEQ_PER_IMG, 1), generator=g)
+        labels = labels * (torch.arange(L) < n)
     return Batch(index=np.arange(images), fc=att.mean(1), att=att, att_mask=None, labels=labels, epoch=0, batch=0,
                  global_images=images).to(device)
 
 
-def zipf_p(exponent: float = 1.1) -> np.ndarray:
+def zipf_p(exponent: float = 1.1, vocab: int = VOCAB) -> np.ndarray:
     """Word frequencies over the vocabulary ∝ 1 / rank^exponent (word i + 1 has rank i + 1)."""
-    p = 1.0 / np.arange(1, VOCAB + 1) ** exponent
+    p = 1.0 / np.arange(1, vocab + 1) ** exponent
     return p / p.sum()
 
 
-def make_refs(rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
-    """REFS references per image, (REFS, SEQ_LEN) word ids each: 8–12 Zipf-distributed words, 0-padded."""
-    p = zipf_p()
+def make_refs(rng: np.random.Generator, n_images: int, s: Shapes = PAPER) -> list[np.ndarray]:
+    """REFS references per image, (REFS, max_len) word ids each: 8–12 Zipf-distributed words, 0-padded."""
+    p, L = zipf_p(vocab=s.vocab), s.max_len
     out = []
     for _ in range(n_images):
-        r = np.zeros((REFS, SEQ_LEN), np.int64)
+        r = np.zeros((REFS, L), np.int64)
         for k in range(REFS):
-            n = rng.integers(8, 13)
-            r[k, :n] = rng.choice(VOCAB, size=n, p=p) + 1
+            n = rng.integers(min(8, L), min(12, L) + 1)
+            r[k, :n] = rng.choice(s.vocab, size=n, p=p) + 1
         out.append(r)
     return out
 
 
 # -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
-
-def data_parser(doc: str, keep: bool = True):
-    """The options every data benchmark shares: --json, --rows, --dir (and --keep)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
-    ap.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
-    ap.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
-    if keep:
-        ap.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same --rows reuses them)")
-    return ap
-
 
 def feature_blocks(rows: int, block: int, seed: int = 0):
     """(start, fc, att) blocks of synthetic CNN-like features (≥ 0, fp16); row i carries i in att[i, 0, 0]."""
@@ -125,8 +146,9 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
 
 
 def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
-                   block: int = 500) -> dict:
-    """A data artifact of ``rows`` COCO-shaped images (train split), features by FeatureWriter;
+                   block: int = 500, val: int = 0) -> dict:
+    """A data artifact of ``rows`` COCO-shaped images (the last ``val`` in the val split, the others
+    in train), features by FeatureWriter;
     optionally the same features as ``att.npy`` / ``fc.npy`` in ``npy_dir``. ``real_df``: the
     training document frequencies of its captions (the end token counted, as ``prepro`` makes
     them: what the RL reward looks up) instead of an empty table."""
@@ -148,7 +170,7 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         f["label_start"] = np.arange(0, n_cap, 5, dtype=np.int64)
         f["label_end"] = np.arange(5, n_cap + 5, 5, dtype=np.int64)
         f["image_ids"] = ids
-        f["split"] = np.array([b"train"] * rows, dtype="S5")
+        f["split"] = np.array([b"train"] * (rows - val) + [b"val"] * val, dtype="S5")
         f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
     if real_df:
         from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id

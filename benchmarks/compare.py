@@ -1,13 +1,10 @@
 """Time of `rdpp compare` at COCO's test scale: 5,000 images x 4 models x 20 captions (docs/compare.md).
 
-Builds (untimed, kept in ``--root`` for later runs) a synthetic workspace: a data artifact of
-5,000 test images (and 5,000 training images for the self-CIDEr df) with 5 references each and
-a 640x480 JPEG photo each, and four samples artifacts of 20 captions per image drawn from the
-same Zipf-distributed 2,000-word vocabulary at four temperatures (from near copies to varied
-sets). Then times ``rdpp compare`` of the four, as a user runs it (a fresh child process: the
-imports, the PTB tokenizer, every caption's CIDEr-D, self-CIDEr, 5,000 thumbnails, the page),
-``--repeat`` times; prints each wall time, the median and the page's size. No reference
-implementation does this (no tool makes such a page), so there is no ratio.
+Builds (untimed, kept in ``--root``) a synthetic workspace: 5,000 test images with 5 references and a
+640x480 JPEG each (and 5,000 training images for the df), four samples artifacts of 20 captions per
+image from a Zipf 2,000-word vocabulary at four temperatures; then runs ``rdpp compare`` of the four
+in a fresh child process (imports, tokenizer, CIDEr-D, self-CIDEr, thumbnails, the page), ``--repeat``
+times. No tool makes such a page, so there is no reference and no ratio.
 
     python benchmarks/compare.py [--images 5000] [--models 4] [--n 20] [--repeat 3] [--root DIR]
 """

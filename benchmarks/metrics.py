@@ -1,29 +1,18 @@
 """CIDEr-D and self-CIDEr speed against pycocoevalcap's own code, in the same process, on the same captions.
 
-Every shape runs both implementations the same number of times (``--repeat``), interleaved (one
-pycocoevalcap run, then one rdpp run, ...), and compares **medians** (the best run is shown beside).
-Before anything is timed, both sides' results are checked to agree (max |difference| is printed).
+Shapes: (a) corpus mode, 2,000 hypotheses x 5 references as strings; (b) the training-reward call
+(250 samples against their references plus 50 5x5 sample-vs-sample matrices, token ids, a fixed
+df swapped into pycocoevalcap's ``CiderScorer``; rdpp's one-pass and two-call forms; the same call
+with a COCO-sized df, rdpp only); (c) self-CIDEr of ``--self-images`` x 20 captions, then rdpp
+alone on 5,000 x 20. Both sides' results are checked to agree before anything is timed; each
+shape runs both ``--repeat`` times, interleaved, medians (best beside). Captions: the 1,000-image
+COCO fixture (tests/data/coco-val2014-1k). benchmarks/README.md ("metrics.py") says more.
 
-  (a) corpus mode: 2,000 hypotheses x 5 references as strings, as a user calls
-      ``Cider().compute_score``;
-  (b) the training-reward call: fixed df from a training set, 250 samples (50 images x 5) against
-      their 5 references plus the 50 sample-vs-sample 5x5 matrices, on token ids, against
-      pycocoevalcap's ``CiderScorer`` with the same df and ref_len swapped in; rdpp's one-pass
-      ``score_and_pairwise`` and its two calls ``score`` + ``pairwise`` are timed in the same rounds;
-      and the same call against a COCO-sized df table (rdpp only: the hash table's cost);
-  (c) self-CIDEr of ``--self-images`` images x 20 captions (kernel by pycocoevalcap pair by pair,
-      then the spectrum, as the authors' code) -- both sides on the same images; then rdpp alone on
-      5,000 x 20 (time and peak memory; no reference run: it would take ~10 minutes).
-
-Captions come from the 1,000-image COCO fixture (tests/data/coco-val2014-1k). Prints a table and
-one JSON line (--json: only the JSON line).
-
-    python benchmarks/metrics.py [--json] [--repeat 7] [--self-images 100]
+    python benchmarks/metrics.py [--json] [--repeat 7] [--self-images 100]   # --json: only the JSON line
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -39,7 +28,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved, machine  # noqa: E402
+from timing import interleaved, machine, parser, print_table  # noqa: E402
 
 from rdpp_cli.metrics.cider import CiderD, DocFreq  # noqa: E402
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel  # noqa: E402
@@ -266,23 +255,15 @@ class Shapes:
         self.rows["b'"] = (f"    same call, df table of {len(big.df.df) / 1e6:.1f}M n-grams (COCO-sized)", None, tb["big"])
 
 
-def print_table(sh: Shapes, out: dict, rss0: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians "
-                  "(best in brackets)", title_justify="left")
-    for col in ("shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"):
-        table.add_column(col, justify="left" if col == "shape" else "right")
-
+def show(sh: Shapes, out: dict, rss0: float) -> None:
     def ms(tm) -> str:
         return "-" if tm is None else f"{tm.median * 1e3:,.1f} ({tm.best * 1e3:,.1f})"
 
-    for shape in ("a", "b", "b two calls", "b'", "c", "c 5000"):
-        name, ref, ours = sh.rows[shape]
-        table.add_row(name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
-                      "-" if ref is None else f"{ref.best / ours.best:,.1f}x")
-    Console(width=150).print(table)
+    rows = [[name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
+             "-" if ref is None else f"{ref.best / ours.best:,.1f}x"]
+            for name, ref, ours in (sh.rows[k] for k in ("a", "b", "b two calls", "b'", "c", "c 5000"))]
+    print_table(f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians (best in brackets)",
+                ["shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"], rows, width=150)
     print(f"score() + pairwise() take {out['two_calls_vs_one']:.2f}x the time of score_and_pairwise() (medians)")
     print(f"max |rdpp - pycocoevalcap| = {out['max_abs_diff']:.2e} "
           f"({', '.join(f'{k}: {v:.1e}' for k, v in sh.diffs.items())}); "
@@ -291,8 +272,7 @@ def print_table(sh: Shapes, out: dict, rss0: float) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap = parser(__doc__)  # --json: only the JSON line
     ap.add_argument("--repeat", type=int, default=7, help="runs of every implementation on every shape")
     ap.add_argument("--self-images", type=int, default=100,
                     help="images of the self-CIDEr shape timed on both sides (pycocoevalcap: ~0.13 s each)")
@@ -317,7 +297,7 @@ def main() -> None:
         "machine": machine(),
     }
     if not args.json:
-        print_table(sh, out, rss0)
+        show(sh, out, rss0)
     print(json.dumps(out))
 
 

@@ -1,56 +1,40 @@
-"""Speed of rdpp's UpDown or Transformer against self-critical.pytorch's own module of that model
-(``UpDownModel``, ``TransformerModel``) with the same weights, in the same process: an XE step, the
-SCST and R-DPP steps at m = 5, and decoding 5 sampled captions per image.
+"""The speed of an rdpp model's training and decoding steps against self-critical.pytorch's own
+module of that model (``Att2in2Model``, ``UpDownModel``, ``TransformerModel``), same weights and
+inputs, same process; rdpp's fast path (``--fast``) against its eager step. Also (``--what``, no peer):
+``numerics``, bf16 against fp32 and the on-policy replay against stated tolerances (docs/training.md
+"Precision"); ``select``, ``rdpp sample --select`` against drawing the candidates and the batched
+greedy MAP step against a per-image numpy loop, checked to choose the same items; ``draw``,
+``decode._draw`` against ``torch.multinomial`` (checked to draw alike) and nucleus sampling's two paths.
 
-Shapes (the model's paper preset: UpDown rnn 1000, word embedding 1000, attention hidden 512,
-dropout 0.5; Transformer 6 + 6 layers, d_model 512, d_ff 2048, 8 heads, dropout 0.1): vocabulary
-of 9,487 words (9,488 logits), 196 att regions of 2,048 features and fc = their mean, ``--batch``
-(50) images in every row, 5 captions per image of 8-16 words (XE), captions of at most 16 words.
-The model is random; for the RL steps the EOS logit's bias is set so that sampled captions average
-``--words`` (9) words (as benchmarks/finetune.py does); for XE and decoding it is set so that no
-caption ends early (every caption takes all 17 steps on both sides).
+Rows (``--what``): ``xe`` against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (timed in
+their parts: decode / reward / backward) against the peer's SCST step and, for Att2in, the published
+R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` / ``_sample_beam``. Checked
+first, a failed check stops the script: log-probs (1e-4) and greedy captions equal the peer's, XE in
+float64 (loss 1e-9, gradients 1e-6), the reward's q, kernel, weights and advantages (1e-9), each
+fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak memory,
+``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each
+row runs on each side.
 
-Rows (``--what``, each the step the stages run; both sides start from the same weights):
+    python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
+        [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
+        [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
+        [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
+        [--select-images 5000] [--candidates 50] [--keep 5] [--df cider_df.h5] [--clock wall|cpu]
+    python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
-- ``xe``: rdpp's ``xe_loss`` (benchmarks/train.py ``rdpp_step``: backward, clipping by value 0.1,
-  Adam) against the peer's ``LossWrapper`` XE path, backward, clipping and optimizer step
-  (benchmarks/peer.py's ``Peer.xe_step``, as benchmarks/train.py times it for Att2in);
-- ``scst``, ``dpp``: rdpp's ``RewardStep`` (benchmarks/finetune.py ``rdpp_step``): m = 5 samples
-  per image drawn without gradients (+ the greedy baseline for SCST), CIDEr-D, one teacher-forced
-  pass of the 5 x batch rows replaying the sampling dropout, backward and Adam; both against the
-  peer's SCST step (``LossWrapper``'s ``sc_flag`` branch: greedy without gradients, then its
-  ``_sample(sample_n=5)`` with gradients through the step loop, its ``get_self_critical_reward``
-  with its CiderD, its ``RewardCriterion``, backward, clipping, Adam);
-- ``decode``: 5 captions per image sampled at temperature 1 in eval mode without gradients: rdpp's
-  ``decode`` (the Transformer's key/value cache) against the peer's ``_sample(sample_n=5)`` (its
-  Transformer re-decodes the whole prefix at every step).
-
-Checked first (a failed check stops the script): with dropout off, on 4 of the images, rdpp's
-teacher-forced log-probs are within 1e-4 of the peer's and both decode the same greedy captions.
-
-Timing (benchmarks/timing.py ``steps``): every side of a row group warmed up once (its FLOPs
-counted), once more for its peak memory, then ``--repeat`` runs of every side, interleaved, each
-waiting for the device (``--device cuda``: ``torch.cuda.synchronize`` before the clock is read);
-medians (best beside) and the ratios of the medians (peer / rdpp: how many times faster rdpp is).
-``--quick``: tiny sizes, at most 4 images, one repeat, to check that the script runs.
-
-Memory: the peer's Transformer repeats the features per caption before its encoder, so its XE and
-SCST steps at 50 images keep the encoder's activations for 250 copies of 196 x 2,048 features (its
-XE step at 50 images did not fit in 23 GB beside other work). ``--batch`` applies to every row;
-give a smaller one on a smaller machine.
-
-    python benchmarks/models_speed.py --model updown|transformer [--what xe,scst,dpp,decode] [--batch 50]
-                                      [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
-                                      [--peer-repo PATH] [--quick] [--json]
+Memory: the peer's Transformer repeats the features per caption before its encoder (``--batch`` smaller on a small card).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
-from dataclasses import dataclass
+import tempfile
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __name__ == "__main__":  # before torch loads OpenMP: idle threads sleep instead of spinning
@@ -60,91 +44,80 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune  # noqa: E402
-from common import eos_probability  # noqa: E402
 import peer  # noqa: E402
-import peer_transformer  # noqa: E402
-import peer_updown  # noqa: E402
-import train  # noqa: E402
-from timing import machine_info, steps, sync  # noqa: E402
+from common import (BATCH, PAPER, QUICK, Shapes, features, make_batch, make_model, make_refs, output_bias,  # noqa: E402
+                    parse_words, zipf_p)
+from timing import interleaved, machine, machine_info, on_roofline, print_table, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
-from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
+from rdpp_cli.decoding.select import SelectConfig, _cider_terms, greedy_map, select  # noqa: E402
+from rdpp_cli.metrics.cider import DocFreq  # noqa: E402
 from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id  # noqa: E402
 from rdpp_cli.models.base import sequence_logprobs  # noqa: E402
 from rdpp_cli.models.registry import model_name, model_spec  # noqa: E402
+from rdpp_cli.precision import autocast  # noqa: E402
+from rdpp_cli.training import fast as F  # noqa: E402
 from rdpp_cli.training.finetune import RewardStep  # noqa: E402
+from rdpp_cli.training.rewards import dpp_weights, scst_advantage  # noqa: E402
+from rdpp_cli.training.xe import XELoss, fast_xe_loss, xe_loss  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Shapes:
-    vocab: int
-    regions: int
-    feat: int
-    max_len: int
-    sizes: dict  # overrides of the paper preset (empty: the paper's sizes)
-
-
-PAPER = Shapes(9487, 196, 2048, 16, {})
-QUICK = {"updown": Shapes(300, 9, 32, 8, dict(rnn_size=48, input_encoding_size=40, att_hid_size=24)),
-         "transformer": Shapes(300, 9, 32, 8, dict(N_enc=2, N_dec=2, d_model=32, d_ff=64, num_att_heads=4))}
-# the peer's module of each model: (its class name, benchmarks/peer_*.py's Peer around it, its name map)
-PEERS = {"updown": ("UpDownModel", peer_updown.UpDownPeer, peer_updown.peer_name),
-         "transformer": ("TransformerModel", peer_transformer.TransformerPeer, peer_transformer.peer_name)}
 ALL = ("xe", "scst", "dpp", "decode")
+VARIANTS = {"fast": {}, "fast-default": {"train_mode": None}}
 M = 5  # samples per image (RL steps, decoding)
+PHASES = ("decode", "reward", "backward")
 
 
-def output_bias(model: torch.nn.Module) -> str:
-    """The name of the bias of ``model``'s output layer (the vocabulary's logits)."""
-    V = model.config.vocab_size + 1
-    return next(f"{n}.bias" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == V)
+@dataclass
+class Bench:
+    """What every row group of one run shares."""
+
+    model: str  # the registry name
+    s: Shapes
+    mods: peer.Modules | None
+    device: torch.device
+    args: argparse.Namespace
+
+    @property
+    def title(self) -> str:
+        return model_spec(self.model).title
+
+    @property
+    def peer_title(self) -> str:
+        return f"self-critical.pytorch {peer.PEER_CLASS[self.model]}"
+
+    def batch(self, words=None) -> Batch:
+        return make_batch(self.args.batch, words, self.device, s=self.s)
+
+    def pair(self, words: float, lr: float | None = None):
+        """A fresh rdpp model and the peer's module (Adam at ``lr``, else the peer's 4e-4) with the
+        same weights, checked to compute the same numbers; (model, None, {}) with ``--no-peer``."""
+        ours = make_model(self.model, self.s, words, self.device)
+        if self.mods is None:
+            return ours, None, {}
+        theirs = peer.Peer(self.mods, ours, lr=lr)
+        check = same_numbers(ours, theirs, self.batch((8, 16)), self.s.max_len)
+        if not (check["logprob"] <= 1e-4 and check["same_greedy_captions"]):
+            raise SystemExit(f"rdpp's {self.title} and the peer's {peer.PEER_CLASS[self.model]} disagree: {check}")
+        return ours, theirs, check
+
+    def fast_paths(self) -> dict[str, F.FastPath]:
+        """``--fast``'s variants (none for a model without a fast path: ``refused`` says so)."""
+        if self.args.fast and not getattr(make_model(self.model, QUICK[self.model]), "supports_fast", False):
+            return {}
+        base = replace(F.SETTINGS.get(self.device.type, F.FastSettings()), backend=self.args.backend)
+        return {v: F.FastPath(self.device, replace(base, **VARIANTS[v])) for v in self.args.fast}
 
 
-def make_model(name: str, s: Shapes, words: float, device, seed: int = 0):
-    """A random model of ``name``'s paper preset (``s.sizes`` overriding), the EOS logit's bias set
-    so that sampled captions average ``words`` words (the other logits are ≈ 0: P(EOS) = e^b / (e^b + V))."""
-    torch.manual_seed(seed)
-    model = model_spec(name).build("paper", vocab_size=s.vocab, att_feat_size=s.feat, fc_feat_size=s.feat,
-                                   seq_length=s.max_len, **s.sizes)
-    p = eos_probability(words, s.max_len)
-    with torch.no_grad():
-        model.get_parameter(output_bias(model))[0] = float(np.log(p * s.vocab / (1 - p))) if p > 0 else -30.0
-    return model.to(device)
+# -- the checks ---------------------------------------------------------------------------------------
 
-
-def make_batch(s: Shapes, B: int, device, seed: int = 0) -> Batch:
-    """att ≥ 0 (CNN features), fc their mean, 5 captions per image of 8-16 words (at most max_len)."""
-    g = torch.Generator().manual_seed(seed)
-    att = torch.randn(B, s.regions, s.feat, generator=g).relu_()
-    labels = torch.randint(1, s.vocab + 1, (B, 5, s.max_len), generator=g)
-    n = torch.randint(min(8, s.max_len), s.max_len + 1, (B, 5, 1), generator=g)
-    labels = labels * (torch.arange(s.max_len) < n)
-    return Batch(index=np.arange(B), fc=att.mean(1), att=att, att_mask=None, labels=labels, epoch=0, batch=0,
-                 global_images=B).to(device)
-
-
-def make_refs(s: Shapes, rng: np.random.Generator, n_images: int) -> list[np.ndarray]:
-    """5 references per image of 6-min(12, max_len) words, Zipf-like over the vocabulary."""
-    p = 1.0 / np.arange(1, s.vocab + 1) ** 1.1
-    p /= p.sum()
-    out = []
-    for _ in range(n_images):
-        r = np.zeros((5, s.max_len), np.int64)
-        for k in range(5):
-            n = rng.integers(6, min(12, s.max_len) + 1)
-            r[k, :n] = rng.choice(s.vocab, size=n, p=p) + 1
-        out.append(r)
-    return out
-
-
-def check_same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images: int = 4) -> dict:
-    """Dropout off, the batch's first ``images`` images, the EOS bias at 0 (full-length greedy
-    captions): the largest difference of the teacher-forced log-probs of the batch's captions, and
-    whether the greedy captions are the same."""
+def same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images: int = 4) -> dict:
+    """Dropout off, ``images`` images, the EOS bias at 0 (full-length greedy captions): the largest
+    difference of the teacher-forced log-probs of the batch's captions, and whether the greedy
+    captions are the same."""
     fc, att, labels = batch.fc[:images], batch.att[:images], batch.labels[:images]
     name = output_bias(model)
-    ours_b, theirs_b = model.get_parameter(name), ref.model.get_parameter(PEERS[model_name(model)][2](name))
+    ours_b, theirs_b = model.get_parameter(name), ref.model.get_parameter(peer.NAMES[model_name(model)](name))
     saved = ours_b[0].item()
     model.eval(), ref.model.eval()
     try:
@@ -163,124 +136,580 @@ def check_same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images
     return {"logprob": float((ours - theirs).abs()[mask.bool()].max()), "same_greedy_captions": bool(same)}
 
 
-@dataclass
-class Bench:
-    """What every row group of one run shares."""
+def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
+    """rdpp's XE loss and gradients against the peer's in float64 with dropout off (rounding cannot
+    hide a difference): |loss difference| and the largest gradient difference relative to each
+    parameter's largest gradient (parameters whose gradient is rounding noise around 0 left out)."""
+    ours = copy.deepcopy(base).double().eval()
+    small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
+                     "labels": batch.labels[:images], "index": batch.index[:images]})
+    a = xe_loss(ours, small)
+    a.backward()
+    theirs = peer.Peer(b.mods, ours)
+    theirs.lw.eval()
+    c = theirs.xe_loss(*peer_inputs(small))
+    c.backward()
+    named, to_peer, worst = dict(theirs.model.named_parameters()), peer.NAMES[b.model], 0.0
+    top = max(float(p.grad.abs().max()) for p in ours.parameters() if p.grad is not None)
+    for name, p in ours.named_parameters():
+        q = named[to_peer(name)].grad
+        if q is None or not q.abs().max() > 1e-9 * top:
+            continue  # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding
+        worst = max(worst, float((p.grad - q).abs().max() / q.abs().max()))
+    out = {"loss_abs_diff": abs(float(a.detach()) - float(c.detach())), "grad_rel_diff": worst}
+    if not (out["loss_abs_diff"] <= 1e-9 and out["grad_rel_diff"] <= 1e-6):
+        raise SystemExit(f"rdpp's {b.title} XE step and the peer's disagree in float64: {out}")
+    return out
 
-    model: str  # the registry name
-    s: Shapes
-    mods: peer.Modules
-    device: torch.device
-    batch: Batch
-    words: float  # mean sampled caption length of the RL steps' model
 
-    @property
-    def title(self) -> str:
-        return model_spec(self.model).title
+def reward_check(model, ref: peer.Peer, cider: TrainCider, batch: Batch, refs: list, max_len: int) -> dict:
+    """The peer's CiderD q, kernel and R-DPP weights (the published way) and its SCST advantages
+    against rdpp's, on one set of rdpp's captions (SystemExit beyond 1e-9)."""
+    step = RewardStep(data=None, cider=cider, reward="dpp", m=M, max_len=max_len, seed=1)
+    d = step.draw(model, batch)
+    samples = d.samples.cpu().numpy()
+    B, m, T = samples.shape
+    q, S = cider.score_and_pairwise(samples, refs)
+    w = dpp_weights(torch.from_numpy(q), torch.from_numpy(S)).numpy()
+    q_r, S_r, w_r = ref.dpp_weights([np.pad(samples[:, i], ((0, 0), (0, max_len - T))) for i in range(m)], refs)
+    greedy = samples[:, 0]
+    adv = scst_advantage(torch.from_numpy(q), torch.from_numpy(cider.score(greedy, refs))).numpy()
+    adv_r = ref.self_critical_reward(torch.from_numpy(greedy), refs, torch.from_numpy(samples.reshape(B * m, T)))
+    out = {"q": float(np.abs(q - q_r).max()), "kernel": float(np.abs(S - S_r).max()),
+           "dpp_weights": float(np.abs(w - w_r).max()), "scst_advantage": float(np.abs(adv.reshape(-1) - adv_r[:, 0]).max())}
+    if not all(v <= 1e-9 for v in out.values()):
+        raise SystemExit(f"rdpp's reward and the peer's CiderD disagree: {out}")
+    return out
 
-    @property
-    def peer_title(self) -> str:
-        return f"self-critical.pytorch {PEERS[self.model][0]}"
 
-    def pair(self, words: float, lr: float | None = None):
-        """A fresh rdpp model and the peer's module (its LossWrapper, Adam at ``lr``, else the
-        peer's default 4e-4) with the same weights, checked to compute the same numbers."""
-        ours = make_model(self.model, self.s, words, self.device)
-        theirs = PEERS[self.model][1](self.mods, ours, lr=lr)
-        return ours, theirs, check_same_numbers(ours, theirs, self.batch, self.s.max_len)
+def grads_of(model, loss) -> dict[str, torch.Tensor]:
+    loss.backward()
+    g = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return g
+
+
+def compare(want, got, ga: dict, gb: dict) -> dict:
+    """Loss relative difference and the largest gradient difference relative to each parameter's
+    largest gradient; equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
+    a, b = float(want.detach()), float(got.detach())
+    rel = abs(a - b) / max(abs(a), 1e-30)
+    worst = max(float((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp_min(1e-30)) for k in ga
+                if not k.endswith("alpha_net.bias"))
+    return {"loss_rel_diff": rel, "grad_rel_diff": worst, "equal": rel <= 1e-5 and worst <= 1e-3}
+
+
+def fast_xe_check(base, fast: F.FastPath, batch: Batch) -> dict:
+    """The fast XE pass against the eager one on the same dropout masks (the first call compiles)."""
+    m = copy.deepcopy(base).train()
+    drop = fast.xe_dropout(m, batch.labels, batch.att.shape[1])
+    tok, mask = m.token_logprobs(batch.att, batch.labels, drop=drop)
+    want = -tok.sum() / mask.sum()
+    g_want, t = grads_of(m, want), time.perf_counter()
+    fast.begin_step()
+    tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop)
+    got = -tok.sum() / mask.sum()
+    g_got = grads_of(m, got)
+    sync(batch.att.device)
+    return {**compare(want, got, g_want, g_got), "compile_s": time.perf_counter() - t}
+
+
+def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs: list) -> dict:
+    """The fast RL step against the eager one: the captions of the same step (same generator), the
+    weights of the same captions (tensors against numpy), the loss and gradients of the same
+    captions under fixed non-zero weights (a random model's captions score about 0)."""
+    from rdpp_cli.metrics.train_cider_torch import references_tensor
+
+    m, t = copy.deepcopy(base).train(), time.perf_counter()
+    fast.fast.begin_step()
+    d, d_e = fast.draw(m, batch), eager.draw(m, batch)
+    T = d_e.samples.shape[-1]
+    same = (d.samples[..., :T] == d_e.samples).all(-1).float().mean().item()
+    w_np, _ = eager.weights(d.samples.cpu().numpy(), d.greedy, refs)
+    w_t, _ = fast.device_weights(d, *references_tensor(refs, batch.att.device))
+    w = torch.linspace(-1.0, 1.0, w_np.numel()).view(w_np.shape)
+    want, got = eager.loss(m, batch, d, w)[0], None
+    g_want = grads_of(m, want)
+    got = fast.loss(m, batch, d, w)[0]
+    g_got = grads_of(m, got)
+    sync(batch.att.device)
+    return {**compare(want, got, g_want, g_got), "weights_abs_diff": float((w_t.cpu() - w_np).abs().max()),
+            "same_captions": same, "compile_s": time.perf_counter() - t}
+
+
+def guarded(fn, *args) -> dict:
+    """``fn(*args)``, or ``{"error": its first line}`` (a fast side that cannot compile, capture or
+    is refused is reported, and the others are still timed)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 -- reported in the table
+        return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"}
+
+
+# -- the steps ----------------------------------------------------------------------------------------
+
+def peer_inputs(batch: Batch) -> tuple:
+    """The batch as the peer's loader gives it: fc, att, labels with BOS/EOS columns, masks, gts."""
+    labels, masks = peer.xe_labels(batch.labels)
+    return batch.fc, batch.att, labels, masks, [g for g in batch.labels.cpu().numpy()]
+
+
+def update(model, opt, loss: torch.Tensor) -> float:
+    """Backward, clipping by value 0.1 (rdpp's and the peer's), the Adam step."""
+    loss.backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def rdpp_rl_step(step: RewardStep, model, opt, batch: Batch, refs: list, precision: str) -> dict[str, float]:
+    """rdpp's RL step in its three parts (what ``rdpp finetune`` runs per batch)."""
+    t0 = time.perf_counter()
+    model.train()
+    with autocast(precision, batch.att.device):
+        d = step.draw(model, batch)
+    samples = d.samples.cpu().numpy()  # (waits for the GPU, if any)
+    t1 = time.perf_counter()
+    w, _ = step.weights(samples, d.greedy, refs)
+    t2 = time.perf_counter()
+    with autocast(precision, batch.att.device):
+        loss, _ = step.loss(model, batch, d, w)
+    update(model, opt, loss)
+    sync(batch.att.device)
+    return {"decode": t1 - t0, "reward": t2 - t1, "backward": time.perf_counter() - t2,
+            "words": peer.mean_words(samples.reshape(-1, samples.shape[-1]))}
 
 
 def xe_sides(b: Bench) -> tuple[dict, list, dict]:
-    """The XE step: rdpp's ``xe_loss`` + backward, clip, Adam against ``Peer.xe_step``."""
+    """rdpp's XE step per precision (and with scheduled sampling, and fast) against ``Peer.xe_step``."""
     ours, theirs, check = b.pair(words=b.s.max_len)  # XE: the EOS bias plays no part
-    opt = torch.optim.Adam(ours.parameters(), lr=4e-4)  # the peer's default
-    inputs = train.peer_inputs(b.batch)
-    mine, ref = f"rdpp {b.title} xe", f"{b.peer_title} xe"
-    sides = {mine: lambda: train.rdpp_step(ours, opt, b.batch, "fp32"), ref: lambda: theirs.xe_step(*inputs)}
-    return sides, [("xe", mine, ref)], check
-
-
-def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
-    """rdpp's ``RewardStep`` for each of ``rewards`` (scst, dpp) at m = 5 against the peer's SCST step."""
-    rng = np.random.default_rng(0)
-    train_refs, refs = make_refs(b.s, rng, 400), make_refs(b.s, rng, len(b.batch.index))
-    E = eos_id(b.s.vocab)
-    cider = TrainCider(doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], E), E, b.s.max_len)
-    ours, theirs, check = b.pair(b.words, lr=1e-6)  # tiny steps: the caption lengths stay put
-    theirs.init_reward(train_refs, peer.workdir())
-    opt = torch.optim.Adam(ours.parameters(), lr=1e-6)
-    ref = f"{b.peer_title} scst m={M}"
-    sides, pairs = {}, []
-    for reward in rewards:
-        st = RewardStep(data=None, cider=cider, reward=reward, m=M, max_len=b.s.max_len, seed=0)
-        mine = f"rdpp {b.title} {reward} m={M}"
-        sides[mine] = lambda st=st: finetune.rdpp_step(st, ours, opt, b.batch, refs, "fp32")
-        pairs.append((f"{reward} m={M}", mine, ref))
-    sides[ref] = lambda: theirs.scst_step(b.batch.fc, b.batch.att, refs, lambda: sync(b.device))
+    batch = b.batch(parse_words(b.args.xe_words))
+    if theirs is not None:
+        check["float64"] = xe_float64(b, ours, batch)
+    if b.args.fast and not b.fast_paths():
+        check["fast"] = {"error": f"refused: the {b.title} model has no fast path (--fast on is an error)"}
+    sides, pairs, mine = {}, [], f"rdpp {b.title} xe"
+    for prec in b.args.precision:
+        m = copy.deepcopy(ours)
+        opt = torch.optim.Adam(m.parameters(), lr=4e-4)  # the peer's default
+        sides[f"{mine} {prec}"] = lambda m=m, opt=opt, p=prec: update(m, opt, autocast_loss(xe_loss, m, batch, p))
+    if b.args.ss:
+        m, ss = copy.deepcopy(ours), XELoss(ss_prob=lambda epoch: b.args.ss)
+        opt = torch.optim.Adam(m.parameters(), lr=4e-4)
+        sides[f"{mine} ss={b.args.ss:g}"] = lambda: update(m, opt, ss(m, batch)[0])
+    if theirs is not None:
+        inputs, ref = peer_inputs(batch), f"{b.peer_title} xe"
+        sides[ref] = lambda: theirs.xe_step(*inputs)
+        pairs += [(f"xe {p}", f"{mine} {p}", ref) for p in b.args.precision]
+    for v, fast in b.fast_paths().items():
+        check[v] = guarded(fast_xe_check, ours, fast, batch)
+        if "error" not in check[v]:
+            m, loss_fn = copy.deepcopy(ours), fast_xe_loss(fast)
+            opt = fast.optimizer(m.parameters(), 4e-4)
+            sides[f"{mine} {v}"] = lambda m=m, opt=opt, f=fast, s=loss_fn: (f.begin_step(), update(m, opt, s(m, batch)))
+            pairs.append((f"xe {v} vs eager", f"{mine} {v}", f"{mine} fp32"))
     return sides, pairs, check
 
 
+def autocast_loss(fn, model, batch: Batch, precision: str):
+    with autocast(precision, batch.att.device):
+        return fn(model, batch)
+
+
+def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
+    """rdpp's ``RewardStep`` for each of ``rewards`` at m = 5 (per precision, and fast) against the
+    peer's SCST step (and, for Att2in, the published R-DPP step)."""
+    rng, L = np.random.default_rng(0), b.s.max_len
+    train_refs, refs = make_refs(rng, 400, b.s), make_refs(rng, b.args.batch, b.s)
+    E = eos_id(b.s.vocab)
+    cider = TrainCider(doc_freq_with_eos([[r[r > 0].tolist() for r in img] for img in train_refs], E), E, L)
+    ours, theirs, check = b.pair(b.args.words, lr=1e-6)  # tiny steps: the caption lengths stay put
+    batch, opt = b.batch(), torch.optim.Adam(ours.parameters(), lr=1e-6)
+    sides, pairs, ref = {}, [], f"{b.peer_title} scst m={M}"
+    for reward, m, prec in [(r, m, p) for r in rewards for m in b.args.ms for p in b.args.precision]:
+        st, mine = RewardStep(data=None, cider=cider, reward=reward, m=m, max_len=L, seed=0), f"rdpp {b.title} {reward} m={m} {prec}"
+        sides[mine] = lambda st=st, p=prec: rdpp_rl_step(st, ours, opt, batch, refs, p)
+        if theirs is not None and m == M:
+            pairs.append((f"{reward} m={M} {prec}", mine, ref))
+    if theirs is not None:
+        theirs.init_reward(train_refs)
+        check["reward"] = reward_check(ours, theirs, cider, batch, refs, L)
+        sides[ref] = lambda: theirs.scst_step(batch.fc, batch.att, refs, lambda: sync(b.device))
+        if b.model == "att2in" and "dpp" in rewards:
+            pub = f"published dpp m={M}"
+            sides[pub] = lambda: theirs.dpp_step(batch.fc, batch.att, refs, M, lambda: sync(b.device))
+            pairs.append((f"dpp m={M} vs published", f"rdpp {b.title} dpp m={M} fp32", pub))
+    fast_rl_sides(b, rewards, ours, cider, batch, refs, sides, pairs, check)
+    return sides, pairs, check
+
+
+def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, check) -> None:
+    """The fast path's RL steps, each checked against the eager step first."""
+    class Refs:  # RewardStep's data: the batch's references
+        @staticmethod
+        def references_ids(index):
+            return [refs[i] for i in index]
+
+    for v, fast in b.fast_paths().items():
+        for reward in rewards:
+            kw = dict(data=Refs, cider=cider, reward=reward, m=M, max_len=b.s.max_len, seed=1)
+            name, step = f"rdpp {b.title} {reward} m={M} {v}", RewardStep(**kw, fast=fast)
+            check[name] = guarded(fast_rl_check, ours, RewardStep(**kw), step, batch, refs)
+            if "error" in check[name]:
+                continue
+            m = copy.deepcopy(ours)
+            opt = fast.optimizer(m.parameters(), 1e-6)
+            sides[name] = lambda m=m, opt=opt, st=step, f=fast: (f.begin_step(), update(m, opt, st(m, batch)[0]))
+            pairs.append((f"{reward} m={M} {v} vs eager", name, f"rdpp {b.title} {reward} m={M} fp32"))
+
+
+def peer_decode_opt(cfg: DecodeConfig) -> dict:
+    """The peer's options for one decoding method, as its eval_utils.eval_split_n sets them."""
+    if cfg.method in ("beam", "dbs"):
+        G = cfg.groups if cfg.method == "dbs" else 1
+        o = {"beam_size": cfg.beam * G, "group_size": G, "sample_n": 1}
+        return {**o, "diversity_lambda": cfg.diversity_lambda} if G > 1 else o
+    method = {"greedy": "greedy", "random": "sample", "topk": f"top{cfg.top_k}", "nucleus": f"top{cfg.top_p}"}
+    return {"sample_method": method[cfg.method], "sample_n": cfg.n, "beam_size": 1, "temperature": cfg.temperature}
+
+
+METHODS = {"greedy": dict(method="greedy", n=1), "random": dict(method="random", n=M),
+           "topk": dict(method="topk", n=M, top_k=5), "nucleus": dict(method="nucleus", n=M, top_p=0.9),
+           "beam": dict(method="beam", n=3, beam=3), "dbs": dict(method="dbs", n=M, beam=1, groups=M)}
+
+
 def decode_sides(b: Bench) -> tuple[dict, list, dict]:
-    """M sampled captions per image, eval mode, no gradients: rdpp's ``decode`` against the peer's ``_sample``."""
+    """Each of ``--methods`` in eval mode, no gradients: rdpp's ``decode`` against the peer's call."""
     ours, theirs, check = b.pair(words=b.s.max_len)  # no caption ends early: all 17 steps on both sides
-    ours.eval(), theirs.model.eval()
-    cfg = DecodeConfig(method="random", n=M, max_len=b.s.max_len)
-    popt = {"sample_method": "sample", "sample_n": M}
+    batch, sides, pairs = b.batch(), {}, []
+    ours.eval()
+    if theirs is not None:
+        theirs.model.eval()
+        theirs.model.repeat_tensor = peer.repeat_tensors(b.mods)  # its DBS calls a method no model defines
+    for method in b.args.methods:
+        kw = {**METHODS[method], **({"n": b.args.n} if METHODS[method]["n"] == M else {})}
+        kw.update({"n": b.args.n, "groups": b.args.n} if method == "dbs" else {})
+        cfg = DecodeConfig(max_len=b.s.max_len, diversity_lambda=0.5, **kw).check()
+        mine, ref = f"rdpp {b.title} decode {method} n={cfg.n}", f"{b.peer_title} decode {method} n={cfg.n}"
+        sides[mine] = torch.no_grad()(lambda cfg=cfg: decode(ours, batch.att, cfg, fc=batch.fc).tokens)
+        if theirs is not None:
+            popt = peer_decode_opt(cfg)
+            sides[ref] = torch.no_grad()(lambda o=popt: theirs.model(batch.fc, batch.att, None, opt=o, mode="sample")[0])
+            pairs.append((f"decode {method} n={cfg.n}", mine, ref))
+    return sides, pairs, check
 
-    @torch.no_grad()
-    def peer_decode():
-        return theirs.model(b.batch.fc, b.batch.att, None, opt=popt, mode="sample")[0]
 
-    mine, ref = f"rdpp {b.title} decode {M} samples", f"{b.peer_title} decode {M} samples"
-    sides = {mine: lambda: decode(ours, b.batch.att, cfg, fc=b.batch.fc).tokens, ref: peer_decode}
-    return sides, [(f"decode {M} samples", mine, ref)], check
-
-
-def groups(b: Bench, what: list[str]):
+def groups(b: Bench):
     """(group name, builder) of each asked row group, in the order of ``ALL``."""
-    rewards = [w for w in ("scst", "dpp") if w in what]
-    out = [("xe", lambda: xe_sides(b))] if "xe" in what else []
+    rewards = [w for w in ("scst", "dpp") if w in b.args.what]
+    out = [("xe", lambda: xe_sides(b))] if "xe" in b.args.what else []
     out += [("rl", lambda: rl_sides(b, rewards))] if rewards else []
-    return out + ([("decode", lambda: decode_sides(b))] if "decode" in what else [])
+    return out + ([("decode", lambda: decode_sides(b))] if "decode" in b.args.what else [])
 
 
-def run(b: Bench, what: list[str], repeat: int) -> tuple[dict, list, dict]:
-    """Each group built, checked (SystemExit if rdpp and the peer disagree), timed, then dropped."""
-    timed, pairs, checks = {}, [], {}
-    for name, build in groups(b, what):
-        sides, p, check = build()
-        checks[name] = check
-        if not (check["logprob"] <= 1e-4 and check["same_greedy_captions"]):
-            raise SystemExit(f"rdpp's {b.title} and the peer's {PEERS[b.model][0]} disagree ({name} model): {check}")
-        timed.update(steps(sides, repeat, b.device))
-        pairs += p
+def run(b: Bench) -> tuple[dict, list, dict, dict]:
+    """Each group built, checked (SystemExit when rdpp and the peer disagree), timed, dropped."""
+    timed, pairs, checks, rates = {}, [], {}, {}
+    for name, build in groups(b):
+        sides, p, checks[name] = build()
+        warm = {k: f for k, f in sides.items() if any(v in k.split() for v in VARIANTS)}
+        for k, fn in warm.items():  # the fast sides' extra warm-ups (CUDA graphs record here)
+            err = guarded(lambda fn=fn: [fn() for _ in range(b.args.warmup)] and {})
+            if err:
+                checks[name][k] = err
+                del sides[k]
+        step = lambda: steps(sides, b.args.repeat, b.device, flops=set(sides) - set(warm))  # noqa: E731
+        t, mm = on_roofline(step, b.args.precision, b.device, b.args.matmul_size) if b.args.matmul_size else (step(), {})
+        rates.update(mm)
+        timed.update(t)
+        pairs += [x for x in p if x[1] in t and x[2] in t]
+        if b.args.profile:
+            profile(sides, b.device, 12)
         del sides
-    return timed, pairs, checks
+    return timed, pairs, checks, rates
+
+
+def profile(sides: dict, device: torch.device, rows: int) -> None:
+    """One profiled call of each side: its top ops by self time."""
+    from torch.profiler import ProfilerActivity, profile as prof_
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name, fn in sides.items():
+        with prof_(activities=acts, record_shapes=True) as p:
+            fn()
+        print(f"\n== torch.profiler: one call of {name} on {device} (top ops by self time) ==")
+        print(p.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows))
+
+
+# -- --what numerics: bf16 against fp32, and the on-policy replay ----------------------------------------
+
+NUMERICS_TOL = {"bf16 XE loss vs fp32 (relative)": 1e-2, "bf16 XE gradients vs fp32 (worst ‖Δg‖/‖g‖)": 1e-1,
+                "fp32 replay vs sampling, max per token": 1e-4, "bf16 replay vs sampling, p99 per token": 0.1,
+                "bf16 replay vs sampling, mean per token": 0.01}
+
+
+def peaked_model(b: Bench):
+    """The model with its output layer scaled up so that its log-probs are as peaked as a trained
+    model's (sampled tokens' mean |log p| ≈ 2.4) and the EOS bias at 15 (captions of ≈ 8.5 words)."""
+    model = make_model(b.model, b.s, device=b.device)
+    bias = output_bias(model)
+    with torch.no_grad():
+        model.get_parameter(bias[:-len("bias")] + "weight").mul_(30.0)
+        model.get_parameter(bias)[0] = 15.0
+    return model
+
+
+def xe_numerics(model, batch: Batch) -> dict[str, float]:
+    """The XE loss and gradients on 5 captions per image the model itself samples (a trained model's
+    loss, not that of random words), bf16 against fp32, dropout off; gradients: the largest over the
+    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖."""
+    with torch.no_grad():
+        d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=batch.labels.shape[-1]),
+                   generator=torch.Generator(device=batch.att.device).manual_seed(1))
+    batch, out = Batch(**{**batch.__dict__, "labels": d.tokens}), {}
+    for prec in ("fp32", "bf16"):
+        model.zero_grad(set_to_none=True)
+        loss = autocast_loss(xe_loss, model, batch, prec)
+        loss.backward()
+        out[prec] = float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model.train()
+    (l32, g32), (l16, g16) = out["fp32"], out["bf16"]
+    top = max(float(g.norm()) for g in g32.values())  # a softmax ignores a shift: such a bias's gradient is rounding noise
+    keys = [k for k in g32 if not k.endswith("alpha_net.bias") and float(g32[k].norm()) > 1e-6 * top]
+    return {"xe_loss_fp32": l32, "xe_loss_bf16": l16, "xe_loss_rel": abs(l16 - l32) / l32,
+            "xe_grad_rel": max(float((g16[k] - g32[k]).norm() / g32[k].norm()) for k in keys),
+            "xe_grad_entry_rel": max(float((g16[k] - g32[k]).abs().max() / g32[k].abs().max()) for k in keys)}
+
+
+def replay(model, batch: Batch, precision: str) -> dict[str, float]:
+    """M = 5 captions per image sampled step by step with pre-drawn dropout masks, then the batched
+    teacher-forced pass that replays the masks: the differences of the two log-probabilities."""
+    step = RewardStep(data=None, cider=None, reward="dpp", m=M, max_len=batch.labels.shape[-1], seed=0)
+    img = Batch(**{**batch.__dict__, "labels": batch.labels[:, :1]})
+    with torch.no_grad(), autocast(precision, batch.att.device):
+        d = step.sample(model, img)
+        tf, mask = step.policy_logprobs(model, img, d)
+    on, drawn = mask.bool(), d.logprobs.reshape(tf.shape)
+    diff, seq = (tf - drawn)[on].abs().float(), ((tf - drawn) * mask).sum(1).abs()
+    return {"tokens": int(on.sum()), "words": float(d.lengths.float().mean()), "mean_abs_logp": float(drawn[on].abs().mean()),
+            "max": float(diff.max()), "p99": float(diff.quantile(0.99)), "mean": float(diff.mean()), "seq_max": float(seq.max())}
+
+
+def numerics(b: Bench) -> bool:
+    """How far bf16 is from fp32, and the replay from the sampling pass, against the stated
+    tolerances (docs/training.md "Precision"); prints PASS/FAIL per check."""
+    from rdpp_cli.precision import native_bf16
+
+    model, batch = peaked_model(b), b.batch()
+    res = {"device": str(b.device), "native_bf16": native_bf16(b.device), **xe_numerics(model, batch),
+           "replay": {p: replay(model, batch, p) for p in ("fp32", "bf16")}}
+    r32, r16 = res["replay"]["fp32"], res["replay"]["bf16"]
+    got = dict(zip(NUMERICS_TOL, (res["xe_loss_rel"], res["xe_grad_rel"], r32["max"], r16["p99"], r16["mean"])))
+    print(f"precision numerics, {b.title}, on {machine_info()['gpu'] or 'cpu'} (native bf16: {res['native_bf16']}), "
+          f"batch {b.args.batch}, XE loss fp32 {res['xe_loss_fp32']:.4f}, bf16 {res['xe_loss_bf16']:.4f}; largest "
+          f"gradient entry off by {res['xe_grad_entry_rel']:.1e} of the parameter's largest")
+    for p, r in res["replay"].items():
+        print(f"  replay {p}: {r['tokens']} tokens ({r['words']:.1f} words per caption, mean |log p| "
+              f"{r['mean_abs_logp']:.2f}): |Δ log p| per token max {r['max']:.2e}, p99 {r['p99']:.2e}, "
+              f"mean {r['mean']:.2e}; per caption max {r['seq_max']:.2e}")
+    print_table("against the stated tolerances", ["check", "measured", "tolerance", ""], [
+        [k, f"{v:.2e}", f"{NUMERICS_TOL[k]:.0e}", "PASS" if v <= NUMERICS_TOL[k] else "FAIL"] for k, v in got.items()])
+    res["pass"] = all(v <= NUMERICS_TOL[k] for k, v in got.items())
+    if b.args.json:
+        print(json.dumps({"benchmark": "precision_numerics", "model": b.model, **res}))
+    return res["pass"]
+
+
+# -- --what select, draw: rdpp sample --select against drawing; one draw per row ---------------------------
+
+SELECTIONS = [("dpp", "consensus"), ("dpp", "logprob"), ("mbr", None), ("logprob", None)]
+
+
+def zipf_df(path: Path, vocab: int, images: int = 20000, seed: int = 0) -> Path:
+    """A cider_df.h5 of synthetic references (COCO's size by default): 5 per image, 12 Zipf-distributed words and the EOS."""
+    refs = np.random.default_rng(seed).choice(np.arange(1, vocab + 1), p=zipf_p(vocab=vocab), size=(images, 5, 12))
+    doc_freq_with_eos([r.tolist() for r in refs], vocab + 1).save_h5(path)
+    return path
+
+
+def ref_greedy_map(L: np.ndarray, k: int) -> list[int]:
+    """Chen, Zhang & Zhou's fast greedy MAP for one kernel, a plain numpy loop (the published form)."""
+    C = L.shape[0]
+    cis = np.zeros((k, C))
+    d2 = np.diag(L).copy()
+    j = int(np.argmax(d2))
+    chosen = [j]
+    while len(chosen) < k:
+        t = len(chosen) - 1
+        e = (L[j, :] - cis[:t, j] @ cis[:t, :]) / np.sqrt(d2[j])
+        cis[t, :] = e
+        d2 = d2 - e ** 2
+        d2[chosen] = -np.inf
+        j = int(np.argmax(d2))
+        chosen.append(j)
+    return chosen
+
+
+def select_sides(b: Bench, df_path: Path) -> dict:
+    """The timed calls: ``draw`` (``--candidates`` random samples per image for ``--select-images``
+    images, batches of 50), each selection of ``--keep`` on the drawn captions (what ``rdpp sample
+    --select`` runs), the batched greedy MAP step and its per-image reference, checked first to agree."""
+    a, device, L, V = b.args, b.device, b.s.max_len, b.s.vocab
+    model, C, K = make_model(b.model, b.s, device=device).eval(), a.candidates, a.keep
+    att = features(BATCH, torch.Generator().manual_seed(0), b.s).to(device)
+    sizes = [min(BATCH, a.select_images - s) for s in range(0, a.select_images, BATCH)]
+    cfg, gen, drawn = DecodeConfig(method="random", n=C, max_len=L).check(), torch.Generator(device=device).manual_seed(0), []
+
+    def draw():
+        drawn.clear()
+        with torch.no_grad():
+            drawn.extend(decode(model, att[:n], cfg, generator=gen) for n in sizes)
+        sync(device)
+
+    scorer = TrainCider(DocFreq.from_h5(df_path), V + 1, L, L)  # what rdpp sample builds
+
+    def choose(method, quality):
+        sel = SelectConfig(method, C, quality).check(K)
+        return lambda: [select(d.tokens, d.seq_logprob, d.lengths, K, sel, scorer) for d in drawn]
+
+    draw()  # the captions every selection runs on
+    kernels = []
+    for d in drawn:
+        q, S = _cider_terms(d.tokens.cpu().numpy(), scorer)
+        kernels.append(torch.from_numpy(S * q[:, :, None] * q[:, None, :]))
+    ours = lambda: [greedy_map(k, K) for k in kernels]  # noqa: E731
+    ref = lambda: [[ref_greedy_map(k_b, K) for k_b in k.numpy()] for k in kernels]  # noqa: E731
+    if torch.cat(ours()).tolist() != [r for rs in ref() for r in rs]:
+        raise SystemExit("batched greedy MAP chose other items than the per-image reference; not timed")
+    return {"draw": draw, **{f"{m}-{q}" if q else m: choose(m, q) for m, q in SELECTIONS}, "greedy": ours, "ref": ref}
+
+
+def selection(b: Bench) -> None:
+    """``--what select``: every side once untimed, then ``--repeat`` (at least 3) interleaved; medians, a table."""
+    a, images = b.args, b.args.select_images
+    with tempfile.TemporaryDirectory(prefix="rdpp-bench-df-") as tmp:
+        fns = select_sides(b, a.df or zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
+        for name, fn in fns.items():
+            if name != "draw":
+                fn()  # warm-up (draw's was the captions' draw)
+        clock = time.process_time if a.clock == "cpu" else time.perf_counter
+        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3), clock=clock).items()}
+    row = lambda what, key, **kw: {"device": b.device.type, "what": what, "images": images,  # noqa: E731
+                                   "seconds": round(med[key], 4), "ms_per_image": round(1e3 * med[key] / images, 4),
+                                   "vs_draw": round(med[key] / med["draw"], 5), **kw}
+    rows = [row(f"draw {a.candidates} random samples per image (decode)", "draw")]
+    rows += [row(f"select {a.keep} of {a.candidates}: {name} (kernel + choice, CPU)", name)
+             for name in fns if name not in ("draw", "greedy", "ref")]
+    rows.append(row(f"greedy MAP step alone, batched ({a.keep} of {a.candidates})", "greedy", speedup=round(
+        med["ref"] / med["greedy"], 2), reference="per-image numpy loop (Chen et al.)", ref_seconds=round(med["ref"], 4)))
+    print_table(f"rdpp sample --select, {b.title}: {a.keep} of {a.candidates} per image, {images} images (random weights; "
+                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}, {a.clock} clock)",
+                ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
+                [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
+                  f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
+                  f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
+    if a.json:
+        print(json.dumps({"benchmark": "selection", "threads": a.threads, "clock": a.clock, "machine": machine_info(),
+                          "select_rows": rows}))
+
+
+DRAW_ROWS, DRAW_WORDS = 200, 9488
+
+
+def draw_rows(peaked: bool, seed: int = 0) -> torch.Tensor:
+    """(DRAW_ROWS, DRAW_WORDS + 1) probabilities: softmax of Gaussian logits, scaled up for peaked rows."""
+    logits = torch.randn(DRAW_ROWS, DRAW_WORDS + 1, generator=torch.Generator().manual_seed(seed))
+    return torch.softmax(logits * (6.0 if peaked else 0.1), -1)
+
+
+def same_distribution() -> float:
+    """Largest |frequency difference| / standard error between _draw and multinomial over 8 outcomes."""
+    p = torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02]]).repeat(100_000, 1)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    a = torch.bincount(_draw(p, g1), minlength=8).double() / len(p)
+    b = torch.bincount(torch.multinomial(p, 1, generator=g2).squeeze(1), minlength=8).double() / len(p)
+    se = (p[0].double() * (1 - p[0].double()) * 2 / len(p)).sqrt()
+    return float(((a - b).abs() / se).max())
+
+
+def draw_costs(repeat: int, threads: int) -> None:
+    """``--what draw``: one draw per row against torch.multinomial, and nucleus sampling's two paths."""
+    z = same_distribution()
+    if z > 4:
+        raise SystemExit(f"_draw and torch.multinomial draw from different distributions ({z:.1f} standard errors)")
+    g, ms = torch.Generator().manual_seed(0), lambda t: f"{t.median * 1e3:.2f} ms (best {t.best * 1e3:.2f})"
+    print(f"{DRAW_ROWS} rows x {DRAW_WORDS:,} words + EOS, CPU, {threads} thread(s), {repeat} interleaved runs each; "
+          f"distributions agree ({z:.1f} standard errors at most)")
+    for name, peaked in (("peaked", True), ("flat", False)):
+        probs = draw_rows(peaked)
+        t = interleaved({"multinomial": lambda: torch.multinomial(probs, 1, generator=g),
+                         "_draw": lambda: _draw(probs, g)}, repeat)
+        m, d = t["multinomial"], t["_draw"]
+        print(f"(1) one draw per row, {name} rows: torch.multinomial {ms(m)}, _draw {ms(d)}: "
+              f"{m.median / d.median:.1f}x cheaper (medians)")
+    peaked, flat = draw_rows(True), draw_rows(False)
+    assert (peaked.topk(128, -1).values.sum(-1) >= 0.9).all() and (flat.topk(128, -1).values.sum(-1) < 0.9).all()
+    t = interleaved({"peaked": lambda: _nucleus(peaked, 0.9, g), "flat": lambda: _nucleus(flat, 0.9, g)}, repeat)
+    print(f"(2) nucleus p=0.9: peaked rows (top-128 path) {ms(t['peaked'])}; flat rows (full sort) {ms(t['flat'])} "
+          f"per step: {t['flat'].median / t['peaked'].median:.0f}x (medians)")
+    print(f"machine: {machine()}")
+
+
+# -- the command line, the report ----------------------------------------------------------------------
+
+def split(s: str) -> list[str]:
+    return [w.strip() for w in s.split(",") if w.strip()]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Memory: the peer's Transformer repeats the features per caption before its "
-                                        "encoder; its XE step at --batch 50 did not fit in 23 GB beside other work. "
-                                        "--batch applies to every row: give a smaller one on a smaller machine.")
-    ap.add_argument("--model", required=True, choices=sorted(PEERS), help="the rdpp model timed against the peer's")
-    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated rows to time, of {', '.join(ALL)}")
-    ap.add_argument("--batch", type=int, default=50, help="images per step in every row (memory: see below)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per side, interleaved (after the warm-up)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(peer.PEER_CLASS), help="the rdpp model timed against the peer's")
+    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+                    "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
+                    "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
+    ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
+    ap.add_argument("--fast", default="", help=f"also rdpp's fast path, comma-separated variants: {', '.join(VARIANTS)}")
+    ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each fast side first")
+    ap.add_argument("--ss", type=float, default=0.0, help="also the XE step with scheduled sampling at this probability")
+    ap.add_argument("--methods", default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
+    ap.add_argument("--xe-words", default="8-16", help="words of the XE captions: N, or MIN-MAX drawn uniformly")
+    ap.add_argument("--ms", default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
+    ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
+    ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per side, interleaved (3; draw alone: 21)")
     ap.add_argument("--words", type=float, default=9.0, help="mean sampled caption length of the RL steps' model")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; 2, draw alone: 1)")
+    ap.add_argument("--select-images", type=int, default=5000, help="select: images to draw for and select on")
+    ap.add_argument("--candidates", type=int, default=50, help="select: C, samples drawn per image")
+    ap.add_argument("--keep", type=int, default=5, help="select: K, captions selected per image")
+    ap.add_argument("--df", type=Path, default=None, help="select: a cider_df.h5 (default: a synthetic COCO-sized one)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="select: cpu counts this process's CPU time")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--matmul-size", type=int, default=0, help="n of the n×n torch.mm roofline (0: not measured)")
     ap.add_argument("--peer-repo", default=None, help="self-critical.pytorch checkout (default: $SCP_REPO, then "
                                                       "the project's copy of 4c48a33)")
+    ap.add_argument("--no-peer", action="store_true", help="time rdpp alone (no peer, no check against it)")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler's top ops of one call of each side")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, at most 4 images, one repeat: check that it runs")
     ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap.add_argument("--summary", nargs="+", metavar="LOG", help="print the summary table of these logs' JSON lines")
     args = ap.parse_args(argv)
-    args.what = [w.strip() for w in args.what.split(",") if w.strip()]
-    bad = [w for w in args.what if w not in ALL]
-    if bad or not args.what:
-        ap.error(f"--what {','.join(bad) or '(empty)'}: give some of {', '.join(ALL)}")
+    if args.summary:
+        return args
+    args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
+    args.ms = [int(m) for m in split(args.ms)]
+    bad = [w for w in args.what if w not in (*ALL, "numerics", "select", "draw")] + [v for v in args.fast if v not in VARIANTS]
+    bad += [m for m in args.methods if m not in METHODS]
+    if args.model is None or bad or not args.what or not args.precision:
+        ap.error(f"give --model and known --what/--fast/--methods (unknown: {', '.join(bad) or '-'})")
+    draw = args.what == ["draw"]
+    args.repeat, args.threads = args.repeat or (21 if draw else 3), args.threads or (1 if draw else 2)
     if args.quick:
-        args.repeat, args.batch = 1, min(args.batch, 4)
+        args.repeat, args.batch, args.warmup = 1, min(args.batch, 4), min(args.warmup, 1)
     if args.batch < 1 or args.repeat < 1:
         ap.error("--batch and --repeat must be at least 1")
     return args
@@ -288,35 +717,73 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.summary:
+        return summary(args.summary)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     s = QUICK[args.model] if args.quick else PAPER
-    mods = peer.modules(peer.find_repo(args.peer_repo))
-    b = Bench(args.model, s, mods, device, make_batch(s, args.batch, device), args.words)
-    timed, pairs, checks = run(b, args.what, args.repeat)
-    report(b, args, timed, pairs, checks)
+    timing = [w for w in args.what if w in ALL]
+    mods = None if args.no_peer or not timing else peer.modules(peer.find_repo(args.peer_repo))
+    b = Bench(args.model, s, mods, device, args)
+    ok = numerics(b) if "numerics" in args.what else True
+    if "draw" in args.what:
+        draw_costs(args.repeat, args.threads)
+    if "select" in args.what:
+        selection(b)
+    if timing:
+        report(b, *run(b))
+    if not ok:
+        sys.exit(1)
 
 
-def report(b: Bench, args, t: dict, pairs: list, checks: dict) -> None:
-    m = machine_info()
+def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:
+    args, m = b.args, machine_info()
+    where = m["gpu"] if b.device.type == "cuda" else f"{m['machine']}; {m['threads']} threads"
     print(f"{b.title} against {b.peer_title}, {'quick sizes' if args.quick else 'paper preset'}, batch {args.batch} "
-          f"images, vocab {b.s.vocab}, {b.s.regions}x{b.s.feat} att, on {args.device}; {m['machine']}; "
-          f"{m['threads']} threads; seconds, medians of {args.repeat} interleaved runs per side")
-    print(f"{'step':<56}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}")
+          f"images, vocab {b.s.vocab}, {b.s.regions}x{b.s.feat} att, on {where}; seconds, medians of {args.repeat} "
+          f"interleaved runs per side")
+    print(f"{'step':<58}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}  decode / reward / backward")
     for name, o in t.items():
-        print(f"{name:<56}{o['median']:>9.3f}{o['best']:>9.3f}{args.batch / o['median']:>10.1f}"
-              f"{o['gflop']:>8.0f}{o['peak_mib']:>10,.0f}")
-    ratios = {f"{label}: peer / rdpp": t[ref]["median"] / t[mine]["median"] for label, mine, ref in pairs}
-    print("ratios of medians (how many times faster rdpp is):")
-    for k, v in ratios.items():
-        print(f"  {k}: {v:.2f}")
+        res = o["results"][-1] if o["results"] and isinstance(o["results"][-1], dict) else None
+        parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if res else ""
+        print(f"{name:<58}{o['median']:>9.4f}{o['best']:>9.4f}{args.batch / o['median']:>10.1f}"
+              f"{o['gflop']:>8.0f}{o['peak_mib']:>10,.0f}  {parts}")
+    if rates:
+        print("matmul rate (torch.mm, median of before and after): "
+              + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in rates.items()))
+    ratios = {label: t[ref]["median"] / t[mine]["median"] for label, mine, ref in pairs}
+    print("ratios of medians (how many times faster rdpp's side is):", *(f"  {k}: {v:.2f}" for k, v in ratios.items()), sep="\n")
     for k, c in checks.items():
-        print(f"checked first ({k} model): teacher-forced log-probs within {c['logprob']:.1e} of the peer's, "
-              f"same greedy captions: {c['same_greedy_captions']}")
+        print(f"checked first ({k}): {json.dumps(c, default=float)}")
     if args.json:
         rows = {k: {kk: v for kk, v in o.items() if kk != "results"} for k, o in t.items()}
-        print(json.dumps({"model": args.model, "batch": args.batch, "quick": args.quick, "device": args.device,
-                          "machine": m, "steps": rows, "ratios": ratios, "checks": checks}))
+        print(json.dumps({"benchmark": "models_speed", "model": args.model, "title": b.title, "batch": args.batch,
+                          "quick": args.quick, "device": args.device, "machine": m, "steps": rows, "ratios": ratios,
+                          "pairs": pairs, "matmul_gflops": rates, "checks": checks}, default=float))
+
+
+def summary(paths: list[str]) -> None:
+    """One table of every figure the logs' JSON lines hold: each model's rows against the peer and
+    the fast path, the epochs and the recipe's projection (benchmarks/cuda_check.sh ends with it)."""
+    lines = [json.loads(ln) for p in paths if Path(p).is_file() for ln in open(p) if ln.startswith("{")]
+    print(f"{'figure':<64}{'rdpp':>12}{'other side':>12}{'ratio':>8}")
+    for r in lines:
+        if r.get("benchmark") == "models_speed":
+            for label, mine, ref in r["pairs"]:
+                x = r["ratios"][label]
+                print(f"{r['title'] + ' ' + label:<64}{1e3 * r['steps'][mine]['median']:>10.1f}ms"
+                      f"{1e3 * r['steps'][ref]['median']:>10.1f}ms{x:>7.2f}x")
+        elif r.get("benchmark") == "data_epochs":
+            for e in r["xe_epoch"]["epochs"]:
+                print(f"{'epoch ' + e['stage'] + ' batch ' + str(e['batch']) + ' ' + e['precision'] + ' ' + e.get('ss', ''):<64}"
+                      f"{e['images_per_s']:>8,.0f} im/s{'':>12}")
+        elif r.get("benchmark") == "recipe_hours":
+            for x in r["recipes"]:
+                print(f"the recipe: {x['recipe']}\n{'':<64}{x['gpu_hours']:>10.2f} h")
+    for p in paths:
+        if p.endswith("test_cuda.log") and Path(p).is_file():
+            tail = [ln.strip() for ln in open(p) if any(w in ln for w in (" passed", " failed", " skipped", " error"))]
+            print(f"{'tests/test_cuda.py':<64}{(tail or ['(no result)'])[-1]}")
 
 
 if __name__ == "__main__":

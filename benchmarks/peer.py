@@ -1,26 +1,19 @@
 """self-critical.pytorch's own code, unmodified, loaded into the benchmark's process: the speed
-reference of benchmarks/train.py and benchmarks/finetune.py.
+reference of benchmarks/models_speed.py and of the tests that compare the models against the peer.
 
-What runs is the peer's: ``captioning.models.setup`` builds its ``Att2in2Model`` (``--caption_model
-att2in2``: the att features embedded, then projected to the attention keys; rdpp's ``Att2in`` has
-the same parameters under other names, so both start from the same weights), its option parser
-gives every setting its own default (Adam at lr 4e-4, clipping by value 0.1, dropout 0.5), its
-``LossWrapper`` computes the losses, ``utils.build_optimizer`` makes the optimizer, and
-``tools/train.py``'s step order is kept: ``zero_grad``, the wrapper, ``loss.mean()``, backward,
-``clip_grad_value_``, ``optimizer.step()``, ``loss.item()``. The RL reward is its
-``get_self_critical_reward`` with its pinned ``CiderD`` (ruotianluo/cider under ``cider/``) over
-document frequencies made by its own ``scripts/prepro_ngrams.get_doc_freq``, pickled the way its
-``prepro_ngrams.py`` writes them. Not used: its data loader (batches are built here in the layout
-its ``DataLoader.get_batch`` returns) and ``DataParallel`` (one device).
+``build`` makes the peer's module of an rdpp model's kind (``captioning.models.setup``: its
+``Att2in2Model``, ``UpDownModel`` or ``TransformerModel``, with its own option defaults) holding a
+copy of the rdpp model's weights under the peer's names (``NAMES``); ``Peer`` adds its
+``LossWrapper``, ``utils.build_optimizer`` and tools/train.py's step order, its SCST step (its
+``get_self_critical_reward`` with its pinned ``CiderD`` over document frequencies made by its own
+``prepro_ngrams.get_doc_freq``) and the published R-DPP step composed from its parts
+(benchmarks/README.md, "The reference is the peer's own code").
 
 Where the checkout is: ``--peer-repo PATH``, else ``$SCP_REPO``, else a copy of commit 4c48a33
 beside this repository (``../shared/peers/self-critical.pytorch-4c48a33``, or ``.peer/`` inside it,
-where benchmarks/cuda_check.sh puts one for a GPU machine). A clone of
-ruotianluo/self-critical.pytorch works once its ``cider`` submodule is checked out
+where benchmarks/cuda_check.sh puts one for a GPU machine); a clone needs its ``cider`` submodule
 (``git submodule update --init``). The checkout is only read: the document-frequency pickle goes to
-a temporary folder and reaches ``CiderD`` by its absolute path (``CiderD(df=...)`` opens
-``os.path.join('data', df + '.p')``). Its imports need ``yacs`` and ``six`` beside torch and numpy
-(``pip install yacs six``); pycocoevalcap only for the BLEU reward, which no benchmark uses.
+a temporary folder. Its imports need ``yacs`` and ``six`` beside torch and numpy.
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ import contextlib
 import importlib.util
 import io
 import os
+import re
 import sys
 import tempfile
 import time
@@ -51,6 +45,36 @@ RDPP_TO_PEER = {
     **{f"{k}.{p}": f"core.{k}.{p}" for k in ("a2c", "i2h", "h2h") for p in ("weight", "bias")},
     **{f"{k}.{p}": f"core.attention.{k}.{p}" for k in ("h2att", "alpha_net") for p in ("weight", "bias")},
 }
+# rdpp's UpDown parameter names -> the peer's UpDownModel's (its Sequential and core prefixes; ctx2att, logit keep theirs)
+UPDOWN_PREFIX = {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
+                 "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.",
+                 "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}
+
+
+def updown_name(name: str) -> str:
+    return next((theirs + name[len(ours):] for ours, theirs in UPDOWN_PREFIX.items() if name.startswith(ours)), name)
+
+
+def transformer_name(name: str) -> str:
+    """``att_embed`` is the first module of the peer's att_embed Sequential, the encoder-decoder lives
+    under ``model.``, attention projections q/k/v/o are ``linears.0-3``, the sublayer norms
+    ``sublayer.j.norm`` with parameters a_2/b_2, the word embedding ``tgt_embed.0.lut`` and the
+    output layer ``generator.proj``."""
+    if name.startswith("att_embed."):
+        return "att_embed.0." + name.split(".", 1)[1]
+    if name == "embed.weight":
+        return "model.tgt_embed.0.lut.weight"
+    if name.startswith("generator."):
+        return "model.generator.proj." + name.split(".", 1)[1]
+    name = re.sub(r"\.([qkvo])\.", lambda m: f".linears.{'qkvo'.index(m[1])}.", name)
+    name = re.sub(r"\.norms\.(\d+)\.", r".sublayer.\1.norm.", name)
+    return "model." + re.sub(r"norm\.bias$", "norm.b_2", re.sub(r"norm\.weight$", "norm.a_2", name))
+
+
+# per rdpp model: the peer's class and the peer's name of each rdpp parameter
+PEER_CLASS = {"att2in": "Att2in2Model", "updown": "UpDownModel", "transformer": "TransformerModel"}
+NAMES = {"att2in": RDPP_TO_PEER.__getitem__, "updown": updown_name, "transformer": transformer_name}
+BUFFERS = {"model.tgt_embed.1.pe"}  # the peer Transformer's positional table: not a parameter of rdpp's
 
 
 def xe_labels(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,37 +156,68 @@ def modules(repo: Path) -> Modules:
     return _LOADED[repo]
 
 
-def array_to_str(mods: Modules, arr) -> str:
-    return mods.rewards.array_to_str(arr)
+def options(mods: Modules, model, *, max_length: int | None = None, seq_per_img: int = 5, lr: float | None = None):
+    """The peer's options for its module of ``model``'s kind and sizes (its defaults for the rest).
+    The Transformer's sizes have no flags: its ``TransformerModel`` reads ``opt.N_enc``, ``N_dec``,
+    ``d_model``, ``d_ff``, ``num_att_heads``, ``dropout`` (as its transformer.yml sets them)."""
+    from rdpp_cli.models.registry import model_name
+
+    c, kind = model.config, model_name(model)
+    argv = ["--seq_per_img", str(seq_per_img), "--train_sample_n", str(seq_per_img), "--self_critical_after", "0",
+            "--max_length", str(max_length or c.seq_length), "--att_feat_size", str(c.att_feat_size),
+            "--drop_prob_lm", str(c.drop_prob_lm), *(["--learning_rate", str(lr)] if lr is not None else [])]
+    if kind == "transformer":
+        sizes = {"caption_model": "transformer", "num_layers": c.N_enc, "input_encoding_size": c.d_model,
+                 "rnn_size": c.d_ff, "fc_feat_size": c.att_feat_size}  # fc: unused
+    else:
+        sizes = {"caption_model": {"att2in": "att2in2"}.get(kind, kind), "rnn_size": c.rnn_size,
+                 "input_encoding_size": c.input_encoding_size, "att_hid_size": c.att_hid_size,
+                 "fc_feat_size": c.fc_feat_size if kind == "updown" else c.att_feat_size}  # fc: unused by Att2in2
+    opt = mods.parse_opt(argv + [x for k, v in sizes.items() for x in (f"--{k}", str(v))])
+    if kind == "transformer":
+        opt.N_enc, opt.N_dec, opt.d_model, opt.d_ff = c.N_enc, c.N_dec, c.d_model, c.d_ff
+        opt.num_att_heads, opt.dropout = c.num_att_heads, c.dropout
+    opt.vocab_size, opt.seq_length = c.vocab_size, c.seq_length
+    return opt
+
+
+def build(mods: Modules, model, opt=None, *, max_length: int | None = None) -> torch.nn.Module:
+    """The peer's module of ``model``'s kind, built by its ``models.setup`` from ``opt`` (default:
+    ``options``), holding a copy of ``model``'s weights (every name mapped, none left over), on its
+    device and dtype, in its mode. ``max_length``: the peer's decoding length."""
+    from rdpp_cli.models.registry import model_name
+
+    opt = opt or options(mods, model, max_length=max_length)
+    opt.vocab = {str(i): f"w{i}" for i in range(1, model.config.vocab_size + 1)}  # as tools/train.py: loader.get_vocab()
+    ref = mods.models.setup(opt)
+    del opt.vocab
+    w = next(model.parameters())
+    ref.to(device=w.device, dtype=w.dtype)
+    to_peer, state = NAMES[model_name(model)], ref.state_dict()
+    ours = {to_peer(k): v.detach().clone() for k, v in model.state_dict().items()}
+    unknown, left = set(ours) - set(state), set(state) - set(ours) - BUFFERS
+    if unknown or left:
+        raise KeyError(f"rdpp's parameters {sorted(unknown)} have no place in the peer's module; "
+                       f"the peer's {sorted(left)} are not set")
+    state.update(ours)
+    ref.load_state_dict(state)
+    return ref.train(model.training)
+
+
+def peer_labels(seqs: torch.Tensor) -> torch.Tensor:
+    """rdpp's seqs (N, L) as the peer's teacher-forcing input ``labels[..., :-1]``: BOS, then the words."""
+    return torch.cat([seqs.new_zeros(seqs.shape[0], 1), seqs], 1)
 
 
 class Peer:
-    """The peer's Att2in2Model with rdpp's weights, its LossWrapper and optimizer, on one device."""
+    """The peer's module of an rdpp model with its weights (``build``), its LossWrapper and its
+    optimizer (``utils.build_optimizer``: Adam at lr 4e-4 unless ``lr``), in train mode, on one device."""
 
     def __init__(self, mods: Modules, rdpp_model, *, seq_per_img: int = 5, lr: float | None = None):
-        c = rdpp_model.config
-        self.mods = mods
-        self.opt = mods.parse_opt([
-            "--caption_model", "att2in2", "--seq_per_img", str(seq_per_img), "--train_sample_n", str(seq_per_img),
-            "--max_length", str(c.seq_length), "--self_critical_after", "0", "--rnn_size", str(c.rnn_size),
-            "--input_encoding_size", str(c.input_encoding_size), "--att_hid_size", str(c.att_hid_size),
-            "--fc_feat_size", str(c.att_feat_size), "--att_feat_size", str(c.att_feat_size),  # fc: unused by Att2in2
-            "--drop_prob_lm", str(c.drop_prob_lm), *(["--learning_rate", str(lr)] if lr is not None else [])])
-        self.opt.vocab_size, self.opt.seq_length = c.vocab_size, c.seq_length
-        self.opt.vocab = {str(i): f"w{i}" for i in range(1, c.vocab_size + 1)}  # as tools/train.py: loader.get_vocab()
-        self.model = mods.models.setup(self.opt)
-        del self.opt.vocab
-        w = next(rdpp_model.parameters())
-        self.model.to(device=w.device, dtype=w.dtype)
-        self.model.load_state_dict({RDPP_TO_PEER[k]: v.detach().clone() for k, v in rdpp_model.state_dict().items()})
-        self._wrap(mods, self.opt, self.model)
-
-    def _wrap(self, mods: Modules, opt, model: torch.nn.Module) -> None:
-        """Around the peer's ``model`` built with ``opt``: its ``LossWrapper`` and its optimizer
-        (``utils.build_optimizer``: Adam at lr 4e-4 unless ``opt`` says otherwise), in train mode."""
-        self.mods, self.opt, self.model = mods, opt, model
-        self.lw = mods.LossWrapper(model, opt)
-        self.optimizer = mods.misc.build_optimizer(model.parameters(), opt)
+        self.mods, self.opt = mods, options(mods, rdpp_model, seq_per_img=seq_per_img, lr=lr)
+        self.model = build(mods, rdpp_model, self.opt)
+        self.lw = mods.LossWrapper(self.model, self.opt)
+        self.optimizer = mods.misc.build_optimizer(self.model.parameters(), self.opt)
         self.lw.train()
 
     # -- XE -------------------------------------------------------------------------------------------
@@ -187,33 +242,24 @@ class Peer:
 
     # -- the reward ------------------------------------------------------------------------------------
 
-    def init_reward(self, train_refs: list[np.ndarray], workdir: Path) -> None:
+    def init_reward(self, train_refs: list[np.ndarray]) -> None:
         """The peer's CiderD over the document frequencies of ``train_refs`` (per image, (n, L) word
         ids, 0-padded) as ``prepro_ngrams.py`` makes them: each reference's ids and the end token
         '0' (``wtoi['<eos>'] = 0``), counted once per image; ``ref_len`` the number of images. Set
         as the module's ``CiderD_scorer``, which ``init_scorer`` would load from data/<name>.p."""
         refs_idxs = [[" ".join([str(int(w)) for w in r if w != 0] + ["0"]) for r in img] for img in train_refs]
         ngram_idxs, count_refs = self.mods.prepro_ngrams.get_doc_freq(refs_idxs, {})
-        stem = Path(workdir) / "bench-train-idxs"
+        self._tmp = tempfile.TemporaryDirectory(prefix="rdpp-peer-")  # removed with this Peer
+        stem = Path(self._tmp.name) / "bench-train-idxs"
         with open(f"{stem}.p", "wb") as f:
             self.mods.misc.pickle_dump({"document_frequency": ngram_idxs, "ref_len": count_refs}, f)
         self.mods.rewards.CiderD_scorer = self.mods.rewards.CiderD(df=str(stem))
-
-    @property
-    def scorer(self):
-        return self.mods.rewards.CiderD_scorer
 
     def self_critical_reward(self, greedy_res, gts, gen_result) -> np.ndarray:
         with contextlib.redirect_stdout(io.StringIO()):  # it prints the mean score each call
             return self.mods.rewards.get_self_critical_reward(greedy_res, gts, gen_result, self.opt)
 
     # -- SCST ------------------------------------------------------------------------------------------
-
-    def lw_scst_loss(self, fc, att, gts) -> torch.Tensor:
-        """``LossWrapper``'s SCST path end to end (``sc_flag`` on): what ``scst_step`` times in parts."""
-        with contextlib.redirect_stdout(io.StringIO()):
-            out = self.lw(fc, att, None, None, None, gts, torch.arange(0, len(gts)), True, False, False)
-        return out["loss"].mean()
 
     def scst_parts(self, fc, att, gts, sync=lambda: None):
         """``LossWrapper.forward``'s ``sc_flag`` branch, call for call, with a clock between the
@@ -250,8 +296,8 @@ class Peer:
 
     def cider_scores(self, hyps: np.ndarray, refs: list[list[str]]) -> np.ndarray:
         """The peer's ``CiderD.compute_score`` of each hypothesis row against ``refs[i]`` (strings)."""
-        res = [{"image_id": i, "caption": [array_to_str(self.mods, h)]} for i, h in enumerate(hyps)]
-        _, scores = self.scorer.compute_score({i: refs[i] for i in range(len(hyps))}, res)
+        res = [{"image_id": i, "caption": [self.mods.rewards.array_to_str(h)]} for i, h in enumerate(hyps)]
+        _, scores = self.mods.rewards.CiderD_scorer.compute_score({i: refs[i] for i in range(len(hyps))}, res)
         return np.asarray(scores)
 
     def dpp_weights(self, caps: list[np.ndarray], gts: list[np.ndarray]):
@@ -260,11 +306,11 @@ class Peer:
         calls (caption j against caption i as the only reference), L = diag(q) S diag(q),
         w = (sign(L⁻¹) ∘ L) 1 / M with ``np.linalg.inv``."""
         B, M = len(caps[0]), len(caps)
-        ref_strs = [[array_to_str(self.mods, r) for r in g] for g in gts]
+        ref_strs = [[self.mods.rewards.array_to_str(r) for r in g] for g in gts]
         q = np.stack([self.cider_scores(c, ref_strs) for c in caps], 1)
         S = np.zeros((B, M, M))
         for i in range(M):
-            as_ref = [[array_to_str(self.mods, r)] for r in caps[i]]
+            as_ref = [[self.mods.rewards.array_to_str(r)] for r in caps[i]]
             for j in range(i, M):
                 S[:, i, j] = S[:, j, i] = self.cider_scores(caps[j], as_ref)
         L = S * q[:, :, None] * q[:, None, :]
@@ -300,11 +346,9 @@ def mean_words(seqs) -> float:
     return float((s > 0).cumprod(-1).sum(-1).mean())
 
 
-def workdir() -> Path:
-    """A temporary folder for the df pickle, removed at exit."""
-    d = tempfile.TemporaryDirectory(prefix="rdpp-peer-")
-    _KEEP.append(d)
-    return Path(d.name)
+def repeat_tensors(mods: Modules):
+    """The peer's ``utils.repeat_tensors``: what its DBS's ``self.repeat_tensor`` (a method no model
+    defines, so its DBS stops at the second group) means; set on a peer model instance only."""
+    import importlib
 
-
-_KEEP: list = []
+    return importlib.import_module("captioning.models.utils").repeat_tensors

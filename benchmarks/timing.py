@@ -1,11 +1,7 @@
 """How every benchmark here times two implementations: the same inputs, the same number of runs,
-interleaved, medians (the project rule; benchmarks/README.md).
-
-``interleaved({"pycocoevalcap": f, "rdpp": g}, repeat=7)`` runs f, g, g, f, f, g, ... (one run of
-each per round, the order reversed every other round so that neither always runs right after the
-other), so that on a shared machine both sample the same stretches of load; it returns each
-side's run times and last result. Ratios are taken between medians; the best run may be shown
-beside them.
+interleaved, medians (the project rule; benchmarks/README.md). ``interleaved`` runs f, g, g, f, f, g, ...
+(the order reversed every other round), so that on a shared machine both sides sample the same
+stretches of load; ratios are taken between medians, the best run may be shown beside them.
 """
 
 from __future__ import annotations
@@ -36,16 +32,19 @@ class Timing:
         return min(self.times)
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[[], float] = time.perf_counter,
+                before: Callable[[str], Any] | None = None) -> dict[str, Timing]:
     """Each function ``repeat`` times, one run of each per round: in the order given, then reversed.
-    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time."""
+    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time.
+    ``before(name)``: called untimed before each run (e.g. dropping a file from the page cache)."""
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
     out = {name: Timing([], None) for name in fns}
     items = list(fns.items())
     for k in range(repeat):
         for name, fn in (items if k % 2 == 0 else items[::-1]):
+            if before is not None:
+                before(name)
             t = clock()
             res = fn()
             out[name].times.append(clock() - t)
@@ -55,20 +54,38 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeat: int,
 
 def machine() -> str:
     """One line for a table's caption: CPU, cores, and the load average when the run ended."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")),
+               platform.processor() or platform.machine())
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
 
 
+def parser(doc: str):
+    """The options every script shares: its description (the docstring's first line) and --json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    return ap
+
+
+def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> None:
+    """One table on the console: the first ``left`` columns left-aligned, the others right; ``rows``
+    of values (str() of each)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for k, c in enumerate(columns):
+        t.add_column(c, justify="left" if k < left else "right")
+    for r in rows:
+        t.add_row(*map(str, r))
+    Console(width=width).print(t)
+
+
 # ----------------------------------------------------------------------------------------------
-# Training steps (benchmarks/train.py, benchmarks/finetune.py): warm-up, FLOPs, peak memory, roofline
+# Training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline
 # ----------------------------------------------------------------------------------------------
 
 def sync(device) -> None:
@@ -79,49 +96,13 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every 2 ms (CPU). Freed heap memory
-    is handed back to the OS first (``malloc_trim``), so that what an earlier call left cached in
-    the allocator does not hide this one's peak."""
-
-    def __enter__(self):
-        import threading
-
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:
-            pass
-        self.base = self.peak = self._rss()
-        self._stop = False
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop:
-            self.peak = max(self.peak, self._rss())
-            time.sleep(0.002)
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self._t.join()
-        self.peak = max(self.peak, self._rss())
-
-    @property
-    def mib(self) -> float:
-        return (self.peak - self.base) / 2**20
-
-
 def peak_mib(fn: Callable[[], Any], device) -> float:
-    """Peak memory (MiB) of one call of fn above what was in use before it: CPU resident memory,
-    or CUDA's allocator peak."""
+    """Peak memory (MiB) of one call of fn above what was in use before it: CUDA's allocator peak, or
+    on a CPU the resident memory sampled every 2 ms, freed heap memory handed back to the OS first
+    (``malloc_trim``) so that what an earlier call left cached in the allocator does not hide this one's."""
+    import ctypes
+    import threading
+
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
@@ -131,9 +112,27 @@ def peak_mib(fn: Callable[[], Any], device) -> float:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    with PeakRSS() as mem:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    rss = lambda: int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # noqa: E731
+    base = peak = rss()
+    done = threading.Event()
+
+    def watch():
+        nonlocal peak
+        while not done.wait(0.002):
+            peak = max(peak, rss())
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
         fn()
-    return mem.mib
+    finally:
+        done.set()
+        t.join()
+    return (max(peak, rss()) - base) / 2**20
 
 
 def count_gflop(fn: Callable[[], Any]) -> float:
@@ -157,22 +156,18 @@ def matmul_gflops(precision: str, device, n: int = 4096, repeats: int = 3) -> fl
     b = torch.randn(n, n, generator=g, device=device).to(dtype)
     torch.mm(a, b)
     sync(device)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return 2 * n**3 / interleaved({"mm": lambda: (torch.mm(a, b), sync(device))}, repeats)["mm"].median / 1e9
 
 
-def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str, dict]:
+def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) -> dict[str, dict]:
     """Training steps timed the project's way: each side called once to warm up (its FLOPs counted
     on that call), once more for its peak memory (untimed: handing freed memory back to the OS
     before a timed call would add page faults to it), then ``interleaved`` ``repeat`` times, each
     call waiting for the device. Per side: ``times``, ``median``, ``best``, ``gflop``, ``peak_mib``
-    and ``results`` (what every timed call returned)."""
-    gflop = {name: count_gflop(fn) for name, fn in sides.items()}
+    and ``results`` (what every timed call returned). ``flops``: the sides whose FLOPs are counted
+    (default all; a compiled side is not: the counter's dispatch mode breaks its graph), the others warm up plainly."""
+    gflop = {name: count_gflop(fn) if flops is None or name in flops else (fn(), float("nan"))[1]
+             for name, fn in sides.items()}
     peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
     results: dict[str, list] = {name: [] for name in sides}
 
@@ -189,17 +184,12 @@ def steps(sides: dict[str, Callable[[], Any]], repeat: int, device) -> dict[str,
                    "peak_mib": peak[name], "results": results[name]} for name in sides}
 
 
-def steps_on_roofline(sides: dict[str, Callable[[], Any]], repeat: int, device, precisions, matmul_size: int = 4096):
-    """``steps`` between two measurements of the matmul rate of every precision in ``precisions``
-    (and fp32): the roofline, measured in the same run. Returns ``(steps(...), {precision:
-    {"median", "runs"}}, [load average before, after])``."""
+def on_roofline(run: Callable[[], Any], precisions, device, matmul_size: int = 4096) -> tuple[Any, dict]:
+    """``run()`` between two measurements of the matmul rate of every precision in ``precisions`` (and
+    fp32): the roofline, measured in the same run. Returns ``(run(), {precision: median GFLOP/s})``."""
     rates = {p: [matmul_gflops(p, device, matmul_size)] for p in sorted({"fp32", *precisions})}
-    load0 = os.getloadavg()[0]
-    t = steps(sides, repeat, device)
-    load1 = os.getloadavg()[0]
-    for p in rates:
-        rates[p].append(matmul_gflops(p, device, matmul_size))
-    return t, {p: {"median": statistics.median(v), "runs": v} for p, v in rates.items()}, [load0, load1]
+    out = run()
+    return out, {p: statistics.median([*v, matmul_gflops(p, device, matmul_size)]) for p, v in rates.items()}
 
 
 def machine_info() -> dict:
@@ -212,7 +202,7 @@ def machine_info() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Cold reads (benchmarks/data_loader.py, data_epochs.py, data_content_check.py): files out of the page cache
+# Cold reads (benchmarks/data.py): files out of the page cache
 # ----------------------------------------------------------------------------------------------
 
 def drop_cache(paths) -> str:

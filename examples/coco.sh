@@ -9,7 +9,7 @@
 # `benchmarks/data.py --xe-epoch --device cuda --rows 10000` ran whole XE epochs of `rdpp train-xe`
 # at the paper preset over 10,000 COCO-shaped feature rows (8.1 GB), data loading included:
 # 1,093-1,373 images/s from the page cache, 889-1,469 from that machine's disk after dropping the
-# caches (0, 2, 4 workers; docs/data.md). RL step rates from `benchmarks/finetune.py --device cuda`.
+# caches (0, 2, 4 workers; docs/data.md). RL step rates from `benchmarks/models_speed.py --model att2in --device cuda`.
 #   prepro coco   123,287 images; features.h5 99.5 GB (196x2048 fp16 att + fc, 0.81 MB an image; --dtype
 #                 float32: 199 GB), captions.h5 ~70 MB, cider_df.h5 ~20 MB; the text side (vocabulary,
 #                 labels, df) under 1 min and 2 GB (benchmarks/data.py); features ~1 h on one GPU with 8

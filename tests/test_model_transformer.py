@@ -206,9 +206,9 @@ def test_the_encoder_replays_its_dropout_from_the_seed():
 @pytest.fixture(scope="module")
 def peer_modules():
     mods = helpers.peer_modules()
-    import peer_transformer
+    import peer
 
-    return peer_transformer, mods
+    return peer, mods
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def trained():
 def test_teacher_forced_log_probs_equal_the_peers(peer_modules):
     pt, mods = peer_modules
     m = tiny().eval()
-    peer = pt.peer_transformer(mods, m).eval()
+    peer = pt.build(mods, m).eval()
     att, mask, seqs = inputs()
     ours = m(att, seqs, mask)
     theirs = peer(torch.zeros(3, 7), att, pt.peer_labels(seqs.reshape(12, -1)), mask)
@@ -244,7 +244,7 @@ def test_teacher_forced_log_probs_equal_the_peers(peer_modules):
 def test_greedy_and_beam_captions_equal_the_peers(peer_modules, trained):
     pt, mods = peer_modules
     m, att, mask = trained
-    peer = pt.peer_transformer(mods, m, max_length=8).eval()
+    peer = pt.build(mods, m, max_length=8).eval()
     for cfg, opt in ((DecodeConfig(method="greedy", max_len=8), dict(sample_method="greedy")),
                      (DecodeConfig(method="beam", beam=3, max_len=8), dict(beam_size=3, sample_n=1))):
         ours = decode(m, att, cfg, att_mask=mask).tokens[:, 0]

@@ -235,9 +235,9 @@ def test_xe_and_rl_steps_run_on_the_tiny_data(tiny):
 
 @pytest.fixture(scope="module")
 def peer_updown():
-    """benchmarks/peer_updown.py with the peer's modules imported, or a skip saying what is missing."""
+    """benchmarks/peer.py with the peer's modules imported, or a skip saying what is missing."""
     mods = peer_modules()
-    import peer_updown as pu
+    import peer as pu
 
     return lambda model: pu.build(mods, model).eval()
 

@@ -179,7 +179,7 @@ def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
     """Stated tolerance: the bf16 loss within 1e-2 relative of fp32's, every parameter's gradient
     within 1e-1 in relative L2 norm, on the same weights and batch (bf16 keeps 8 significant bits:
     4e-3 relative rounding of each product's inputs and of the logits). At the paper's shapes
-    benchmarks/precision_numerics.py measures the same quantities."""
+    benchmarks/models_speed.py --what numerics measures the same quantities."""
     model = _model(tiny)
     with torch.no_grad():  # a peaked, trained-like output layer: logits of order 10
         model.logit.weight.mul_(20.0)

@@ -25,7 +25,7 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
 ``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
-equal (benchmarks/fast_path.py), per device type and model: Att2in on CUDA. It is recorded in
+equal (benchmarks/models_speed.py --fast), per device type and model: Att2in on CUDA. It is recorded in
 the manifest (``fast``, ``fast_option``) and is not part of the resume identity, like ``--device``:
 on a CPU it gives the
 eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
@@ -48,9 +48,9 @@ from rdpp_cli.training.distributed import call, unwrap
 # --fast auto: on where the fast path was measured faster than the eager step *and* equal to it, per
 # device type and model class (docs/training.md, "The fast path"; the GPU check is
 # benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32, medians of
-# interleaved steps (benchmarks/fast_path.py) -- XE 13.3 ms against 63.5 eager, R-DPP 50.8 against
+# interleaved steps (benchmarks/models_speed.py --fast) -- XE 13.3 ms against 63.5 eager, R-DPP 50.8 against
 # 100.1, SCST 63.5 against 97.3, the same numbers. UpDown and the Transformer: not yet measured on a
-# GPU. A CPU: slower (benchmarks/fast_path.py).
+# GPU. A CPU: slower (benchmarks/models_speed.py --fast).
 ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
     ("cuda", "Att2in"): True,
     ("cuda", "UpDown"): False,
@@ -60,7 +60,7 @@ ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
 
 @dataclass(frozen=True)
 class FastSettings:
-    """How the fast path runs on one kind of device (benchmarks/fast_path.py compares variants).
+    """How the fast path runs on one kind of device (benchmarks/models_speed.py --fast compares variants).
 
     ``backend``: torch.compile's backend; ``train_mode`` / ``sample_mode``: its mode for the
     teacher-forced pass and for one decoding step (None: the default; "reduce-overhead": CUDA

@@ -1,0 +1,55 @@
+"""benchmarks/models_speed.py, the one benchmark harness, at tiny sizes on a CPU for one repeat: it
+checks rdpp against the peer's own module first (when the peer's checkout is here) and reports every
+side it was asked for, with a positive time, and ratios of the pairs it timed. Nothing is asserted
+about speed (CONTRIBUTING.md: speed is measured in benchmarks/, never asserted in a test). The runs
+take about 15-30 s of CPU on 2 cores (most of it importing the peer and building models): slow."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from helpers import BENCHMARKS, peer_modules
+
+
+@pytest.fixture(scope="module")
+def models_speed():
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import models_speed
+
+    return models_speed
+
+
+@pytest.mark.slow
+def test_the_harness_checks_against_the_peer_then_times_every_side(models_speed, capsys):
+    peer_modules()  # the peer's checkout, or a skip saying what is missing
+    models_speed.main(["--model", "att2in", "--quick", "--what", "xe", "--precision", "fp32,bf16", "--json"])
+    out = capsys.readouterr().out
+    line = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"benchmark": "models_speed"')))
+    assert set(line["steps"]) == {"rdpp Att2in xe fp32", "rdpp Att2in xe bf16", "self-critical.pytorch Att2in2Model xe"}
+    assert all(s["median"] > 0 and len(s["times"]) == 1 for s in line["steps"].values())
+    assert [p[0] for p in line["pairs"]] == ["xe fp32", "xe bf16"]
+    check = line["checks"]["xe"]
+    assert check["same_greedy_captions"] and check["logprob"] <= 1e-4
+    assert check["float64"]["loss_abs_diff"] <= 1e-9 and check["float64"]["grad_rel_diff"] <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_model_without_a_fast_path_is_reported_refused(models_speed, capsys):
+    models_speed.main(["--model", "updown", "--quick", "--what", "xe", "--no-peer", "--fast", "fast", "--json"])
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert line["checks"]["xe"]["fast"]["error"].startswith("refused")
+    assert list(line["steps"]) == ["rdpp UpDown xe fp32"]
+
+
+@pytest.mark.unit
+def test_the_summary_reads_the_harness_lines(models_speed, tmp_path, capsys):
+    log = tmp_path / "models_att2in.log"
+    log.write_text(json.dumps({"benchmark": "models_speed", "title": "Att2in", "ratios": {"xe fp32": 2.0},
+                               "pairs": [["xe fp32", "a", "b"]], "steps": {"a": {"median": 0.01}, "b": {"median": 0.02}}}))
+    models_speed.main(["--summary", str(log)])
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("Att2in xe fp32") and "10.0ms" in row and "20.0ms" in row and "2.00x" in row
