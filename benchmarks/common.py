@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.att2in import Att2in, config_from_preset
+from rdpp_cli.models.att2in import Att2in
+from rdpp_cli.models.registry import build
 
 VOCAB, REGIONS, ATT_DIM, SEQ_LEN, SEQ_PER_IMG, BATCH = 9487, 196, 2048, 16, 5, 50
 REFS = 5  # references per image
@@ -50,7 +51,7 @@ def paper_model(seed: int = 0, words: float | None = None, device="cpu") -> Att2
     ``words``: the EOS logit's bias set so that sampled captions have that many words on average
     (the other logits are ≈ 0: P(EOS) = e^b / (e^b + V))."""
     torch.manual_seed(seed)
-    model = Att2in(config_from_preset("paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN))
+    model = build("att2in", "paper", vocab_size=VOCAB, att_feat_size=ATT_DIM, seq_length=SEQ_LEN)
     if words is not None:
         p = eos_probability(words)
         with torch.no_grad():

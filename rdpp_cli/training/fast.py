@@ -1,13 +1,13 @@
 """The training fast path (``--fast on``): the same steps, shaped for a GPU's limits.
 
-A training step of Att2in at the paper's shapes is bound by kernel launches and host work (a Python
+A training step of an LSTM captioner at the paper's shapes is bound by kernel launches and host work (a Python
 loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
 run the same mathematics another way (docs/training.md, "The fast path"):
 
-- **one compiled teacher-forced pass.** ``Att2in.static_token_logprobs`` (every shape fixed by the
+- **one compiled teacher-forced pass.** The model's ``static_token_logprobs`` (every shape fixed by the
   label width: the LSTM runs all L + 1 steps, the output layer every position, nothing waits for
   the device) under ``torch.compile`` (``FastSettings.train_mode``; on CUDA ``"reduce-overhead"``,
-  i.e. CUDA graphs); under the compiler Att2in's two hand-written kernels give way to the plain
+  i.e. CUDA graphs); under the compiler the models' hand-written kernels give way to the plain
   expressions, which it fuses itself (``models/ops.py``). One compiled function serves the XE
   loss and the RL steps' policy log-probs (one graph per input shape).
 - **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
