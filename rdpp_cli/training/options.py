@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rdpp_cli import checks
 from rdpp_cli.checks import DEFAULT_FAST, FAST_CHOICES
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
@@ -48,6 +49,11 @@ def _probability(flag: str, value: float | None) -> None:
 def _decay_rate(flag: str, value: float | None) -> None:
     if value is not None and not 0 < value <= 1:
         raise RdppError(f"{flag} must be in (0, 1] (got {value})")
+
+
+def _model(flag: str, value: str | None) -> None:
+    """A name of rdpp_cli.models.registry.MODELS, read when checked (a line added is a --model)."""
+    checks.one_of(flag, value, tuple(MODELS), "a model")
 
 
 def loop_option(default: Any, help: str, *flags: str, **kw: Any) -> Any:
@@ -152,7 +158,7 @@ class XEOptions(TrainLoopOptions):
         None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
         "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
     model: str = option(DEFAULT_MODEL, f"Captioner: {models_help()} (docs/model.md).",
-                        check=one_of(*MODELS, what="a model"))
+                        check=_model)
     preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
                          "(CPU, the bundled data); options given explicitly win (docs/training.md).",
                          check=one_of(*MODEL_PRESETS, what="a preset"))
