@@ -291,3 +291,14 @@ def test_loggers_see_every_step_and_the_rows_of_metrics_csv(tmp_path):
     assert seen == [(1, "epoch 1, step 1"), (2, "epoch 1, step 2"), (3, "epoch 2, step 3"), (4, "epoch 2, step 4")]
     assert rec.positions == [p for _, p in seen]
     assert recipe.position == loop.Position(epoch=2, batch=0, step=4)
+
+
+@pytest.mark.unit
+def test_workers_default_to_what_the_device_wants():
+    """Issue 34: --workers not given reads ahead with 4 threads on CUDA and none on a CPU (as before);
+    the manifest records the number used."""
+    assert [XEOptions().loader_workers(d) for d in ("cuda", "cpu")] == [4, 0]
+    assert FinetuneOptions(workers=2).loader_workers("cuda") == 2 and XEOptions(workers=0).loader_workers("cuda") == 0
+    _, config = loop.run_settings("xe", XEOptions(device="cpu", preset="small").with_preset(), "fp32", identity={},
+                                  recorded={})
+    assert config["workers"] == 0

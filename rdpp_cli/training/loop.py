@@ -162,7 +162,8 @@ def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity
     ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
     config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
               "fast": resolve_fast(opts.fast, D.runtime().device), "fast_option": opts.fast,
-              "processes": D.runtime().world_size, **recorded}
+              "processes": D.runtime().world_size, "workers": opts.loader_workers(D.runtime().device.type),
+              **recorded}
     config = {k: v for k, v in config.items() if k not in opts.unused()}  # a manifest records what ran
     if opts.recipe_record() is not None:
         config["recipe"] = opts.recipe_record()
@@ -286,7 +287,8 @@ class TrainingRecipe:
         self.rt = rt = D.setup(o.device)
         self.model.to(rt.device)
         self.loader = CaptionBatches(self.data, "train", batch_size=o.batch_size, seq_per_img=o.seq_per_img,
-                                     seed=o.seed, rank=rt.rank, world_size=rt.world_size, num_workers=o.workers,
+                                     seed=o.seed, rank=rt.rank, world_size=rt.world_size,
+                                     num_workers=o.loader_workers(rt.device.type),
                                      pin_memory=rt.device.type == "cuda")
         self.val_all = validation_images(self.data, o.val_images)
         self.val_share = np.array_split(self.val_all, rt.world_size)[rt.rank]
@@ -533,6 +535,8 @@ class TrainingRecipe:
         rngs = D.all_gather_object(rng_state())
         if not self.rt.is_main:
             return
+        for lg in self.loggers:
+            lg.before_save(pos.step)
         save_state(self.state_path, {**self.state_dict(), "rng": rngs})
         save_checkpoint(self.ckpt_dir / "last.pt", self.model, list(self.data.words), epoch=pos.epoch, step=pos.step,
                         stage=self.stage, val_cider=self.last_val)

@@ -24,7 +24,9 @@ from rdpp_cli.models.registry import DEFAULT_MODEL, MODELS, model_spec, models_h
 from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
 from rdpp_cli.training.reward_table import REWARDS as REWARD_TABLE
 
-LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
+LOOP_CLI = {"rich_help_panel": "Training loop"}
+# --workers not given: per device type (the COCO epochs of docs/training.md were measured with 4 on CUDA)
+WORKERS = {"cuda": 4, "cpu": 0}  # --help shows the loop's options in a panel of their own
 GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
 
 XE_SCHEDULES = ("step", "noam")  # train-xe --lr-schedule
@@ -89,8 +91,10 @@ class TrainLoopOptions(Options):
         "before it, the reward on the model's device, fused Adam, the loss read every few steps; the same numbers "
         "(docs/training.md). auto: on where measured faster and equal (so far nowhere), on, off.",
         identity=False, check=one_of(*FAST_CHOICES, what="a --fast setting"))
-    workers: int = loop_option(0, "Threads reading the next batches while a step runs (0: read in the loop; "
-                               "docs/data.md).", identity=False, check=at_least(0))
+    workers: int | None = loop_option(
+        None, "Threads reading the next batches while a step runs (0: read in the loop; docs/data.md). Default: "
+        f"{WORKERS['cuda']} on a CUDA GPU (the loader must keep up with it), {WORKERS['cpu']} on a CPU (the step is "
+        "the limit there).", identity=False, check=at_least(0))
     resume: bool = loop_option(True, "Continue an unfinished run with the same settings, or start it over.",
                                "--resume/--no-resume", identity=False, record=False)
 
@@ -100,6 +104,10 @@ class TrainLoopOptions(Options):
     adam_beta2: ClassVar[float] = 0.999
     adam_eps: ClassVar[float] = 1e-8
     STAGE: ClassVar[str] = ""  # the registry's name of the stage (its recipes: rdpp_cli.models.registry)
+
+    def loader_workers(self, device_type: str) -> int:
+        """``workers``, or its default on a device of ``device_type`` (``WORKERS``)."""
+        return self.workers if self.workers is not None else WORKERS.get(device_type, 0)
 
     def unused(self) -> set[str]:
         """The options that cannot act in this combination (resolved options): left out of the
