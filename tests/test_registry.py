@@ -162,3 +162,17 @@ def test_no_module_outside_models_names_a_model_class():
     wrong = [str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py")) if p.parent.name != "models"
              and (re.search(rf"\b({names})\b", p.read_text()) or re.search("att2in", p.read_text(), re.IGNORECASE))]
     assert not wrong, wrong
+
+
+@pytest.mark.integration
+def test_init_from_records_the_sizes_it_ran_with_not_the_presets(ws, tmp_path):
+    """Issue 36: with --init-from the sizes are the init model's; a manifest does not say `preset: paper`
+    for them. The recipe (lr, batch, ...) still came from --preset paper, and says so."""
+    small = train_xe(ws / "data" / "tiny-v1", preset="small", epochs=1, batch_size=4, val_images=2,
+                     device="cpu", out=tmp_path / "small", workspace=ws)
+    art = train_xe(ws / "data" / "tiny-v1", init_from=str(small.path), preset="paper", epochs=1, batch_size=4,
+                   ss_start=-1, val_images=2, device="cpu", out=tmp_path / "init", workspace=ws)
+    cfg = art.manifest["config"]
+    assert cfg["preset"] is None and cfg["sizes_from"] == str(small.path / "checkpoints" / "best.pt")
+    assert cfg["recipe"]["preset"] == "paper" and cfg["lr"] == 5e-4 and cfg["lr_decay_every"] == 15
+    assert cfg["model_config"]["rnn_size"] == 256  # the small model's, not the paper's 512
