@@ -289,7 +289,8 @@ def probe_key(shape: ProbeShape, device: torch.device | str = "cpu") -> str:
     widths = "/".join(f"{k}={fields[k]}" for k in sorted(fields) if k not in ("vocab_size", "att_feat_size"))
     return (f"{_device_name(device)} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
             f"{shape.model} {shape.preset} {widths} | att {shape.regions}x{shape.att_feat_size} vocab "
-            f"{shape.vocab_size} | batch {shape.images}x{shape.seq_per_img}x{shape.steps} | fast {shape.fast} | XE step")
+            f"{shape.vocab_size} | batch {shape.images}x{shape.seq_per_img}x{shape.steps} | fast {shape.fast} "
+            "| XE step")
 
 
 def cpu_key(shape: ProbeShape) -> str:

@@ -90,7 +90,8 @@ class ModelSpec:
 _XE_SMALL = {"epochs": 30, "batch_size": 50, "lr": 4e-4, "lr_decay_every": 3, "lr_decay_rate": 0.8, "ss_start": -1,
              "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
 _NOAM = {"lr": 1.0, "lr_schedule": "noam", "adam_beta2": 0.98, "adam_eps": 1e-9}
-_FT_SMALL = {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8, "lr_schedule": "step"}
+_FT_SMALL = {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8,
+             "lr_schedule": "step"}
 
 MODELS: dict[str, ModelSpec] = {s.name: s for s in (
     # run_att.sh / train_dpp.sh of the R-DPP authors' code (self-critical.pytorch's Att2in2)

@@ -398,9 +398,9 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
         opts = opts.with_preset(checkpoint_model_name(inp.checkpoint))  # the recipe of the XE model's architecture
         seed_everything(opts.seed)
         net = model_from_checkpoint(inp.checkpoint, where=str(inp.checkpoint_path))
-        precision = resolve_precision(opts.precision, rt.device, ProbeShape.of(
-            net, images=opts.batch_size, seq_per_img=opts.m, regions=inp.data.att_regions,
-            steps=inp.data.seq_length, fast=resolve_fast(opts.fast, rt.device)))
+        shape = ProbeShape.of(net, images=opts.batch_size, seq_per_img=opts.m, regions=inp.data.att_regions,
+                              steps=inp.data.seq_length, fast=resolve_fast(opts.fast, rt.device))
+        precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))  # one for every process
         identity, config = run_settings(
             "finetune", opts, precision,
             identity={"lam": opts.reward_setting("lam"), "train_reward": TRAIN_REWARD,

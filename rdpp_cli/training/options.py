@@ -143,7 +143,8 @@ class TrainLoopOptions(Options):
             return (f"{flag} sets the step schedule's decay, which --lr-schedule {schedule} does not use; drop it or "
                     "pass --lr-schedule step")
         if name == "warmup":
-            return "--warmup is the noam schedule's warm-up, which --lr-schedule step has not; drop it or pass --lr-schedule noam"
+            return ("--warmup is the noam schedule's warm-up, which --lr-schedule step has not; drop it or pass "
+                    "--lr-schedule noam")
         return (f"{flag} shapes scheduled sampling, which is off (--ss-start -1); drop it or pass --ss-start K "
                 "to sample after epoch K")
 
@@ -211,8 +212,8 @@ class XEOptions(TrainLoopOptions):
         out = set() if self.scheduled_sampling else set(self.SS_SETTINGS)
         return out | ({"lr_decay_every", "lr_decay_rate"} if self.lr_schedule == "noam" else {"warmup"})
 
-    # settings at these values change nothing in a run of the default model as it always trained: left out of the identity (and so of
-    # the manifest's config), so that a run from before they existed still resumes
+    # settings at these values change nothing in a run of the default model as it always trained: left out of
+    # the identity (and so of the manifest's config), so that a run from before they existed still resumes
     NEUTRAL: ClassVar[dict[str, Any]] = {"model": DEFAULT_MODEL, "ss_start": -1, "label_smoothing": 0.0,
                                          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
     SS_SETTINGS: ClassVar[tuple[str, ...]] = ("ss_every", "ss_step", "ss_max")

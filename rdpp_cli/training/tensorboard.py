@@ -21,9 +21,9 @@ orphans (its Python loader by the marker, its data server because the steps go b
 steps 1..S once each, then the new ones. The ``epoch`` writer marks a restart at 0 and writes the
 resume state's rows again, so the epoch run is metrics.csv whatever moment the run died at. The
 events are flushed to disk every ``FLUSH_SECONDS`` (a GPU run takes tens of steps a second, and a
-flush per step costs a write and an fsync-free syscall each) and always before a resume state is
-written (``before_save``), so a killed run has written every step up to its resume state. A run that starts at step 0 (a new one, or ``--no-resume``) removes the folder's earlier
-events first.
+flush per step costs a write each) and always before a resume state is written (``before_save``),
+so a killed run has written every step up to its resume state. A run that starts at step 0 (a new
+one, or ``--no-resume``) removes the folder's earlier events first.
 
 The manifest: the writers are closed when the run ends, before the manifest is written, so the
 event files are files of the artifact like any other, hashed and checked by ``rdpp verify``.

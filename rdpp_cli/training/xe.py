@@ -263,7 +263,9 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
         inp = read_inputs(opts, quiet=not rt.is_main)
         model = build_model(opts, inp)
         fast = xe_fast_path(opts, rt.device, model)
-        precision = resolve_precision(opts.precision, rt.device, probe_shape(model, inp.data, opts, fast))
+        # measured once, by rank 0, for every process (`auto`): the processes must train in one precision
+        shape = probe_shape(model, inp.data, opts, fast)
+        precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))
         # the sizes came from --preset, or from the --init-from model (then no preset's: record what ran)
         sizes = {"preset": opts.preset} if inp.init is None else {"preset": None, "sizes_from": inp.init_where}
         identity, config = run_settings(
