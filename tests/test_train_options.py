@@ -302,3 +302,20 @@ def test_workers_default_to_what_the_device_wants():
     _, config = loop.run_settings("xe", XEOptions(device="cpu", preset="small").with_preset(), "fp32", identity={},
                                   recorded={})
     assert config["workers"] == 0
+
+
+@pytest.mark.unit
+def test_the_plateau_schedule_halves_the_lr_after_three_epochs_without_a_better_val_cider():
+    """self-critical.pytorch's --reduce_on_plateau (factor 0.5, patience 3) on the validation CIDEr-D,
+    higher being better: the Transformer's finetune --preset paper."""
+    import torch
+
+    opts = FinetuneOptions(preset="paper").with_preset("transformer")
+    net = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(net.parameters(), lr=opts.lr)
+    sched = loop.lr_schedule(opt, opts, net)
+    lrs = []
+    for cider in (0.5, 0.6, 0.6, 0.55, 0.6, 0.59, 0.7):
+        sched.step(cider)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == [1e-5] * 5 + [5e-6, 5e-6]  # best 0.6 at epoch 2; halved after the 4th epoch no better (> 3)
