@@ -24,9 +24,9 @@ from rdpp_cli.models.registry import DEFAULT_MODEL, MODELS, model_spec, models_h
 from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
 from rdpp_cli.training.reward_table import REWARDS as REWARD_TABLE
 
-LOOP_CLI = {"rich_help_panel": "Training loop"}
+LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
 # --workers not given: per device type (the COCO epochs of docs/training.md were measured with 4 on CUDA)
-WORKERS = {"cuda": 4, "cpu": 0}  # --help shows the loop's options in a panel of their own
+WORKERS = {"cuda": 4, "cpu": 0}
 GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
 
 XE_SCHEDULES = ("step", "noam")  # train-xe --lr-schedule
@@ -99,7 +99,7 @@ class TrainLoopOptions(Options):
                                "--resume/--no-resume", identity=False, record=False)
 
     seq_per_img: ClassVar[int] = 5  # captions per image in a batch: an option of train-xe, finetune's follows its reward
-    lr_schedule: ClassVar[str] = "step"  # train-xe's option; finetune decays by steps of epochs
+    lr_schedule: ClassVar[str] = "step"  # an option of train-xe (step, noam) and finetune (step, plateau)
     warmup: ClassVar[int] = 0
     adam_beta2: ClassVar[float] = 0.999
     adam_eps: ClassVar[float] = 1e-8
