@@ -12,7 +12,7 @@ from rdpp_cli.errors import RdppError
 
 MAX_SEED = 2**63 - 1
 # ``--precision``'s values and default (rdpp_cli.precision runs them; here, torch-free, for the CLI)
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "auto")
 DEFAULT_PRECISION = "fp32"
 # ``--fast`` (the training fast path, rdpp_cli/training/fast.py): its values and default
 FAST_CHOICES = ("auto", "on", "off")

@@ -190,10 +190,11 @@ def device_option(default: str = "auto", cli: dict | None = None) -> Any:
 
 def precision_option(cli: dict | None = None) -> Any:
     """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved there)."""
-    return option(checks.DEFAULT_PRECISION, "The model's arithmetic: fp32, bf16 (autocast; float32 weights, rewards "
-                  "and metrics), fp16 (autocast + loss scaling; slow on CPUs) or auto (bf16 on a GPU of compute "
-                  "capability 8.0+, and on a CPU where it measures at least 1.1x faster, timed once and cached in "
-                  "~/.cache/rdpp; else fp32).", check=one_of(*checks.PRECISIONS, what="a precision"), cli=cli)
+    return option(checks.DEFAULT_PRECISION, "The model's arithmetic: fp32, tf32 (CUDA: float32 tensors, "
+                  "TensorFloat-32 matrix products), bf16 (autocast; float32 weights, rewards and metrics), fp16 "
+                  "(autocast + loss scaling; slow on CPUs) or auto (bf16 where a step of this run's model at its "
+                  "batch measures at least 1.1x faster than fp32, timed once and cached in ~/.cache/rdpp; else fp32).",
+                  check=one_of(*checks.PRECISIONS, what="a precision"), cli=cli)
 
 
 # ---- checks for declarations (``check=at_least(1)``); the messages live in rdpp_cli.checks ----------

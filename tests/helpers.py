@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 from rdpp_cli.artifacts import finish, prepare_output, write_manifest
 from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.models import Att2in, Att2inConfig, config_from_preset, save_checkpoint, sequence_logprobs
+from rdpp_cli.models import save_checkpoint, sequence_logprobs
+from rdpp_cli.models.att2in import Att2in, Att2inConfig
+from rdpp_cli.models.registry import build
 
 COLOURS = ["red", "blue", "green", "yellow"]
 SHAPES = ["circle", "square", "triangle"]
@@ -144,9 +146,8 @@ def model_artifact(ws: Path, data, *, group: str = "xe", name: str = "att2in", s
     """A small untrained Att2in as a complete model artifact made from ``data`` (an Artifact)."""
     ds = DataArtifact(data)
     torch.manual_seed(seed)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
-                                    seq_length=ds.seq_length, rnn_size=32,
-                                    input_encoding_size=32, att_hid_size=32))
+    net = build("att2in", "small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim, seq_length=ds.seq_length,
+                rnn_size=32, input_encoding_size=32, att_hid_size=32)
     cfg = {"stage": "xe" if group == "xe" else "finetune", "seed": seed}
     out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
     save_checkpoint(out / "checkpoints" / "best.pt", net, ds.words)

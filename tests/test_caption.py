@@ -18,7 +18,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.data.toy import prepro_toy
 from rdpp_cli.data.vocab import unk_id
-from rdpp_cli.models.att2in import Att2in, config_from_preset
+from rdpp_cli.models.registry import build
 from rdpp_cli.models.checkpoint import save_checkpoint
 from rdpp_cli.training.xe import train_xe
 
@@ -241,9 +241,8 @@ def unk_lover(tmp_path_factory):
     data = prepro_toy(workspace=ws, images=60, seed=1)
     ds = DataArtifact(data)
     torch.manual_seed(0)
-    net = Att2in(config_from_preset("small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
-                                    seq_length=ds.seq_length, rnn_size=32,
-                                    input_encoding_size=32, att_hid_size=32))
+    net = build("att2in", "small", vocab_size=ds.vocab_size, att_feat_size=ds.att_dim, seq_length=ds.seq_length,
+                rnn_size=32, input_encoding_size=32, att_hid_size=32)
     with torch.no_grad():
         net.logit.bias[unk_id(ds.words)] += 8.0
     out = prepare_output(None, workspace=ws, group="xe", name="unk", kind="rdpp.model", config={"stage": "xe"})

@@ -206,3 +206,17 @@ def test_the_figure_never_prints_minus_zero():
     from rdpp_cli.reporting.compare_figure import _num
 
     assert (_num(-1e-16), _num(0.004), _num(-0.5), _num(0.653)) == ("0.00", "0.00", "-0.50", "0.65")
+
+
+@pytest.mark.unit
+def test_format_without_a_figure_is_refused_and_the_format_is_recorded_only_with_one(tmp_path):
+    """Issue 36: --format sets the --figure drawing's format; alone it cannot act: one line, exit 2."""
+    from rdpp_cli.errors import RdppError
+    from rdpp_cli.reporting.options import CompareOptions
+
+    with pytest.raises(RdppError, match="--format png is the format of the --figure drawing, and no --figure "
+                                        "was given; pass --figure IDS_FILE or drop --format"):
+        CompareOptions(samples=["a"], format="png")
+    assert CompareOptions(samples=["a"]).recorded()["format"] is None
+    assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt").recorded()["format"] == "pdf"
+    assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt", format="svg").figure_format == "svg"

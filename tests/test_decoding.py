@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rdpp_cli.decoding.decode import DecodeConfig, decode
-from rdpp_cli.models import Att2in, config_from_preset, save_checkpoint, sequence_logprobs
+from rdpp_cli.models import save_checkpoint, sequence_logprobs
+from rdpp_cli.models.registry import build
 
 from helpers import fit_captions
 
@@ -20,8 +21,8 @@ V = 15
 def model(seed=0, scale=1.0):
     """A small random Att2in; ``scale`` multiplies the output layer (peakier distributions)."""
     torch.manual_seed(seed)
-    m = Att2in(config_from_preset("small", V, 6, 8, rnn_size=24, input_encoding_size=12,
-                                  att_hid_size=12, drop_prob_lm=0.0)).eval()
+    m = build("att2in", "small", vocab_size=V, att_feat_size=6, seq_length=8, rnn_size=24, input_encoding_size=12,
+              att_hid_size=12, drop_prob_lm=0.0).eval()
     with torch.no_grad():
         m.logit.weight.mul_(scale)
         m.logit.bias.mul_(scale)
@@ -62,8 +63,8 @@ def _toy_data():
 def toy():
     att, seqs = _toy_data()
     torch.manual_seed(0)
-    m = Att2in(config_from_preset("small", len(WORDS), 6, 7, rnn_size=32, input_encoding_size=16,
-                                  att_hid_size=16, drop_prob_lm=0.0))
+    m = build("att2in", "small", vocab_size=len(WORDS), att_feat_size=6, seq_length=7, rnn_size=32,
+              input_encoding_size=16, att_hid_size=16, drop_prob_lm=0.0)
     loss = fit_captions(m, att, seqs, steps=150)
     assert loss.item() < 0.5  # close to the entropy of 5 equally likely wordings (log 5 / ~5 tokens)
     return m.eval(), att

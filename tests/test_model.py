@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from rdpp_cli.errors import RdppError
+from rdpp_cli.models.att2in import Att2in
+from rdpp_cli.models.registry import build
 from rdpp_cli.models import (
-    Att2in,
-    config_from_preset,
     load_checkpoint,
     load_model,
     save_checkpoint,
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 def tiny(vocab=12, seed=0, dropout=0.0, **kw):
     torch.manual_seed(seed)
     kw = dict(dict(input_encoding_size=8, rnn_size=16, att_hid_size=10, drop_prob_lm=dropout), **kw)
-    return Att2in(config_from_preset("small", vocab, 7, 5, **kw))
+    return build("att2in", "small", vocab_size=vocab, att_feat_size=7, seq_length=5, **kw)
 
 
 def reference_logprobs(m: Att2in, att, seqs, att_mask=None):

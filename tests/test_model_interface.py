@@ -15,7 +15,9 @@ from rdpp_cli.models import MODELS, CaptionModel, DropoutMasks, model_spec, sele
 from rdpp_cli.models.att2in import Att2in
 from rdpp_cli.models.base import stepwise_logprobs
 from rdpp_cli.training.loop import noam_factor
-from rdpp_cli.training.options import MODEL_NAMES, MODEL_PRESETS, XE_RECIPES, XEOptions
+from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
+from rdpp_cli.models.registry import STAGES
+from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.reward_table import REWARDS
 from rdpp_cli.training.xe import XELoss, smoothed_nll, xe_loss
 
@@ -28,13 +30,14 @@ def _tiny(name: str = "att2in", dropout: float = 0.0, seed: int = 0):
     return spec.build("small", vocab_size=11, att_feat_size=6, fc_feat_size=6, seq_length=5, drop_prob_lm=dropout)
 
 
-def test_every_registered_model_has_the_interface_and_the_options_know_it():
-    assert tuple(MODELS) == MODEL_NAMES
+def test_every_registered_model_has_the_interface_sizes_and_both_stages_recipes():
     for name, spec in MODELS.items():
         model = _tiny(name)
         assert isinstance(model, CaptionModel), name
-        assert set(spec.presets) == set(MODEL_PRESETS), name
-        assert set(XE_RECIPES[name]) == set(MODEL_PRESETS), name
+        assert type(model).__name__ == spec.class_name and isinstance(model.config, spec.config_cls), name
+        assert set(spec.sizes) == set(MODEL_PRESETS), name
+        assert set(spec.recipes) == set(STAGES), name
+        assert all(set(spec.recipes[stage]) == set(MODEL_PRESETS) for stage in STAGES), name
 
 
 def test_an_unknown_model_or_preset_is_one_line():

@@ -19,7 +19,7 @@ from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.base import CaptionModel, select_rows, sequence_logprobs, stepwise_logprobs
 from rdpp_cli.models.checkpoint import load_model, save_checkpoint
 from rdpp_cli.models.registry import model_spec
-from rdpp_cli.models.updown import PRESETS, UpDown, UpDownConfig
+from rdpp_cli.models.updown import UpDown, UpDownConfig
 from rdpp_cli.training.finetune import RewardStep
 from rdpp_cli.training.xe import xe_loss
 
@@ -159,7 +159,7 @@ def test_beam_search_reorders_every_part_of_the_state():
 @pytest.mark.unit
 def test_registry_presets_and_missing_fc():
     spec = model_spec("updown")
-    assert spec.cls is UpDown and spec.presets is PRESETS
+    assert spec.cls is UpDown and spec.config_cls is UpDownConfig and spec.class_name == "UpDown"
     paper = spec.config("paper", vocab_size=9487, att_feat_size=2048, fc_feat_size=2048, seq_length=16)
     assert (paper.rnn_size, paper.input_encoding_size, paper.att_hid_size, paper.drop_prob_lm) == (1000, 1000, 512, 0.5)
     small = spec.build("small", vocab_size=15, att_feat_size=16, fc_feat_size=8, seq_length=8)

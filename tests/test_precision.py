@@ -5,6 +5,7 @@ the on-policy replay under bf16, exact resume (with fp16's loss scaler), and the
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -63,17 +64,58 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path)
     assert P.resolve_precision("auto", "cpu") == "bf16"
     monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512bw"}))  # no native bf16
     assert P.resolve_precision("auto", "cpu") == "fp32"
-    for cc, want in (((7, 0), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16")):  # V100, A100, H100
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cc=cc: cc)
-        assert P.resolve_precision("auto", "cuda") == want
-    # an explicit choice is kept whatever the hardware
+    # an explicit choice is kept whatever the hardware; tf32 is a GPU's alone
     assert [P.resolve_precision(p, "cpu") for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
-    with pytest.raises(RdppError, match="--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto"):
+    with pytest.raises(RdppError, match="--precision 'half' is not a precision; use one of fp32, tf32, bf16, fp16, "):
         P.resolve_precision("half", "cpu")
+    with pytest.raises(RdppError, match="--precision tf32 is a CUDA GPU's TensorFloat-32 matrix arithmetic; on cpu"):
+        P.resolve_precision("tf32", "cpu")
+    assert P.resolve_precision("tf32", "cuda") == "tf32"
     # the options classes repeat the default (they cannot import torch): the two must agree
     from rdpp_cli.training.options import XEOptions
 
     assert XEOptions.__dataclass_fields__["precision"].default == P.DEFAULT_PRECISION == "fp32"
+
+
+@pytest.mark.unit
+def test_auto_on_cuda_measures_the_runs_step_and_is_fp32_until_measured(monkeypatch, tmp_path):
+    """Issue 34: not bf16 from the compute capability alone. A GPU with bf16 units (8.0+) times the
+    run's own step (model, batch, fast path) once per kind of run and caches the choice; before 8.0 it
+    is fp32 without timing. Only the timings are faked here."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    calls = []
+    timings = iter([{"fp32_s": 0.0414, "bf16_s": 0.0442}, {"fp32_s": 0.050, "bf16_s": 0.040}])  # the H200's XE step
+    monkeypatch.setattr(P, "probe_bf16", lambda shape, device: calls.append((shape, str(device))) or next(timings))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # V100
+    assert P.resolve_precision("auto", "cuda") == "fp32" and calls == []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100/H200
+    run = P.ProbeShape(model="updown", preset="small", images=50, fast="on")
+    assert P.resolve_precision("auto", "cuda", run) == "fp32"  # bf16 measured slower: fp32
+    assert P.resolve_precision("auto", "cuda", run) == "fp32" and calls == [(run, "cuda")]  # cached
+    key = P.probe_key(run, "cuda")
+    assert key.startswith("NVIDIA H200 (cuda) | ") and "updown small" in key and "batch 50x5x8" in key
+    assert "fast on" in key and json.loads(P.cache_path().read_text())[key]["choice"] == "fp32"
+    other = P.ProbeShape(model="updown", preset="small", images=10, fast="on")  # another batch: measured anew
+    assert P.resolve_precision("auto", "cuda", other) == "bf16" and len(calls) == 2
+
+
+@pytest.mark.unit
+def test_the_probe_builds_the_runs_model_from_the_registry(tiny):
+    """``ProbeShape.of`` a model built for a run names its registry line and config, and the probe
+    builds that very model (another class, other sizes than Att2in's paper preset)."""
+    from rdpp_cli.models.registry import build
+
+    net = build("transformer", "small", vocab_size=tiny.vocab_size, att_feat_size=tiny.att_dim, seq_length=5)
+    shape = P.ProbeShape.of(net, images=3, seq_per_img=2, regions=8, steps=5)
+    probe = P.probe_model(shape)
+    assert type(probe) is type(net) and probe.config == net.config and probe.training
+    assert (shape.model, shape.images, shape.seq_per_img) == ("transformer", 3, 2)
+    g = torch.Generator().manual_seed(0)
+    att = torch.randn(3, 8, tiny.att_dim, generator=g)
+    words = torch.randint(1, tiny.vocab_size + 1, (3, 2, 5), generator=g)
+    loss = P.probe_step(probe, att, words, torch.optim.Adam(probe.parameters(), lr=1e-3), "fp32")
+    assert 0 < loss < 2 * math.log(tiny.vocab_size + 1)
 
 
 @pytest.mark.unit
@@ -297,8 +339,8 @@ def test_a_run_trains_in_the_precision_its_identity_records(ws, tmp_path, monkey
     import rdpp_cli.training.xe as xe_mod
 
     answers = iter(["fp32", "bf16", "bf16"])
-    monkeypatch.setattr(xe_mod, "resolve_precision", lambda p, d: next(answers))
-    monkeypatch.setattr(loop_mod, "resolve_precision", lambda p, d: next(answers))
+    monkeypatch.setattr(xe_mod, "resolve_precision", lambda p, d, *shape: next(answers))
+    monkeypatch.setattr(loop_mod, "resolve_precision", lambda p, d, *shape: next(answers))
     art = train_xe(ws / "data" / "tiny-v1", out=tmp_path / "xe", preset="small", epochs=1, batch_size=8,
                    val_images=3, device="cpu", seed=5, precision="auto")
     assert art.manifest["config"]["precision"] == "fp32"  # the recipe's own precision, written at the end
@@ -346,4 +388,4 @@ def test_sample_records_its_precision_and_bad_values_are_one_line(ws, tmp_path):
     r = runner.invoke(app, ["train-xe", "--data", str(ws / "data" / "tiny-v1"), "--precision", "half",
                             "--out", str(tmp_path / "bad"), "--workspace", str(ws)])
     assert r.exit_code == 2 and not (tmp_path / "bad").exists()
-    assert "--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto" in r.output
+    assert "--precision 'half' is not a precision; use one of fp32, tf32, bf16, fp16, auto" in r.output

@@ -34,7 +34,7 @@ from rdpp_cli.metrics.train_cider import TrainCider, with_eos
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.validation import greedy_cider
-from rdpp_cli.training.options import FINETUNE_PRESETS as PRESETS
+from rdpp_cli.models.registry import model_spec
 from rdpp_cli.training.rewards import dpp_weights, sampled_mask
 from rdpp_cli.training.xe import train_xe
 
@@ -363,8 +363,8 @@ def test_a_data_artifact_made_before_the_end_token_is_refused(tmp_path):
 
 @pytest.mark.integration
 def test_the_paper_preset(ws, tmp_path):
-    assert PRESETS["paper"] == {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15,
-                                "lr_decay_rate": 0.8}
+    assert model_spec("att2in").recipe("finetune", "paper") == {
+        "epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8, "lr_schedule": "step"}
     art = finetune(ws / "xe" / "att2in-small-v1", preset="paper", epochs=1, batch_size=8, val_images=2,
                    device="cpu", out=tmp_path / "ft", workspace=ws)
     cfg = read_artifact(art.path).config
@@ -374,4 +374,4 @@ def test_the_paper_preset(ws, tmp_path):
     toy = finetune(ws / "xe" / "att2in-small-v1", epochs=1, val_images=0, device="cpu", out=tmp_path / "toy",
                    workspace=ws, batch_size=16)
     cfg = read_artifact(toy.path).config
-    assert cfg["preset"] == "toy" and cfg["lr"] == 1e-4 and cfg["lr_decay_every"] == 0
+    assert cfg["preset"] == "small" and cfg["lr"] == 1e-4 and cfg["lr_decay_every"] == 0

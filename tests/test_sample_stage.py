@@ -10,7 +10,7 @@ from rdpp_cli.artifacts import finish, prepare_output, read_artifact, write_mani
 from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.toy import prepro_toy
-from rdpp_cli.models.att2in import Att2in, config_from_preset
+from rdpp_cli.models.registry import build
 from rdpp_cli.models.checkpoint import save_checkpoint
 
 
@@ -18,9 +18,8 @@ def _model_artifact(ws, data, vocab=None, seed=0, group="xe", name="att2in"):
     ds = DataArtifact(data)
     torch.manual_seed(seed)
     vocab = vocab or ds.words
-    net = Att2in(config_from_preset("small", vocab_size=len(vocab), att_feat_size=ds.att_dim,
-                                    seq_length=ds.seq_length, rnn_size=32,
-                                    input_encoding_size=32, att_hid_size=32))
+    net = build("att2in", "small", vocab_size=len(vocab), att_feat_size=ds.att_dim, seq_length=ds.seq_length,
+                rnn_size=32, input_encoding_size=32, att_hid_size=32)
     cfg = {"stage": "xe", "seed": seed, "vocab": len(vocab)}
     out = prepare_output(None, workspace=ws, group=group, name=name, kind="rdpp.model", config=cfg)
     save_checkpoint(out / "checkpoints" / "best.pt", net, vocab)

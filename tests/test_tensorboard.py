@@ -209,3 +209,31 @@ def test_a_resumed_runs_event_files_sort_after_the_interrupted_runs(tmp_path):
     (tmp_path / "step" / f"events.out.tfevents.{now}.host.99999.0").write_bytes(b"")
     wait_past_event_files(tmp_path)
     assert int(time.time()) > now
+
+
+@pytest.mark.unit
+def test_steps_are_flushed_every_few_seconds_and_before_a_resume_state(tmp_path, monkeypatch):
+    """Issue 34: no flush per step (a GPU run logs tens of steps a second); the writers flush every
+    FLUSH_SECONDS on their own and always before a resume state is written, so the events up to it are
+    on disk when a run is killed after it."""
+    from rdpp_cli.training import tensorboard as tb
+
+    if tb.summary_writer_class() is None:
+        pytest.skip("tensorboard is not installed")
+    logger = tb.TensorBoardLogger(tmp_path / "tb")
+    logger.start([])
+    flushes = []
+    real = logger.steps.flush
+    monkeypatch.setattr(logger.steps, "flush", lambda: flushes.append(1) or real())
+    assert logger.steps.flush_secs == logger.epochs.flush_secs == tb.FLUSH_SECONDS == 30
+    for step in range(1, 6):
+        logger.log_step(step, {"loss": 1.0 / step})
+    assert flushes == []
+    logger.before_save(5)
+    assert flushes == [1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb" / "step"))
+    acc.Reload()
+    assert [(e.step, round(e.value, 4)) for e in acc.Scalars("loss")] == [(s, round(1.0 / s, 4)) for s in range(1, 6)]
+    logger.close()

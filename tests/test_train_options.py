@@ -19,7 +19,9 @@ import torch
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.options import hints
 from rdpp_cli.training import loggers, loop
-from rdpp_cli.training.options import FINETUNE_PRESETS, MODEL_PRESETS, FinetuneOptions, TrainLoopOptions, XEOptions
+from rdpp_cli.errors import RdppError
+from rdpp_cli.models.registry import model_spec
+from rdpp_cli.training.options import FinetuneOptions, TrainLoopOptions, XEOptions
 from rdpp_cli.training.xe import xe_loss
 
 from helpers import att2in_for, error_line, listing, rdpp, write_tiny_data
@@ -38,7 +40,8 @@ VALUES = {
     "lr_schedule": "noam", "warmup": 100, "adam_beta2": 0.98, "adam_eps": 1e-9,
 }
 PRESET = {XEOptions: "small", FinetuneOptions: "paper"}
-OWN = {XEOptions: {"model": "transformer"}}  # a field name both stages have, with values of its own
+OWN = {XEOptions: {"model": "transformer"}, FinetuneOptions: {"lr_schedule": "plateau"}}  # a field name both
+# stages have, with values of its own
 STAGES = [("train-xe", XEOptions, "rdpp_cli.training.xe", "train_xe"),
           ("finetune", FinetuneOptions, "rdpp_cli.training.finetune", "finetune")]
 
@@ -96,11 +99,17 @@ def test_every_field_is_a_flag_a_config_key_and_an_rdpp_yaml_key(tmp_path, monke
     (["train-xe", "--workers", "-2"], "--workers must be at least 0 (got -2)"),
     (["train-xe", "--grad-clip", "inf"], "--grad-clip must be a finite number (got inf)"),
     (["train-xe", "--preset", "huge"], "--preset 'huge' is not a preset; use one of paper, small"),
-    (["train-xe", "--precision", "half"], "--precision 'half' is not a precision; use one of fp32, bf16, fp16, auto"),
+    (["train-xe", "--precision", "half"], "--precision 'half' is not a precision; use one of fp32, tf32, bf16, fp16, auto"),
+        # an option that cannot act in the combination (issue 36): refused when given, not when a recipe sets it
+        (["train-xe", "--preset", "small", "--warmup", "10"], "--warmup is the noam schedule's warm-up, which "
+         "--lr-schedule step has not"),
+        (["train-xe", "--preset", "small", "--ss-every", "3"], "--ss-every shapes scheduled sampling, which is off"),
+        (["train-xe", "--model", "transformer", "--lr-decay-every", "3"], "--lr-decay-every sets the step "
+         "schedule's decay, which --lr-schedule noam does not use"),
     (["finetune", "--reward", "ppo"], "--reward 'ppo' is not a reward; use one of dpp, scst, scst-mean, xe-cider"),
     (["finetune", "--sample-mode", "greedy"], "--sample-mode 'greedy' is not a sample mode; use one of train, eval"),
     (["finetune", "--checkpoint", "first"], "--checkpoint 'first' is not a checkpoint; use one of best, last"),
-    (["finetune", "--preset", "coco"], "--preset 'coco' is not a preset; use one of toy, paper"),
+    (["finetune", "--preset", "coco"], "--preset 'coco' is not a preset; use one of paper, small, toy"),
     (["finetune", "--lam", "nan"], "--lam must be a finite number (got nan)"),  # even with --reward dpp
     (["finetune", "--reward", "scst-mean", "--m", "1"], "--m 1 with --reward scst-mean"),
     (["finetune", "--epochs", "0"], "--epochs must be at least 1 (got 0)"),
@@ -136,21 +145,25 @@ def test_the_stage_functions_take_the_fields_with_their_types():
 
 @pytest.mark.unit
 def test_finetune_presets_fill_only_what_was_not_given():
-    opts = FinetuneOptions(preset="paper", epochs=2, lr=1e-3).with_preset()
+    opts = FinetuneOptions(preset="paper", epochs=2, lr=1e-3).with_preset("att2in")
     assert (opts.epochs, opts.lr) == (2, 1e-3)
     assert (opts.batch_size, opts.lr_decay_every, opts.lr_decay_rate) == (128, 15, 0.8)
-    assert FinetuneOptions().with_preset().identity() == {
-        **FINETUNE_PRESETS["toy"], "grad_clip": 0.1, "grad_clip_mode": "value", "val_images": None,
+    small = model_spec("att2in").recipe("finetune", "small")
+    assert small.pop("lr_schedule") == "step"  # left out of the identity: runs from before it still resume
+    assert FinetuneOptions().with_preset("att2in").identity() == {
+        **small, "grad_clip": 0.1, "grad_clip_mode": "value", "val_images": None,
         "val_batch_size": 100, "seed": 123, "precision": "fp32", "reward": "dpp", "m": 5, "baseline": "none",
         "lam": 5.0, "preset": "toy", "sample_mode": "train", "checkpoint": "best"}
     assert FinetuneOptions(reward="xe-cider").seq_per_img == 5 and FinetuneOptions().seq_per_img == 1
 
 
 @pytest.mark.unit
-def test_model_presets_are_the_models():
-    from rdpp_cli.models.att2in import PRESETS
-
-    assert MODEL_PRESETS == tuple(PRESETS)
+def test_finetune_small_keeps_the_identity_it_had_as_toy():
+    """`toy` is accepted as `small`'s old name; either way the identity says `toy`, as runs made
+    before the rename recorded it, so that they resume."""
+    toy, small = (FinetuneOptions(preset=p).with_preset("att2in") for p in ("toy", "small"))
+    assert toy.identity() == small.identity() and small.identity()["preset"] == "toy"
+    assert small.recipe_record()["preset"] == toy.recipe_record()["preset"] == "small"
 
 
 # -- the resume identity and the manifest's config keep their keys (an old unfinished run resumes) --
@@ -172,7 +185,7 @@ def test_run_settings_keep_the_identity_and_config_keys():
                                       identity={"data_sha256": "d", "preset": "paper", "init_sha256": None},
                                       recorded={"data": "data/toy-v1", "init_from": None})
     assert set(ident) == XE_IDENTITY and ident["precision"] == "bf16"
-    assert set(config) == XE_IDENTITY | NOT_IDENTITY | {"data", "init_from"}
+    assert set(config) == XE_IDENTITY | NOT_IDENTITY | {"data", "init_from", "recipe"}
     # a setting that changes the run is part of its identity: the model, scheduled sampling (with its
     # schedule), the Noam schedule (with its warm-up), Adam's constants
     paper = XEOptions(model="transformer", preset="paper", ss_start=1).with_preset()
@@ -182,13 +195,57 @@ def test_run_settings_keep_the_identity_and_config_keys():
     assert set(paper.recorded()) - set(small.recorded()) == extra
     assert (config["precision"], config["precision_option"], config["device"]) == ("bf16", "auto", "cpu")
     assert (config["fast"], config["fast_option"]) == ("off", "auto")  # --fast auto: off on this CPU
-    opts = FinetuneOptions(reward="dpp", lam=2.0).with_preset()
+    opts = FinetuneOptions(reward="dpp", lam=2.0).with_preset("att2in")
     ident, config = loop.run_settings("finetune", opts, "fp32",
                                       identity={"lam": None, "train_reward": "t", "model_sha256": "m",
                                                 "data_sha256": "d"},
                                       recorded={"model": "xe/a-v1", "data": "data/toy-v1", "val_samples": 5})
     assert set(ident) == FT_IDENTITY and ident["lam"] is None and config["lam"] == 2.0
-    assert set(config) == FT_IDENTITY | NOT_IDENTITY | {"model", "data", "val_samples"}
+    assert set(config) == FT_IDENTITY | NOT_IDENTITY | {"model", "data", "val_samples", "recipe", "lr_schedule"}
+
+
+@pytest.mark.unit
+def test_a_manifest_records_only_settings_that_acted():
+    """Issue 36: the Noam schedule ignores the step decay, so a Transformer run's manifest does not record
+    it (its identity keeps it: a run from before still resumes); the plateau schedule likewise."""
+    noam = XEOptions(model="transformer", preset="small", device="cpu").with_preset()
+    ident, config = loop.run_settings("xe", noam, "fp32", identity={"data_sha256": "d", "preset": "small",
+                                                                     "init_sha256": None}, recorded={})
+    assert "lr_decay_every" not in config and "lr_decay_rate" not in config and config["lr_schedule"] == "noam"
+    assert (ident["lr_decay_every"], ident["lr_decay_rate"]) == (3, 0.8)  # as runs before this recorded them
+    assert config["recipe"] == {"model": "transformer", "stage": "train-xe", "preset": "small",
+                                "values": {k: v for k, v in model_spec("transformer").recipe("train-xe", "small")
+                                           .items() if not k.startswith("lr_decay")}}  # nor the unused ss shape
+    step = XEOptions(preset="small", device="cpu").with_preset()
+    _, config = loop.run_settings("xe", step, "fp32", identity={}, recorded={})
+    assert (config["lr_decay_every"], config["lr_decay_rate"]) == (3, 0.8) and "warmup" not in config
+    plateau = FinetuneOptions(preset="paper", device="cpu").with_preset("transformer")
+    ident, config = loop.run_settings("finetune", plateau, "fp32", identity={}, recorded={})
+    assert config["lr_schedule"] == "plateau" and config["lr"] == 1e-5 and config["batch_size"] == 10
+    assert not {"lr_decay_every", "lr_decay_rate"} & (set(config) | set(ident))
+
+
+@pytest.mark.unit
+def test_an_option_that_cannot_act_is_refused_only_when_given():
+    """From a recipe the step decay of a Noam run or the scheduled-sampling shape of a run without it are
+    silent; given explicitly (command line, --config, rdpp.yaml) they are refused in one line."""
+    XEOptions(model="transformer").with_preset()  # the recipe's decay settings: fine
+    XEOptions(preset="small").with_preset()  # ss settings' defaults with scheduled sampling off: fine
+    cases = [(XEOptions(model="transformer", lr_decay_rate=0.5), "--lr-decay-rate sets the step schedule's decay"),
+             (XEOptions(preset="small", ss_max=0.3), "--ss-max shapes scheduled sampling, which is off"),
+             (XEOptions(preset="small", ss_step=0.1), "--ss-step shapes scheduled sampling"),
+             (XEOptions(preset="small", lr_schedule="step", warmup=5), "--warmup is the noam schedule's"),
+             (XEOptions(model="transformer", lr_schedule="step", warmup=5), "--warmup is the noam schedule's")]
+    for opts, message in cases:
+        with pytest.raises(RdppError, match=message):
+            opts.with_preset()
+    assert XEOptions(preset="small", ss_start=0, ss_max=0.3).with_preset().ss_max == 0.3
+    with pytest.raises(RdppError, match="--lr-decay-every sets the step schedule's decay, which --lr-schedule "
+                                        "plateau does not use"):
+        FinetuneOptions(preset="paper", lr_decay_every=2).with_preset("transformer")
+    assert FinetuneOptions(preset="paper", lr_decay_every=2).with_preset("updown").lr_decay_every == 2
+    with pytest.raises(RdppError, match="--val-images 0 turns validation off"):
+        FinetuneOptions(preset="paper", val_images=0).with_preset("transformer")
 
 
 # -- the recipe: loggers, position, the loss in one place -------------------------------------------
@@ -235,3 +292,31 @@ def test_loggers_see_every_step_and_the_rows_of_metrics_csv(tmp_path):
     assert seen == [(1, "epoch 1, step 1"), (2, "epoch 1, step 2"), (3, "epoch 2, step 3"), (4, "epoch 2, step 4")]
     assert rec.positions == [p for _, p in seen]
     assert recipe.position == loop.Position(epoch=2, batch=0, step=4)
+
+
+@pytest.mark.unit
+def test_workers_default_to_what_the_device_wants():
+    """Issue 34: --workers not given reads ahead with 4 threads on CUDA and none on a CPU (as before);
+    the manifest records the number used."""
+    assert [XEOptions().loader_workers(d) for d in ("cuda", "cpu")] == [4, 0]
+    assert FinetuneOptions(workers=2).loader_workers("cuda") == 2 and XEOptions(workers=0).loader_workers("cuda") == 0
+    _, config = loop.run_settings("xe", XEOptions(device="cpu", preset="small").with_preset(), "fp32", identity={},
+                                  recorded={})
+    assert config["workers"] == 0
+
+
+@pytest.mark.unit
+def test_the_plateau_schedule_halves_the_lr_after_three_epochs_without_a_better_val_cider():
+    """self-critical.pytorch's --reduce_on_plateau (factor 0.5, patience 3) on the validation CIDEr-D,
+    higher being better: the Transformer's finetune --preset paper."""
+    import torch
+
+    opts = FinetuneOptions(preset="paper").with_preset("transformer")
+    net = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(net.parameters(), lr=opts.lr)
+    sched = loop.lr_schedule(opt, opts, net)
+    lrs = []
+    for cider in (0.5, 0.6, 0.6, 0.55, 0.6, 0.59, 0.7):
+        sched.step(cider)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == [1e-5] * 5 + [5e-6, 5e-6]  # best 0.6 at epoch 2; halved after the 4th epoch no better (> 3)

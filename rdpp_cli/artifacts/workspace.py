@@ -1,6 +1,6 @@
 """The workspace: versioned artifact folders under ``./runs`` and newest-artifact resolution.
 
-Layout: ``<workspace>/<group>/<stem>-v<k>``, e.g. ``runs/data/toy-v1``, ``runs/xe/att2in-small-v1``,
+Layout: ``<workspace>/<group>/<stem>-v<k>``, e.g. ``runs/data/toy-v1``, ``runs/xe/updown-small-v1``,
 ``runs/finetune/dpp-m5-v2``. Derived artifacts are named after their parent: samples
 ``runs/samples/dpp-m5-v2.random-n20-v1`` (model ``dpp-m5-v2``), and their scores
 ``runs/scores/dpp-m5-v2.random-n20-v1`` (then ``...-v1-v2`` for a second scoring of the same

@@ -12,7 +12,7 @@ command = command_for(FinetuneOptions, "rdpp_cli.training.finetune:finetune", ""
     R-DPP, with pairwise CIDEr-D among them, and follows the policy gradient. Validates each epoch
     (greedy CIDEr-D, and mean CIDEr-D / self-CIDEr of 5 samples per val image).
 
-    --preset paper gives the authors' COCO settings (docs/rewards.md).
+    --preset paper: the published COCO settings of the XE model's architecture (docs/training.md).
 
     Rerunning the same command continues an interrupted run.
 

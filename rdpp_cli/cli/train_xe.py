@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from rdpp_cli.cli.common import command_for
+from rdpp_cli.models.registry import MODELS, model_spec
 from rdpp_cli.training.options import XEOptions
 
-command = command_for(XEOptions, "rdpp_cli.training.xe:train_xe", """Train Att2in with cross-entropy (teacher forcing, 5 captions per image) on a data artifact.
+_DEFAULT = model_spec(XEOptions.__dataclass_fields__["model"].default).title
+_OTHERS = " or ".join(s.title for s in MODELS.values() if s.title != _DEFAULT)
+
+command = command_for(XEOptions, "rdpp_cli.training.xe:train_xe", f"""Train a captioner ({_DEFAULT}; --model: {_OTHERS}) with cross-entropy (teacher forcing, 5 captions per image) on a data artifact.
 
     Validates each epoch by greedy decoding scored with CIDEr-D; keeps best.pt and last.pt.
 

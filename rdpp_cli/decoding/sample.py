@@ -36,7 +36,7 @@ from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
 from rdpp_cli.options import takes
-from rdpp_cli.precision import autocast, resolve_precision
+from rdpp_cli.precision import ProbeShape, autocast, resolve_precision
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,8 +121,10 @@ def sample(opts: SampleOptions) -> Artifact:
     """
     sel = opts.selection()
     dec = load_decoder(opts.model, opts.data, opts.workspace, opts.device)
-    prec = resolve_precision(opts.precision, dec.device)
     ds = DataArtifact(dec.data)
+    prec = resolve_precision(opts.precision, dec.device, ProbeShape.of(  # auto: times the model sampled from
+        dec.net, images=opts.batch_size, seq_per_img=opts.decoded_per_image, regions=ds.att_regions,
+        steps=ds.seq_length))
     check_fits_data(dec.checkpoint, ds, f"model {dec.model.path}", "sample with the data the model was trained on")
     # evaluation decoding never says UNK unless asked
     cfg = opts.decode_config(opts.decoded_per_image, max_len=ds.seq_length, unk_id=unk_id(dec.vocab))

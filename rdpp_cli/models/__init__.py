@@ -1,13 +1,24 @@
-"""rdpp models: the captioner interface (base), the registry of models by name, Att2in and the
-others, and their checkpoints."""
+"""rdpp models: the captioner interface (``base``), the registry of models by name (``registry``,
+torch-free), one file per model, and their checkpoints (``checkpoint``).
 
-from rdpp_cli.models.att2in import PRESETS, Att2in, Att2inConfig, Encoded, config_from_preset
-from rdpp_cli.models.base import CaptionModel, DropoutMasks, select_rows, sequence_logprobs
-from rdpp_cli.models.checkpoint import load_checkpoint, load_model, model_from_checkpoint, save_checkpoint
-from rdpp_cli.models.registry import MODELS, ModelSpec, model_spec
+The names below are imported on first use, so ``import rdpp_cli.models.registry`` (the options and
+``rdpp --help`` read it) loads no torch."""
 
-__all__ = [
-    "PRESETS", "Att2in", "Att2inConfig", "Encoded", "config_from_preset", "sequence_logprobs",
-    "CaptionModel", "DropoutMasks", "select_rows", "MODELS", "ModelSpec", "model_spec",
-    "load_checkpoint", "load_model", "model_from_checkpoint", "save_checkpoint",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "CaptionModel": "base", "DropoutMasks": "base", "select_rows": "base", "sequence_logprobs": "base",
+    "MODELS": "registry", "ModelSpec": "registry", "model_spec": "registry",
+    "load_checkpoint": "checkpoint", "load_model": "checkpoint", "model_from_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'rdpp_cli.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rdpp_cli.models.{_WHERE[name]}"), name)

@@ -38,7 +38,7 @@ from torch import Tensor
 from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, sequence_logprobs, targets
 from rdpp_cli.models.ops import attention_scores, f32, token_logprob
 
-__all__ = ["Att2in", "Att2inConfig", "PRESETS", "config_from_preset", "Encoded", "DropoutMasks", "sequence_logprobs"]
+__all__ = ["Att2in", "Att2inConfig", "Encoded", "DropoutMasks", "sequence_logprobs"]
 
 
 @dataclass
@@ -50,21 +50,6 @@ class Att2inConfig:
     att_feat_size: int = 2048
     drop_prob_lm: float = 0.5
     seq_length: int = 16  # default maximum caption length (words)
-
-
-PRESETS: dict[str, dict] = {
-    "paper": dict(input_encoding_size=512, rnn_size=512, att_hid_size=512, drop_prob_lm=0.5),  # and upstream's
-    "small": dict(input_encoding_size=256, rnn_size=256, att_hid_size=256, drop_prob_lm=0.3),  # CPU, toy data
-}
-
-
-def config_from_preset(preset: str, vocab_size: int, att_feat_size: int, seq_length: int,
-                       **overrides) -> Att2inConfig:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
-    kw = dict(PRESETS[preset], vocab_size=vocab_size, att_feat_size=att_feat_size, seq_length=seq_length)
-    kw.update({k: v for k, v in overrides.items() if v is not None})
-    return Att2inConfig(**kw)
 
 
 class Encoded(NamedTuple):

@@ -117,7 +117,7 @@ def model_from_checkpoint(ckpt: dict, where: str = "checkpoint") -> nn.Module:
     spec = spec_of_class(name)
     if spec is None:
         raise RdppError(f"{where}: unknown model class {name!r}; this rdpp knows "
-                        f"{', '.join(s.cls.__name__ for s in MODELS.values())}")
+                        f"{', '.join(s.class_name for s in MODELS.values())}")
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     model = spec.cls(spec.config_cls(**{k: v for k, v in ckpt["model_config"].items() if k in fields}))
     try:

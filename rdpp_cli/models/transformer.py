@@ -24,7 +24,8 @@ Word id 0 is both the BOS input and the EOS output; only att features are read (
 the peer sets ``fc_embed`` to the identity and never reads it). Parameters start as the peer's:
 Glorot-uniform for every matrix of the encoder-decoder, torch's default for ``att_embed``.
 
-Settings (``PRESETS["paper"]``): the peer's configs/transformer/transformer.yml -- N_enc = N_dec = 6,
+Settings (the ``paper`` sizes of its line in ``models/registry.py``): the peer's
+configs/transformer/transformer.yml -- N_enc = N_dec = 6,
 d_model 512, d_ff 2048, 8 heads, dropout 0.1 -- and ``drop_prob_lm`` 0.5 on the embedded att
 features, the peer's option default that transformer.yml leaves as it is (AttModel builds
 ``att_embed`` with it). That config trains with the Noam schedule: lr = d_model^-0.5 ·
@@ -77,7 +78,7 @@ from torch import Tensor
 from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, targets
 from rdpp_cli.models.ops import f32, token_logprob
 
-__all__ = ["Transformer", "TransformerConfig", "PRESETS", "LayerNorm", "positional_encoding"]
+__all__ = ["Transformer", "TransformerConfig", "LayerNorm", "positional_encoding"]
 
 
 @dataclass
@@ -96,12 +97,6 @@ class TransformerConfig:
     num_att_heads: int = 8
     dropout: float = 0.1  # every dropout of the encoder-decoder
     drop_prob_lm: float = 0.5  # dropout of the embedded att features (the peer's AttModel option)
-
-
-PRESETS: dict[str, dict] = {
-    "paper": dict(N_enc=6, N_dec=6, d_model=512, d_ff=2048, num_att_heads=8, dropout=0.1, drop_prob_lm=0.5),
-    "small": dict(N_enc=2, N_dec=2, d_model=128, d_ff=512, num_att_heads=4, dropout=0.1, drop_prob_lm=0.1),  # CPU
-}
 
 
 def positional_encoding(start: int, length: int, d: int, device=None) -> Tensor:

@@ -20,8 +20,8 @@ LSTM¹ and LSTM² are ``nn.LSTMCell``s (gates i, f, g, o; ``W_ih [input] + b_ih 
 Word id 0 is both the BOS input and the EOS output. The state holds (h¹, c¹, h², c²), each (N, H)
 with the caption row first, so that beam search can reorder it (``models.base.select_rows``).
 
-Settings: ``PRESETS["paper"]`` is self-critical.pytorch's configs/updown/updown.yml (rnn_size 1000,
-input_encoding_size 1000, att_hid_size 512, att_feat_size 2048) with its option parser's default
+Settings: the ``paper`` sizes of its line in ``models/registry.py`` are self-critical.pytorch's
+configs/updown/updown.yml (rnn_size 1000, input_encoding_size 1000, att_hid_size 512, att_feat_size 2048) with its option parser's default
 dropout 0.5 (updown.yml sets none); ``small`` is a CPU size for the bundled toy data. Parameter
 names are the peer's without its ``Sequential``/``core`` prefixes (``embed``, ``fc_embed``,
 ``att_embed``, ``ctx2att``, ``att_lstm``, ``lang_lstm``, ``h2att``, ``alpha_net``, ``logit``).
@@ -50,7 +50,7 @@ from torch import Tensor
 from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, targets
 from rdpp_cli.models.ops import attention_scores, f32, token_logprob
 
-__all__ = ["UpDown", "UpDownConfig", "PRESETS", "UpDownEncoded"]
+__all__ = ["UpDown", "UpDownConfig", "UpDownEncoded"]
 
 
 @dataclass
@@ -63,13 +63,6 @@ class UpDownConfig:
     fc_feat_size: int = 2048
     drop_prob_lm: float = 0.5
     seq_length: int = 16  # default maximum caption length (words)
-
-
-PRESETS: dict[str, dict] = {
-    # configs/updown/updown.yml; dropout: the peer's default (--drop_prob_lm 0.5)
-    "paper": dict(input_encoding_size=1000, rnn_size=1000, att_hid_size=512, drop_prob_lm=0.5),
-    "small": dict(input_encoding_size=256, rnn_size=256, att_hid_size=256, drop_prob_lm=0.3),  # CPU, toy data
-}
 
 
 class UpDownEncoded(NamedTuple):

@@ -372,7 +372,7 @@ def compare(opts: CompareOptions) -> Path:
     if figure_ids:
         from rdpp_cli.reporting.compare_figure import draw_figure
 
-        figure = lambda folder: draw_figure(cmp, figure_ids, folder / f"figure.{opts.format}", opts.format,  # noqa: E731
+        figure = lambda folder: draw_figure(cmp, figure_ids, folder / f"figure.{opts.figure_format}", opts.figure_format,  # noqa: E731
                                             opts.figure_captions)
     write_page(cmp, out, numbers_table(cmp), record, opts.per_page, figure)
     summary = {"images": len(ids), "models": [s.label for s in sets],
@@ -381,7 +381,7 @@ def compare(opts: CompareOptions) -> Path:
                                          "figure_images": len(figure_ids or [])},
                    inputs=[data, *arts], summary=summary)
     finish(out)
-    _print_summary(cmp, out, photo_note, figure_ids, opts.format)
+    _print_summary(cmp, out, photo_note, figure_ids, opts.figure_format)
     return out
 
 

@@ -118,7 +118,7 @@ class CompareOptions(Options):
         "artifact of the newest data artifact's --split).")
     models: str | None = option(
         None, "Comma-separated names picking and ordering the samples: each the name of a samples artifact or of "
-        "the model it was sampled from (e.g. att2in-small-v1,scst-v1,dpp-m5-v1).")
+        "the model it was sampled from (e.g. updown-small-v1,scst-v1,dpp-m5-v1).")
     labels: str | None = option(None, "Comma-separated labels, one per model in the page's order (default: the "
                                 "samples' names).")
     split: str = option("test", "The split whose samples the default picks.", choices=("train", "val", "test"))
@@ -128,7 +128,7 @@ class CompareOptions(Options):
     figure: Path | None = option(
         None, "A file of image ids (one a line, # comments): also draw those images with each model's captions "
         "as figure.<format> (the supplement's layout).", cli={"dir_okay": False}, check=figure_file)
-    format: str = option("pdf", "The figure's format.", choices=FIGURE_FORMATS)
+    format: str | None = option(None, "The figure's format (with --figure; default pdf).", choices=FIGURE_FORMATS)
     figure_captions: int = option(5, "Captions per model in the figure (the first ones; the chosen ones of a "
                                   "--select set).", check=at_least(1))
     per_page: int = option(20, "Images per page of the HTML page.", check=at_least(1))
@@ -136,11 +136,26 @@ class CompareOptions(Options):
     force: bool = force_option()
     workspace: Path | None = workspace_option()
 
+    @property
+    def figure_format(self) -> str | None:
+        """The figure's format: ``format``, pdf by default; None without ``figure``."""
+        return (self.format or "pdf") if self.figure is not None else None
+
+    def recorded(self) -> dict:
+        """As ``Options.recorded``, with the format the figure was drawn in (none without one)."""
+        return {**super().recorded(), "format": self.figure_format}
+
+    def identity(self) -> dict:
+        return {**super().identity(), "format": self.figure_format}
+
     def validate(self) -> None:
         if name_list(self.models) == [] or (self.labels is not None and name_list(self.labels) == []):
             raise RdppError("--models/--labels name nothing; give comma-separated names or leave the option out")
         _no_empty_name("--models", self.models)
         _no_empty_name("--labels", self.labels)
+        if self.format is not None and self.figure is None:
+            raise RdppError(f"--format {self.format} is the format of the --figure drawing, and no --figure was "
+                            "given; pass --figure IDS_FILE or drop --format")
         labels = name_list(self.labels)
         given = name_list(self.models) or self.samples
         if labels is not None and given and len(labels) != len(given):

@@ -20,11 +20,12 @@ import math
 from pathlib import Path
 
 from rdpp_cli.errors import RdppError
+from rdpp_cli.models.registry import DEFAULT_MODEL, model_spec
 from rdpp_cli.reporting.report import Block, Cell, Num, Table, Text, bad_endings, get, last_time, read_json, scores
 
 # ---- toy ----------------------------------------------------------------------------------------------
 
-TOY_MODELS = [("xe", "Att2in-XE"), ("scst", "SCST"), ("scst-mean", "SCST, mean baseline"), ("xe-cider", "XE+5CIDEr"),
+TOY_MODELS = [("xe", f"{model_spec(DEFAULT_MODEL).title}-XE"), ("scst", "SCST"), ("scst-mean", "SCST, mean baseline"), ("xe-cider", "XE+5CIDEr"),
               ("dpp-m2", "R-DPP (m=2)"), ("dpp-m3", "R-DPP (m=3)"), ("dpp-m5", "R-DPP (m=5)"),
               ("dpp-m7", "R-DPP (m=7)"), ("dpp-m5-mean", "R-DPP (m=5), mean baseline")]
 COCO_METRICS = [("Bleu_4", "B-4"), ("METEOR", "M"), ("ROUGE_L", "R"), ("CIDEr", "C")]

@@ -1,14 +1,13 @@
 """The training fast path (``--fast on``): the same steps, shaped for a GPU's limits.
 
-A training step of Att2in at the paper's shapes is bound by kernel launches and host work (a Python
+A training step of an LSTM captioner at the paper's shapes is bound by kernel launches and host work (a Python
 loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
 run the same mathematics another way (docs/training.md, "The fast path"):
 
-- **one compiled teacher-forced pass.** The model's ``static_token_logprobs`` (Att2in, UpDown, the
-  Transformer; every shape fixed by the label width: all L + 1 steps run, the output layer every
-  position, nothing waits for the device) under ``torch.compile`` (``FastSettings.train_mode``; on
-  CUDA ``"reduce-overhead"``, i.e. CUDA graphs); under the compiler Att2in's and UpDown's
-  hand-written kernels give way to the plain expressions, which it fuses itself
+- **one compiled teacher-forced pass.** Every model's ``static_token_logprobs`` (every shape fixed by
+  the label width: all L + 1 steps run, the output layer every position, nothing waits for the
+  device) under ``torch.compile`` (``FastSettings.train_mode``; on CUDA ``"reduce-overhead"``, i.e.
+  CUDA graphs); under the compiler the models' hand-written kernels give way to the plain expressions, which it fuses itself
   (``models/ops.py``). One compiled function serves the XE loss and the RL steps' policy log-probs
   (one graph per input shape); scheduled sampling and label smoothing compile the XE step's own
   function (``FastPath.compiled``).
@@ -24,8 +23,8 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   back in one transfer (``loggers.PendingLogs``); the divergence check runs on each of them then, in
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
-``--fast auto`` (the default) is on where ``ON_BY_DEFAULT`` says it was measured both faster and
-equal (benchmarks/models_speed.py --fast), per device type and model: Att2in on CUDA. It is recorded in
+``--fast auto`` (the default) is on where the model's registry line (``fast_auto``) says it was measured
+both faster and equal (benchmarks/models_speed.py --fast), per device type: so far one model on CUDA. It is recorded in
 the manifest (``fast``, ``fast_option``) and is not part of the resume identity, like ``--device``:
 on a CPU it gives the
 eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
@@ -45,17 +44,6 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.models.base import DropoutMasks, traceable_dropout
 from rdpp_cli.training.distributed import call, unwrap
 
-# --fast auto: on where the fast path was measured faster than the eager step *and* equal to it, per
-# device type and model class (docs/training.md, "The fast path"; the GPU check is
-# benchmarks/cuda_check.sh). Att2in on CUDA: one H200, 2026-11-27, batch 50, m = 5, fp32, medians of
-# interleaved steps (benchmarks/models_speed.py --fast) -- XE 13.3 ms against 63.5 eager, R-DPP 50.8 against
-# 100.1, SCST 63.5 against 97.3, the same numbers. UpDown and the Transformer: not yet measured on a
-# GPU. A CPU: slower (benchmarks/models_speed.py --fast).
-ON_BY_DEFAULT: dict[tuple[str, str], bool] = {
-    ("cuda", "Att2in"): True,
-    ("cuda", "UpDown"): False,
-    ("cuda", "Transformer"): False,
-}
 
 
 @dataclass(frozen=True)
@@ -82,7 +70,7 @@ SETTINGS: dict[str, FastSettings] = {
 
 
 def _model_class(model: nn.Module | str | None) -> str | None:
-    """The class name ``ON_BY_DEFAULT`` knows ``model`` by (a module, DDP-wrapped or not, or the name)."""
+    """The class name of ``model`` (a module, DDP-wrapped or not, or the name) as the registry knows it."""
     if model is None or isinstance(model, str):
         return model
     return type(unwrap(model)).__name__
@@ -90,12 +78,15 @@ def _model_class(model: nn.Module | str | None) -> str | None:
 
 def resolve_fast(option: str, device: torch.device | str, model: nn.Module | str | None = None) -> str:
     """``--fast`` for a run of ``model`` (a module or its class name) on ``device``: "on" or "off"
-    (``auto``: ``ON_BY_DEFAULT`` for the device type and the model; off for a model it does not list)."""
+    (``auto``: on where the model's registry line lists the device type in ``fast_auto``, i.e. where the fast
+    path was measured faster than the eager step and equal to it; off for a model the registry does not know)."""
     if option not in FAST_CHOICES:
         raise RdppError(f"--fast {option!r} is not a --fast setting; use one of {', '.join(FAST_CHOICES)}")
     if option == "auto":
-        key = (torch.device(device).type, _model_class(model))
-        return "on" if ON_BY_DEFAULT.get(key, False) else "off"
+        from rdpp_cli.models.registry import spec_of_class
+
+        spec = spec_of_class(_model_class(model) or "")
+        return "on" if spec is not None and torch.device(device).type in spec.fast_auto else "off"
     return option
 
 

@@ -42,11 +42,11 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.base import DropoutMasks
-from rdpp_cli.models.checkpoint import check_fits_data, load_checkpoint, model_from_checkpoint
+from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
-from rdpp_cli.precision import full_precision, resolve_precision
+from rdpp_cli.precision import ProbeShape, full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import FastPath, fast_path
+from rdpp_cli.training.fast import FastPath, fast_path, resolve_fast
 from rdpp_cli.training.distributed import call, claim_output, unwrap
 from rdpp_cli.training.loop import TrainingRecipe, run_settings
 from rdpp_cli.training.validation import validation_images
@@ -383,21 +383,24 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
     ``data`` its data artifact (default: the one the model was trained on; another is refused);
     ``reward`` dpp (R-DPP over ``m`` samples, ``baseline`` none|mean), scst (greedy baseline),
     scst-mean (leave-one-out mean baseline) or xe-cider (XE + ``lam`` × SCST); ``preset`` the
-    defaults of ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
-    (toy, tuned on the bundled set, or paper, the authors' COCO settings; a value given wins);
+    recipe of the XE model's architecture (small or paper; rdpp_cli.models.registry) that fills
+    ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every``, ``lr_decay_rate`` and ``lr_schedule``
+    where no value was given;
     ``sample_mode`` train (on-policy, the default) or eval (``RewardStep.sample``); ``precision``
     fp32, bf16, fp16 or auto: sampling and the teacher-forced pass run under the same autocast,
     the reward outside it; ``fast`` auto, on or off (``RewardStep.fast``, ``rdpp_cli.training.fast``);
     ``checkpoint`` the XE checkpoint to start from (best or last); ``out``
     default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
-    opts = opts.with_preset()
     rt = D.setup(opts.device)
-    precision = resolve_precision(opts.precision, rt.device)
     try:
         inp = read_inputs(opts, quiet=not rt.is_main)
+        opts = opts.with_preset(checkpoint_model_name(inp.checkpoint))  # the recipe of the XE model's architecture
         seed_everything(opts.seed)
         net = model_from_checkpoint(inp.checkpoint, where=str(inp.checkpoint_path))
+        shape = ProbeShape.of(net, images=opts.batch_size, seq_per_img=opts.m, regions=inp.data.att_regions,
+                              steps=inp.data.seq_length, fast=resolve_fast(opts.fast, rt.device))
+        precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))  # one for every process
         identity, config = run_settings(
             "finetune", opts, precision,
             identity={"lam": opts.reward_setting("lam"), "train_reward": TRAIN_REWARD,

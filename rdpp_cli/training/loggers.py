@@ -27,6 +27,10 @@ class Logger:
     def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """After every epoch (its checkpoints saved): its row of metrics, and every row so far."""
 
+    def before_save(self, step: int) -> None:
+        """Before the resume state at optimizer step ``step`` is written: what a resumed run expects
+        on disk up to that step must be there (a killed run resumes from that state)."""
+
     def close(self) -> None:
         """The run ended, finished or not."""
 

@@ -94,7 +94,7 @@ from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.models.registry import model_name
-from rdpp_cli.precision import autocast, grad_scaler, resolve_precision
+from rdpp_cli.precision import autocast, grad_scaler, resolve_precision, tf32_matmuls
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.loggers import Logger, MetricsCsv, PendingLogs
 from rdpp_cli.training.options import TrainLoopOptions
@@ -154,14 +154,19 @@ def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity
     """A training run's identity (what decides its result, so a rerun with it resumes the unfinished
     run: the options' ``identity``, ``precision`` resolved, and the stage's ``identity`` such as its
     inputs' manifest hashes) and the manifest's config (that, the options' ``recorded`` settings,
-    what ``--precision`` asked, ``--fast`` resolved (for ``model``) and asked, the number of processes and the
-    stage's ``recorded`` values)."""
+    what ``--precision`` asked, ``--fast`` resolved (for ``model``) and asked, the number of processes, the
+    stage's ``recorded`` values and the recipe used (``recipe``: its model, stage, preset and the values it
+    supplied); without the options that could not act (``opts.unused()``))."""
     from rdpp_cli.training.fast import resolve_fast
 
     ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
     config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
               "fast": resolve_fast(opts.fast, D.runtime().device, model), "fast_option": opts.fast,
-              "processes": D.runtime().world_size, **recorded}
+              "processes": D.runtime().world_size, "workers": opts.loader_workers(D.runtime().device.type),
+              **recorded}
+    config = {k: v for k, v in config.items() if k not in opts.unused()}  # a manifest records what ran
+    if opts.recipe_record() is not None:
+        config["recipe"] = opts.recipe_record()
     return ident, config
 
 
@@ -181,11 +186,19 @@ def check_lr_schedule(opts: TrainLoopOptions, model: nn.Module) -> None:
                         "not have; use --lr-schedule step")
 
 
+# --lr-schedule plateau: self-critical.pytorch's --reduce_on_plateau with its option defaults (factor 0.5,
+# patience 3), on the validation CIDEr-D (the peer steps it on -CIDEr in "min" mode: the same)
+PLATEAU = {"mode": "max", "factor": 0.5, "patience": 3}
+
+
 def lr_schedule(optimizer: torch.optim.Optimizer, opts: TrainLoopOptions, model: nn.Module):
     """The LR schedule of ``opts.lr_schedule``: "step" (x ``lr_decay_rate`` every ``lr_decay_every``
-    epochs; None when that is 0), stepped once per epoch, or "noam" (``noam_factor`` of the model's
-    ``config.d_model``), stepped after every optimizer step."""
+    epochs; None when that is 0), stepped once per epoch, "plateau" (``PLATEAU``), stepped once per
+    epoch with its validation CIDEr-D, or "noam" (``noam_factor`` of the model's ``config.d_model``),
+    stepped after every optimizer step."""
     check_lr_schedule(opts, model)
+    if opts.lr_schedule == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **PLATEAU)
     if opts.lr_schedule == "noam":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, noam_factor(model.config.d_model, opts.warmup))
     if opts.lr_decay_every > 0:
@@ -279,7 +292,8 @@ class TrainingRecipe:
         self.rt = rt = D.setup(o.device)
         self.model.to(rt.device)
         self.loader = CaptionBatches(self.data, "train", batch_size=o.batch_size, seq_per_img=o.seq_per_img,
-                                     seed=o.seed, rank=rt.rank, world_size=rt.world_size, num_workers=o.workers,
+                                     seed=o.seed, rank=rt.rank, world_size=rt.world_size,
+                                     num_workers=o.loader_workers(rt.device.type),
                                      pin_memory=rt.device.type == "cuda", resident=o.resident, device=rt.device)
         self.val_all = validation_images(self.data, o.val_images)
         self.val_share = np.array_split(self.val_all, rt.world_size)[rt.rank]
@@ -447,7 +461,8 @@ class TrainingRecipe:
         """Backward, clipping and the Adam step (fp16: scaled loss, clipping on the true gradients,
         steps with inf/nan skipped)."""
         if self.scaler is None:
-            loss.backward()
+            with tf32_matmuls(self.precision):  # backward in the forward's matrix arithmetic
+                loss.backward()
             _clip(self.model, self.opts)
             self.optimizer.step()
         else:
@@ -484,7 +499,8 @@ class TrainingRecipe:
             row.update(self.validate())
             self.last_val = row["val_cider"]
         if self.scheduler is not None and not self.per_step:
-            self.scheduler.step()
+            plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+            self.scheduler.step(*([row["val_cider"]] if plateau else []))
         row.update({"lr": self.lr_now, "time": round(self.elapsed(), 3),
                     "images_per_s": round(self.images_run / self.epoch_seconds, 3) if self.epoch_seconds > 0 else None})
         self.history.append(row)
@@ -524,6 +540,8 @@ class TrainingRecipe:
         rngs = D.all_gather_object(rng_state())
         if not self.rt.is_main:
             return
+        for lg in self.loggers:
+            lg.before_save(pos.step)
         save_state(self.state_path, {**self.state_dict(), "rng": rngs})
         save_checkpoint(self.ckpt_dir / "last.pt", self.model, list(self.data.words), epoch=pos.epoch, step=pos.step,
                         stage=self.stage, val_cider=self.last_val)

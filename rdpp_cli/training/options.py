@@ -15,53 +15,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rdpp_cli import checks
 from rdpp_cli.checks import DEFAULT_FAST, FAST_CHOICES, RESIDENT_CHOICES
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
                               learning_rate, one_of, option, out_option, precision_option, workspace_option)
 from rdpp_cli.options import seed as seed_check
+from rdpp_cli.models.registry import DEFAULT_MODEL, MODELS, model_spec, models_help
+from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
 from rdpp_cli.training.reward_table import REWARDS as REWARD_TABLE
 
 LOOP_CLI = {"rich_help_panel": "Training loop"}  # --help shows the loop's options in a panel of their own
+# --workers not given: per device type (the COCO epochs of docs/training.md were measured with 4 on CUDA)
+WORKERS = {"cuda": 4, "cpu": 0}
 GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every entry, or the global L2 norm
 
-# `train-xe --model`: the names of rdpp_cli.models.registry.MODELS, and `--preset`: each model's sizes
-# (its PRESETS); spelled out here because the options load without torch (a test keeps them equal)
-MODEL_NAMES = ("att2in", "updown", "transformer")
-MODEL_PRESETS = ("paper", "small")
-LR_SCHEDULES = ("step", "noam")
-
-# `train-xe --preset`'s recipe per model: the defaults of the loop's settings that a value given wins
-# over (docs/training.md, "The published recipes", says where each comes from). `small`: the bundled
-# data on a CPU. `paper`: att2in as the authors' R-DPP XE pre-training (run_att.sh: batch 128, lr 5e-4
-# x0.8 every 15 epochs from the start, scheduled sampling from epoch 0, 30 epochs); updown and
-# transformer as self-critical.pytorch's updown.yml and transformer.yml (with its option defaults:
-# decay x0.8 every 3 epochs; the transformer's Noam schedule with 20,000 warm-up steps, Adam
-# betas (0.9, 0.98), eps 1e-9, 15 epochs).
-_SMALL = {"epochs": 30, "batch_size": 50, "lr": 4e-4, "lr_decay_every": 3, "lr_decay_rate": 0.8, "ss_start": -1,
-          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
-XE_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "att2in": {"paper": {**_SMALL, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "ss_start": 0},
-               "small": _SMALL},
-    "updown": {"paper": {**_SMALL, "batch_size": 10, "lr": 5e-4, "ss_start": 0}, "small": _SMALL},
-    "transformer": {"paper": {**_SMALL, "epochs": 15, "batch_size": 10, "lr": 1.0, "lr_schedule": "noam",
-                              "warmup": 20000, "adam_beta2": 0.98, "adam_eps": 1e-9},
-                    "small": {**_SMALL, "lr": 1.0, "lr_schedule": "noam", "warmup": 400, "adam_beta2": 0.98,
-                              "adam_eps": 1e-9}},
-}
+XE_SCHEDULES = ("step", "noam")  # train-xe --lr-schedule
+FT_SCHEDULES = ("step", "plateau")  # finetune --lr-schedule
+# the scheduled-sampling settings' defaults (self-critical.pytorch's train.py options); None in the options
+# means "not given", so that giving one with scheduled sampling off is refused
+SS_DEFAULTS: dict[str, Any] = {"ss_every": 5, "ss_step": 0.05, "ss_max": 0.25}
+# --preset names as accepted: finetune's `toy` is the name `small` had before it followed --model
+PRESET_ALIASES = {"toy": "small"}
 
 REWARDS = tuple(REWARD_TABLE)
 BASELINES = ("none", "mean")
 SAMPLE_MODES = ("train", "eval")
 CHECKPOINTS = ("best", "last")
-# `finetune --preset`: defaults of the optimisation settings (docs/rewards.md says where each comes from)
-FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
-    # tuned on the bundled synthetic set (docs/experiments.md): 6 epochs from `train-xe --preset small`
-    "toy": {"epochs": 6, "batch_size": 50, "lr": 1e-4, "lr_decay_every": 0, "lr_decay_rate": 0.8},
-    # the authors' COCO run: train_dpp.sh (lr 5e-4, batch 128, decay x0.8 every 15 epochs from the
-    # start) and the paper's 100 fine-tuning epochs (Sec. 4)
-    "paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8},
-}
 
 
 def _probability(flag: str, value: float | None) -> None:
@@ -86,6 +66,11 @@ def _adam_eps(flag: str, value: float | None) -> None:
 def _decay_rate(flag: str, value: float | None) -> None:
     if value is not None and not 0 < value <= 1:
         raise RdppError(f"{flag} must be in (0, 1] (got {value})")
+
+
+def _model(flag: str, value: str | None) -> None:
+    """A name of rdpp_cli.models.registry.MODELS, read when checked (a line added is a --model)."""
+    checks.one_of(flag, value, tuple(MODELS), "a model")
 
 
 def loop_option(default: Any, help: str, *flags: str, **kw: Any) -> Any:
@@ -119,12 +104,13 @@ class TrainLoopOptions(Options):
     fast: str = loop_option(
         DEFAULT_FAST, "The fast path for GPUs: the teacher-forced pass compiled at fixed shapes with dropout drawn "
         "before it, the reward on the model's device, fused Adam, the loss read every few steps; the same numbers "
-        "(docs/training.md). auto: on where measured faster and equal (Att2in on CUDA: XE 4.8x, R-DPP 2.0x, SCST "
-        "1.5x its eager step on an H200, 2026-11-27; off on a CPU and for UpDown and the Transformer until "
-        "measured), on, off.",
+        "(docs/training.md). auto: on where measured faster and equal (the model's registry line: "
+        "so far one model on CUDA, docs/training.md), on, off.",
         identity=False, check=one_of(*FAST_CHOICES, what="a --fast setting"))
-    workers: int = loop_option(0, "Threads reading the next batches while a step runs (0: read in the loop; "
-                               "docs/data.md).", identity=False, check=at_least(0))
+    workers: int | None = loop_option(
+        None, "Threads reading the next batches while a step runs (0: read in the loop; docs/data.md). Default: "
+        f"{WORKERS['cuda']} on a CUDA GPU (the loader must keep up with it), {WORKERS['cpu']} on a CPU (the step is "
+        "the limit there).", identity=False, check=at_least(0))
     resident: str = loop_option(
         "auto", "Hold the training features in memory where they fit: on the GPU, else in page-locked host memory "
         "(on a CPU: RAM); the same batches (auto, off: read every batch from the file).", identity=False,
@@ -133,10 +119,54 @@ class TrainLoopOptions(Options):
                                "--resume/--no-resume", identity=False, record=False)
 
     seq_per_img: ClassVar[int] = 5  # captions per image in a batch: an option of train-xe, finetune's follows its reward
-    lr_schedule: ClassVar[str] = "step"  # train-xe's option; finetune decays by steps of epochs
+    lr_schedule: ClassVar[str] = "step"  # an option of train-xe (step, noam) and finetune (step, plateau)
     warmup: ClassVar[int] = 0
     adam_beta2: ClassVar[float] = 0.999
     adam_eps: ClassVar[float] = 1e-8
+    STAGE: ClassVar[str] = ""  # the registry's name of the stage (its recipes: rdpp_cli.models.registry)
+
+    def loader_workers(self, device_type: str) -> int:
+        """``workers``, or its default on a device of ``device_type`` (``WORKERS``)."""
+        return self.workers if self.workers is not None else WORKERS.get(device_type, 0)
+
+    def unused(self) -> set[str]:
+        """The options that cannot act in this combination (resolved options): left out of the
+        manifest's config, and refused when given explicitly (``_fill``)."""
+        return set()
+
+    def recipe_record(self) -> dict[str, Any] | None:
+        """What the manifest records of the recipe the run used: its model, stage and preset and the
+        values it supplied (those not given explicitly); None before ``with_preset``."""
+        return getattr(self, "_recipe", None)
+
+    def _fill(self, model: str, preset: str, defaults: dict[str, Any] | None = None) -> Any:
+        """These options with ``model``'s ``preset`` recipe for this stage (and ``defaults``) where
+        no value was given; refuses, in one line, an option given explicitly that cannot act."""
+        if getattr(self, "_recipe", None) is not None:
+            return self  # already resolved
+        recipe = {**model_spec(model).recipe(self.STAGE, preset), **(defaults or {})}
+        given = {f for f in self.__dataclass_fields__ if getattr(self, f, None) is not None}
+        filled = {k: v for k, v in recipe.items() if k not in given and k in self.__dataclass_fields__}
+        out = self.replace(**filled)
+        refused = sorted(out.unused() & given)
+        if refused:
+            raise RdppError(out.why_unused(refused[0]))
+        out._recipe = {"model": model, "stage": self.STAGE, "preset": preset,
+                       "values": {k: v for k, v in filled.items() if k not in out.unused()}}
+        return out
+
+    def why_unused(self, name: str) -> str:
+        """The one-line refusal of option ``name`` that cannot act (``unused``)."""
+        flag = "--" + name.replace("_", "-")
+        schedule = getattr(self, "lr_schedule", "step")
+        if name in ("lr_decay_every", "lr_decay_rate"):
+            return (f"{flag} sets the step schedule's decay, which --lr-schedule {schedule} does not use; drop it or "
+                    "pass --lr-schedule step")
+        if name == "warmup":
+            return ("--warmup is the noam schedule's warm-up, which --lr-schedule step has not; drop it or pass "
+                    "--lr-schedule noam")
+        return (f"{flag} shapes scheduled sampling, which is off (--ss-start -1); drop it or pass --ss-start K "
+                "to sample after epoch K")
 
 
 def _from_preset(name: str) -> Any:
@@ -149,17 +179,17 @@ def _from_preset(name: str) -> Any:
 @dataclass
 class XEOptions(TrainLoopOptions):
     """`rdpp train-xe`. The loop settings left unset (None) take the values of ``preset``'s recipe
-    for ``model`` (``XE_RECIPES``; ``with_preset``)."""
+    for ``model`` (its line in rdpp_cli.models.registry; ``with_preset``)."""
 
     section = "train_xe"
 
     data: str | None = option(
         None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
         "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
-    model: str = option("att2in", "Captioner: att2in (Rennie et al. 2017), updown (Anderson et al. 2018) or "
-                        "transformer (docs/model.md).", check=one_of(*MODEL_NAMES, what="a model"))
+    model: str = option(DEFAULT_MODEL, f"Captioner: {models_help()} (docs/model.md).",
+                        check=_model)
     preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
-                         "(CPU, the bundled data); options given explicitly win.",
+                         "(CPU, the bundled data); options given explicitly win (docs/training.md).",
                          check=one_of(*MODEL_PRESETS, what="a preset"))
     init_from: str | None = option(
         None, "Start from this model artifact's best.pt (or a .pt file); same vocabulary.", identity=False)
@@ -172,14 +202,16 @@ class XEOptions(TrainLoopOptions):
     ss_start: int | None = loop_option(
         None, "Scheduled sampling after this epoch: each input word is, with probability ss, the model's own "
         "sample (-1 = off; default: the preset's).", check=at_least(-1))
-    ss_every: int = loop_option(5, "Scheduled sampling: ss grows every k epochs.", check=at_least(1))
-    ss_step: float = loop_option(0.05, "Scheduled sampling: how much ss grows each time.", check=all_of(finite, at_least(0)))
-    ss_max: float = loop_option(0.25, "Scheduled sampling: the largest ss.", check=_probability)
+    ss_every: int | None = loop_option(None, "Scheduled sampling: ss grows every k epochs (default 5).",
+                                       check=at_least(1))
+    ss_step: float | None = loop_option(None, "Scheduled sampling: how much ss grows each time (default 0.05).",
+                                        check=all_of(finite, at_least(0)))
+    ss_max: float | None = loop_option(None, "Scheduled sampling: the largest ss (default 0.25).", check=_probability)
     label_smoothing: float = loop_option(0.0, "Label smoothing of the XE loss (0 = off).", check=_probability)
     lr_schedule: str | None = loop_option(
         None, "step: x --lr-decay-rate every --lr-decay-every epochs; noam: --lr x d_model^-0.5 x min(s^-0.5, "
         "s x warmup^-1.5) at step s (the transformer's). Default: the preset's.",
-        check=one_of(*LR_SCHEDULES, what="an LR schedule"))
+        check=one_of(*XE_SCHEDULES, what="an LR schedule"))
     warmup: int | None = loop_option(None, "Noam schedule: warm-up steps (default: the preset's).", check=at_least(0))
     adam_beta2: float | None = loop_option(None, "Adam's beta2, in [0, 1) (default: the preset's).", check=_adam_beta2)
     adam_eps: float | None = loop_option(None, "Adam's eps, > 0 (default: the preset's).", check=_adam_eps)
@@ -187,14 +219,22 @@ class XEOptions(TrainLoopOptions):
     force: bool = force_option()
     workspace: Path | None = workspace_option()
 
-    def with_preset(self) -> "XEOptions":
-        """These options with the recipe's values where none was given."""
-        recipe = XE_RECIPES[self.model][self.preset]
-        return self.replace(**{k: v for k, v in recipe.items() if getattr(self, k) is None})
+    STAGE: ClassVar[str] = "train-xe"
 
-    # settings at these values change nothing in today's att2in run: left out of the identity (and so of
-    # the manifest's config), so that a run from before they existed still resumes
-    NEUTRAL: ClassVar[dict[str, Any]] = {"model": "att2in", "ss_start": -1, "label_smoothing": 0.0,
+    def with_preset(self) -> "XEOptions":
+        """These options with ``preset``'s train-xe recipe for ``model`` (rdpp_cli.models.registry) and
+        ``SS_DEFAULTS`` where none was given; an option given that cannot act is refused (``unused``)."""
+        return self._fill(self.model, self.preset, SS_DEFAULTS)
+
+    def unused(self) -> set[str]:
+        """The Noam schedule has no step decay, the step schedule no warm-up, and scheduled sampling's
+        shape does nothing while it is off."""
+        out = set() if self.scheduled_sampling else set(self.SS_SETTINGS)
+        return out | ({"lr_decay_every", "lr_decay_rate"} if self.lr_schedule == "noam" else {"warmup"})
+
+    # settings at these values change nothing in a run of the default model as it always trained: left out of
+    # the identity (and so of the manifest's config), so that a run from before they existed still resumes
+    NEUTRAL: ClassVar[dict[str, Any]] = {"model": DEFAULT_MODEL, "ss_start": -1, "label_smoothing": 0.0,
                                          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
     SS_SETTINGS: ClassVar[tuple[str, ...]] = ("ss_every", "ss_step", "ss_max")
 
@@ -208,8 +248,11 @@ class XEOptions(TrainLoopOptions):
         return {k: v for k, v in ident.items() if k not in neutral}
 
     def recorded(self) -> dict[str, Any]:
+        """The manifest records what ran: not the settings left out of the identity for being neutral,
+        nor those that cannot act (``unused``: the Noam schedule's unused step decay stays in the identity
+        so that a run from before this still resumes, but is not recorded)."""
         ident, rec = super().identity(), super().recorded()
-        dropped = set(ident) - set(self.identity())
+        dropped = (set(ident) - set(self.identity())) | self.unused()
         return {k: v for k, v in rec.items() if k not in dropped}
 
     @property
@@ -228,8 +271,9 @@ class XEOptions(TrainLoopOptions):
 
 @dataclass
 class FinetuneOptions(TrainLoopOptions):
-    """`rdpp finetune`. ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every`` and ``lr_decay_rate``
-    not given (None) take the values of ``preset`` (``with_preset``)."""
+    """`rdpp finetune`. ``epochs``, ``batch_size``, ``lr``, ``lr_decay_every``, ``lr_decay_rate`` and
+    ``lr_schedule`` not given (None) take the values of ``preset``'s recipe for the XE model's
+    architecture (``with_preset``, once the XE artifact is read)."""
 
     section = "finetune"
 
@@ -246,9 +290,11 @@ class FinetuneOptions(TrainLoopOptions):
                            "samples).", check=one_of(*BASELINES, what="a baseline"))
     lam: float = option(5.0, "xe-cider: weight of the SCST loss added to the XE loss.", check=finite)
     preset: str = option(
-        "toy", "Defaults of --epochs, --batch-size, --lr, --lr-decay-every, --lr-decay-rate: toy (6, 50, 1e-4, 0, "
-        "0.8; tuned on the bundled set) or paper (100, 128, 5e-4, 15, 0.8; the authors' COCO run). Options given "
-        "explicitly win.", check=one_of(*FINETUNE_PRESETS, what="a preset"))
+        "small", "The fine-tuning recipe of the XE model's architecture (rdpp_cli.models.registry; docs/training.md): "
+        "the defaults of --epochs, --batch-size, --lr, --lr-decay-every, --lr-decay-rate and --lr-schedule. small "
+        "(alias toy): the bundled data on a CPU; paper: the published setting of the model (the R-DPP authors' "
+        "train_dpp.sh, or self-critical.pytorch's _sc.yml). Options given explicitly win.",
+        check=one_of(*MODEL_PRESETS, *PRESET_ALIASES, what="a preset"))
     sample_mode: str = option(
         "train", "train: sample with dropout on and replay the same dropout in the loss (on-policy, as the "
         "published code); eval: sample without dropout and score with fresh dropout (off-policy).",
@@ -260,6 +306,10 @@ class FinetuneOptions(TrainLoopOptions):
     lr: float | None = _from_preset("lr")
     lr_decay_every: int | None = _from_preset("lr_decay_every")
     lr_decay_rate: float | None = _from_preset("lr_decay_rate")
+    lr_schedule: str | None = loop_option(
+        None, "step: x --lr-decay-rate every --lr-decay-every epochs; plateau: x 0.5 when the validation CIDEr-D "
+        "has not improved for 3 epochs (self-critical.pytorch's --reduce_on_plateau). Default: the preset's.",
+        check=one_of(*FT_SCHEDULES, what="a fine-tuning LR schedule"))
     out: Path | None = out_option("a new version <workspace>/finetune/<reward>-v<k>")
     force: bool = force_option()
     workspace: Path | None = workspace_option()
@@ -273,10 +323,35 @@ class FinetuneOptions(TrainLoopOptions):
         """The option ``name`` (baseline, lam) when it belongs to this run's reward, else None."""
         return getattr(self, name) if name in REWARD_TABLE[self.reward].settings else None
 
-    def with_preset(self) -> "FinetuneOptions":
-        """These options with the preset's values where none was given."""
-        preset = FINETUNE_PRESETS[self.preset]
-        return self.replace(**{k: v for k, v in preset.items() if getattr(self, k) is None})
+    STAGE: ClassVar[str] = "finetune"
+
+    def with_preset(self, model: str) -> "FinetuneOptions":
+        """These options with ``preset``'s finetune recipe for ``model`` (the XE model's registry name,
+        known once the XE artifact is read) where none was given; an option given that cannot act is
+        refused (``unused``), as is the plateau schedule without validation."""
+        out = self._fill(model, PRESET_ALIASES.get(self.preset, self.preset))
+        if out.lr_schedule == "plateau" and out.val_images == 0:
+            raise RdppError("--lr-schedule plateau lowers the LR when the validation CIDEr-D stops improving, and "
+                            "--val-images 0 turns validation off; validate, or pass --lr-schedule step")
+        return out
+
+    def unused(self) -> set[str]:
+        """The plateau schedule has no step decay."""
+        return {"lr_decay_every", "lr_decay_rate"} if self.lr_schedule == "plateau" else set()
+
+    def identity(self) -> dict[str, Any]:
+        """As recorded, with the plateau's unused decay left out, ``lr_schedule`` step (the only one
+        before it was an option) left out and ``small`` under the name it had (``toy``), so that a run
+        from before these still resumes."""
+        ident = {k: v for k, v in super().identity().items() if k not in self.unused()}
+        if ident.get("lr_schedule") == "step":
+            del ident["lr_schedule"]
+        if ident.get("preset") == "small":
+            ident["preset"] = "toy"
+        return ident
+
+    def recorded(self) -> dict[str, Any]:
+        return {k: v for k, v in super().recorded().items() if k not in self.unused()}
 
     def validate(self) -> None:
         spec = REWARD_TABLE[self.reward]

@@ -19,10 +19,11 @@ wrote after S are orphans. The ``step`` writer opens with a restart marker at S 
 (``SummaryWriter(purge_step=S + 1)``), and its first event is at S + 1, so TensorBoard drops the
 orphans (its Python loader by the marker, its data server because the steps go back) and shows
 steps 1..S once each, then the new ones. The ``epoch`` writer marks a restart at 0 and writes the
-resume state's rows again, so the epoch run is metrics.csv whatever moment the run died at. Every
-step is flushed to disk as it is logged, so a killed run has written every step up to its resume
-state. A run that starts at step 0 (a new one, or ``--no-resume``) removes the folder's earlier
-events first.
+resume state's rows again, so the epoch run is metrics.csv whatever moment the run died at. The
+events are flushed to disk every ``FLUSH_SECONDS`` (a GPU run takes tens of steps a second, and a
+flush per step costs a write each) and always before a resume state is written (``before_save``),
+so a killed run has written every step up to its resume state. A run that starts at step 0 (a new
+one, or ``--no-resume``) removes the folder's earlier events first.
 
 The manifest: the writers are closed when the run ends, before the manifest is written, so the
 event files are files of the artifact like any other, hashed and checked by ``rdpp verify``.
@@ -41,6 +42,7 @@ from rdpp_cli.training.loggers import Logger
 from rdpp_cli.training.loop import current_position
 
 TENSORBOARD = "tensorboard"
+FLUSH_SECONDS = 30  # the writers' flush interval (SummaryWriter's flush_secs; its default is 120)
 INSTALL = "pip install tensorboard"
 
 
@@ -83,8 +85,8 @@ class TensorBoardLogger(Logger):
         if step == 0 and self.log_dir.exists():  # a run from the start: earlier events are another run's
             shutil.rmtree(self.log_dir)
         wait_past_event_files(self.log_dir)
-        self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None)
-        self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None)
+        self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None, flush_secs=FLUSH_SECONDS)
+        self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None, flush_secs=FLUSH_SECONDS)
         for row in history:
             self._add_row(row)
         self.epochs.flush()
@@ -96,7 +98,11 @@ class TensorBoardLogger(Logger):
             return
         for name, value in logs.items():
             self.steps.add_scalar(name, value, step)
-        self.steps.flush()
+
+    def before_save(self, step: int) -> None:
+        for w in (self.steps, self.epochs):
+            if w is not None:
+                w.flush()
 
     def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         if self.epochs is None:

@@ -35,7 +35,7 @@ from rdpp_cli.models.registry import model_spec
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
-from rdpp_cli.precision import resolve_precision
+from rdpp_cli.precision import ProbeShape, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import FastPath, fast_path
 from rdpp_cli.training.distributed import call, claim_output, unwrap
@@ -238,6 +238,13 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
                                         fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
 
 
+def probe_shape(model: nn.Module, data: DataArtifact, opts: Any, fast: Any) -> ProbeShape:
+    """What ``--precision auto`` times for this run: its model (as built), its batch and captions per
+    image, the data's regions and caption length, and whether the fast path runs."""
+    return ProbeShape.of(model, images=opts.batch_size, seq_per_img=opts.seq_per_img, regions=data.att_regions,
+                         steps=data.seq_length, fast="on" if fast is not None else "off")
+
+
 def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
     """The run's fast path (``fast_path``): the plain XE loss, scheduled sampling and label
     smoothing alike."""
@@ -278,14 +285,18 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
     """
     opts = opts.with_preset()
     rt = D.setup(opts.device)  # RdppError for --device cuda without a GPU, before anything is touched
-    precision = resolve_precision(opts.precision, rt.device)
     try:
         inp = read_inputs(opts, quiet=not rt.is_main)
         model = build_model(opts, inp)
         check_lr_schedule(opts, model)  # refused before the output folder is claimed
         fast = xe_fast_path(opts, rt.device, model)
+        # measured once, by rank 0, for every process (`auto`): the processes must train in one precision
+        shape = probe_shape(model, inp.data, opts, fast)
+        precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))
+        # the sizes came from --preset, or from the --init-from model (then no preset's: record what ran)
+        sizes = {"preset": opts.preset} if inp.init is None else {"preset": None, "sizes_from": inp.init_where}
         identity, config = run_settings(
-            "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where},
+            "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where, **sizes},
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, model=model)
         name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
