@@ -46,7 +46,7 @@ def recipe(model: str, stage: str, preset: str = "paper") -> dict:
     if stage == "xe":
         o = options.XEOptions(model=model, preset=preset).with_preset()
         return {"epochs": o.epochs, "batch_size": o.batch_size, "ss_epochs": sum(o.ss_prob(e) > 0 for e in range(o.epochs))}
-    return dict(options.FINETUNE_PRESETS[preset])
+    return model_spec(model).recipe("finetune", preset)
 
 
 def parse_words(s: str) -> tuple[int, int]:
