@@ -440,3 +440,27 @@ def test_beam_search_on_the_early_end_table_equals_the_peers():
     for b in range(2):
         assert done[b][0]["seq"].tolist() == [1, 0] and ours.tokens[b, 0].tolist() == [1]
         assert done[b][0]["p"] == pytest.approx(ours.seq_logprob[b, 0].item(), abs=1e-5)
+
+
+@pytest.mark.unit
+def test_a_temperature_float32_cannot_divide_by_is_refused_and_the_coldest_allowed_is_greedy(feats):
+    """1e-39 and 1e-38 (below float32's normal range) turned every tempered log-prob into -inf and
+    every caption into UNKs; they are refused, and sampling at the least temperature allowed is
+    greedy, on every registered model."""
+    from rdpp_cli.decoding.config import MIN_TEMPERATURE
+    from rdpp_cli.models import MODELS, model_spec
+
+    fc = feats.mean(1)
+    for name in MODELS:
+        torch.manual_seed(0)
+        m = model_spec(name).build("small", vocab_size=V, att_feat_size=6, fc_feat_size=6, seq_length=6,
+                                   drop_prob_lm=0.0).eval()
+        greedy = decode(m, feats, DecodeConfig(method="greedy", n=3), fc=fc)
+        for method in ("random", "topk", "nucleus"):
+            for temperature in (1e-39, 1e-38):
+                with pytest.raises(ValueError, match=rf"--temperature {temperature:g} is below 1e-37, where the "
+                                                     r"log-probs divided by it leave float32's range"):
+                    decode(m, feats, DecodeConfig(method=method, n=3, temperature=temperature), fc=fc)
+            cold = decode(m, feats, DecodeConfig(method=method, n=3, temperature=MIN_TEMPERATURE), fc=fc,
+                          generator=torch.Generator().manual_seed(0))
+            assert torch.equal(cold.tokens, greedy.tokens) and (cold.lengths > 0).any(), (name, method)
