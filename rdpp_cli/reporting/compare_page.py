@@ -35,8 +35,9 @@ def _json_in_html(obj) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _r(x: float) -> float:
-    return round(float(x), 3)
+def _r(x: float) -> float | None:
+    """Three decimals; None (JSON null, shown "–") for NaN: no number, as a one-caption set's self-CIDEr."""
+    return None if x != x else round(float(x), 3)
 
 
 def _words(texts: list[str]) -> str:
@@ -57,7 +58,9 @@ def page_index(cmp, order: list[int], thumbs: list[str | None], per_page: int) -
 
 def _chunk_record(cmp, i: int) -> dict:
     photo = cmp.photos[i]
+    why = cmp.photo_why[i] if cmp.photo_why else None
     return {"r": cmp.references[i], "f": photo.name if photo is not None else None,
+            **({"w": why} if photo is None and why else {}),
             "s": [[s.captions[i], [_r(x) for x in s.cider[i]], s.chosen[i]] for s in cmp.sets]}
 
 
@@ -156,13 +159,14 @@ def write_page(cmp, out: Path, table: Table, record: dict, per_page: int,
                figure: Callable[[Path], object] | None = None) -> None:
     """Write the page's files into the claimed artifact folder ``out`` (index.html, plot.png, table.md,
     compare.json, thumbs/, data/, and the figure); the manifest, written after them, completes it."""
-    from rdpp_cli.scoring.plot import plot_points
+    from rdpp_cli.scoring.plot import ONE_CAPTION, plot_points
 
     order = [int(i) for i in sorted(range(len(cmp.image_ids)), key=lambda i: -cmp.tradeoff[i])]
     thumbs = write_thumbs(cmp, out / "thumbs")
     write_chunks(cmp, order, out / "data")
     points = [(s.label, s.summary["self_cider"], s.summary["CIDEr"]) for s in cmp.sets]
-    plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split")
+    plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split",
+                why={s.label: ONE_CAPTION for s in cmp.sets if s.summary["self_cider"] is None})
     (out / "table.md").write_text(markdown([table]), encoding="utf-8")
     title = "rdpp compare: " + " · ".join(s.label for s in cmp.sets)
     subtitle = (f"{len(cmp.image_ids):,} images of {cmp.data.name} ({cmp.split} split); CIDEr-D of every caption "
