@@ -286,3 +286,49 @@ def test_a_one_caption_set_has_no_self_cider_anywhere_and_the_plot_says_it_left_
     a = plot_points([("five", 0.5, 1.0), ("one", None, 1.2)], None, tmp_path / "a.png", why={"one": ONE_CAPTION})
     b = plot_points([("five", 0.5, 1.0)], None, tmp_path / "b.png")
     assert a.read_bytes() != b.read_bytes()
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "full disk"])
+def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_path, monkeypatch, fault):
+    """Ctrl-C (or a full disk) while the thumbnails are written left thumbs/ behind, and every rerun
+    (--force too) failed on "thumbs: File exists"; the rerun now redoes the page, with every photo.
+    A full disk is one error line naming the file, not a thumbnail silently left out."""
+    import errno
+
+    from rdpp_cli.captioning import contact_sheet
+
+    root, data, arts, _, test_ids = ws
+    real_write, real_thumbnail, calls = Path.write_bytes, contact_sheet.thumbnail, []
+
+    def thumbnail(*a, **kw):  # Ctrl-C while the third photo is read
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_thumbnail(*a, **kw)
+
+    def write_bytes(self, content):  # the disk full when the third thumbnail is written
+        if self.suffix == ".jpg" and self.parent.name == "thumbs":
+            calls.append(self.name)
+            if len(calls) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, content)
+
+    out = tmp_path / "page"
+    args = ("compare", *(a.path for a in arts[:2]), "--out", out, "--workspace", root)
+    with monkeypatch.context() as m:
+        if fault == "interrupt":
+            m.setattr(contact_sheet, "thumbnail", thumbnail)
+        else:
+            m.setattr(Path, "write_bytes", write_bytes)
+        r = rdpp(*args)
+    assert r.exit_code == (130 if fault == "interrupt" else 1), r.output
+    if fault == "full disk":
+        last = r.output.strip().splitlines()[-1]
+        assert last.startswith("error: no space left writing") and "thumbs" in last
+    assert (out / "thumbs").is_dir() and not (out / "manifest.json").exists()
+    for extra in ((), ("--force",)):
+        r = rdpp(*args, *extra)
+        assert r.exit_code == 0, r.output
+        index, _ = _page(out)
+        assert all(row[1] == f"thumbs/{row[0]}.jpg" for row in index["images"])
+        assert sorted(p.name for p in (out / "thumbs").iterdir()) == sorted(f"{i}.jpg" for i in test_ids)

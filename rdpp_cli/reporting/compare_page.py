@@ -6,20 +6,23 @@ and filtering run on that index in the browser. The captions and their scores ar
 ``data/chunk-NNNN.js`` files of ``CHUNK`` images, loaded with a script tag (so the page works from
 ``file://``) only for the images of the page shown; thumbnails are JPEG files in ``thumbs/``,
 loaded lazily. Every text the page shows is set as text (``textContent``), never as HTML, so a
-caption holding ``<``, ``&`` or quotes shows as written. The folder is written under a temporary
-name and moved into place when complete.
+caption holding ``<``, ``&`` or quotes shows as written. The page is written into its claimed
+artifact folder; a rerun after an interruption writes ``thumbs/`` and ``data/`` again from scratch.
 """
 
 from __future__ import annotations
 
 import html
+import io
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rdpp_cli.artifacts.files import write_failure
 from rdpp_cli.console import progress
 from rdpp_cli.reporting.report import Table, markdown
 
@@ -64,9 +67,17 @@ def _chunk_record(cmp, i: int) -> dict:
             "s": [[s.captions[i], [_r(x) for x in s.cider[i]], s.chosen[i]] for s in cmp.sets]}
 
 
+def _fresh(folder: Path) -> None:
+    """``folder``, empty: what an interrupted run left there (the same page's files, half written)
+    is redone, not trusted."""
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir()
+
+
 def write_chunks(cmp, order: list[int], folder: Path) -> int:
     """The data files; returns how many."""
-    folder.mkdir()
+    _fresh(folder)
     n = 0
     for k in range(0, len(order), CHUNK):
         recs = [_chunk_record(cmp, i) for i in order[k:k + CHUNK]]
@@ -80,16 +91,22 @@ def _thumb(src: Path, dest: Path) -> bool:
     from rdpp_cli.captioning.contact_sheet import thumbnail
 
     try:
-        thumbnail(src, THUMB).save(dest, format="JPEG", quality=80)
-        return True
+        thumb = thumbnail(src, THUMB)
     except OSError:  # unreadable photo: a placeholder stands in
         return False
+    buf = io.BytesIO()
+    thumb.save(buf, format="JPEG", quality=80)
+    try:
+        dest.write_bytes(buf.getvalue())  # a failed write (a full disk) stops the page: never a silent placeholder
+    except OSError as e:
+        raise write_failure(e, dest) or e from e
+    return True
 
 
 def write_thumbs(cmp, folder: Path) -> list[str | None]:
     """``thumbs/<id>.jpg`` of every photo found (threads: decoding releases the GIL); the relative
     path of each image's thumbnail, None where there is no photo."""
-    folder.mkdir()
+    _fresh(folder)
     jobs = [(i, p, folder / f"{cmp.image_ids[i]}.jpg") for i, p in enumerate(cmp.photos) if p is not None]
     out: list[str | None] = [None] * len(cmp.photos)
     with progress("photos") as bar, ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
