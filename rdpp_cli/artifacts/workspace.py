@@ -315,7 +315,8 @@ def _refuse_others(path: Path, kind: str, others: list[Path]) -> None:
     """--force replaces an artifact's own files, never others: refuse, naming them, when there are."""
     if others:
         names = ", ".join(p.relative_to(path).as_posix() + ("/" if p.is_dir() else "") for p in others[:6])
-        raise RdppError(f"{path} holds files that are not its {kind} artifact's ({names}{', ...' if len(others) > 6 else ''}); "
+        names += ", ..." if len(others) > 6 else ""
+        raise RdppError(f"{path} holds files that are not its {kind} artifact's ({names}); "
                         "move them out of the folder or choose another --out (--force replaces only an artifact "
                         "of the same stage, never other files)")
 

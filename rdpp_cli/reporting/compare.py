@@ -236,8 +236,8 @@ def photo_paths(data: Artifact, ids: list[int], photos: Path | None) -> tuple[li
             [None] * len(ids)
     dataset, root = _dataset_file(data)
     if dataset is None or not dataset.is_file():
-        return ([None] * len(ids), f"the data artifact records no caption file with the photos' names ({dataset or '-'})",
-                [None] * len(ids))
+        why = f"the data artifact records no caption file with the photos' names ({dataset or '-'})"
+        return [None] * len(ids), why, [None] * len(ids)
     wanted = set(ids)
     where: dict[int, str] = {}
     for img in json.loads(dataset.read_text(encoding="utf-8")).get("images", []):
