@@ -220,3 +220,129 @@ def test_format_without_a_figure_is_refused_and_the_format_is_recorded_only_with
     assert CompareOptions(samples=["a"]).recorded()["format"] is None
     assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt").recorded()["format"] == "pdf"
     assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt", format="svg").figure_format == "svg"
+
+
+def _swap_photos(source: Path, a: int, b: int) -> None:
+    """Swap the files of images ``a`` and ``b`` in a toy data's ``source`` folder (names kept)."""
+    names = {img["cocoid"]: Path(img["filepath"]) / img["filename"]
+             for img in json.loads((source / "dataset_toy.json").read_text())["images"]}
+    pa, pb = source / names[a], source / names[b]
+    da, db = pa.read_bytes(), pb.read_bytes()
+    pa.write_bytes(db)
+    pb.write_bytes(da)
+
+
+def test_swapped_photos_show_the_placeholder_not_another_images_photo(ws, tmp_path):
+    """Two photos swapped (in a --photos folder with the same names, or in the data's own source
+    folder): their sha256 is not the one the data's manifest records, so neither is shown under the
+    other's captions (page, figure); each says its photo does not match, the other photos show."""
+    from rdpp_cli.artifacts import read_artifact
+    from rdpp_cli.reporting.compare import MISMATCH, photo_paths
+
+    root, data, arts, _, test_ids = ws
+    a, b = test_ids[:2]
+    photos = tmp_path / "photos"
+    shutil.copytree(data.path / "source", photos)
+    _swap_photos(photos, a, b)
+    ids = tmp_path / "ids.txt"
+    ids.write_text(f"{a}\n{test_ids[2]}\n")
+    out = tmp_path / "page"
+    r = rdpp("compare", arts[0].path, "--photos", photos, "--figure", ids, "--format", "png", "--out", out,
+             "--workspace", root)
+    assert r.exit_code == 0, r.output
+    assert "are not the data's" in " ".join(r.output.split())
+    index, recs = _page(out)
+    for row, rec in zip(index["images"], recs):
+        swapped = row[0] in (a, b)
+        assert row[1] == (None if swapped else f"thumbs/{row[0]}.jpg"), row[0]
+        assert rec.get("w") == (MISMATCH if swapped else None), row[0]
+    assert sorted(p.name for p in (out / "thumbs").iterdir()) == sorted(f"{i}.jpg" for i in test_ids[2:])
+    assert (out / "figure.png").is_file()
+    # the same two swapped in the data's own folder (a copy of the artifact)
+    copy = tmp_path / "data-copy"
+    shutil.copytree(data.path, copy)
+    _swap_photos(copy / "source", a, b)
+    found, note, why = photo_paths(read_artifact(copy), test_ids, None)
+    assert [w == MISMATCH for w in why] == [i in (a, b) for i in test_ids]
+    assert [p is None for p in found] == [i in (a, b) for i in test_ids] and "2 of 6 photos" in note
+    found, note, why = photo_paths(data, test_ids, None)  # the intact data: every photo, no note
+    assert all(p is not None for p in found) and note == "" and why == [None] * len(test_ids)
+
+
+def test_a_one_caption_set_has_no_self_cider_anywhere_and_the_plot_says_it_left_it_out(ws, tmp_path):
+    """`rdpp score` gives a one-caption set's self-CIDEr as null; compare's table, page, figure and
+    terminal show "–" (not 0.00), and its plot names the model it left out and why."""
+    from rdpp_cli.artifacts import read_artifact
+    from rdpp_cli.reporting.compare_figure import _num
+
+    root, data, arts, _, test_ids = ws
+    one = _hand_samples(root, read_artifact(root / "xe" / "xe-v1"), data,
+                        {i: ["a red circle"] for i in test_ids}, "one-caption")
+    scored = score(one.path, oracle=True, self_cider=True, metrics="CIDEr", workspace=root)
+    assert json.loads((scored / "scores.json").read_text())["diversity"]["self_cider"] is None
+    ids = tmp_path / "ids.txt"
+    ids.write_text(f"{test_ids[0]}\n")
+    out = tmp_path / "page"
+    r = rdpp("compare", arts[0].path, one.path, "--labels", "five,one", "--figure", ids, "--format", "png",
+             "--out", out, "--workspace", root)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "self-CIDEr – ·" in text and "self-CIDEr 0.000" not in text
+    assert "one (one caption per image: self-CIDEr needs at least 2); not plotted" in text
+    row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| one "))
+    assert row.split("|")[5].strip() == "–"
+    index, _ = _page(out)
+    assert all(r[7][5] is None and r[7][2] is not None for r in index["images"])  # one's self-CIDEr: null
+    assert _num(float("nan")) == "–" and _num(-1e-9) == "0.00"
+    # the plot carries the note: the same points without the left-out model draw another picture
+    from rdpp_cli.scoring.plot import ONE_CAPTION, plot_points
+
+    a = plot_points([("five", 0.5, 1.0), ("one", None, 1.2)], None, tmp_path / "a.png", why={"one": ONE_CAPTION})
+    b = plot_points([("five", 0.5, 1.0)], None, tmp_path / "b.png")
+    assert a.read_bytes() != b.read_bytes()
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "full disk"])
+def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_path, monkeypatch, fault):
+    """Ctrl-C (or a full disk) while the thumbnails are written left thumbs/ behind, and every rerun
+    (--force too) failed on "thumbs: File exists"; the rerun now redoes the page, with every photo.
+    A full disk is one error line naming the file, not a thumbnail silently left out."""
+    import errno
+
+    from rdpp_cli.captioning import contact_sheet
+
+    root, data, arts, _, test_ids = ws
+    real_write, real_thumbnail, calls = Path.write_bytes, contact_sheet.thumbnail, []
+
+    def thumbnail(*a, **kw):  # Ctrl-C while the third photo is read
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_thumbnail(*a, **kw)
+
+    def write_bytes(self, content):  # the disk full when the third thumbnail is written
+        if self.suffix == ".jpg" and self.parent.name == "thumbs":
+            calls.append(self.name)
+            if len(calls) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, content)
+
+    out = tmp_path / "page"
+    args = ("compare", *(a.path for a in arts[:2]), "--out", out, "--workspace", root)
+    with monkeypatch.context() as m:
+        if fault == "interrupt":
+            m.setattr(contact_sheet, "thumbnail", thumbnail)
+        else:
+            m.setattr(Path, "write_bytes", write_bytes)
+        r = rdpp(*args)
+    assert r.exit_code == (130 if fault == "interrupt" else 1), r.output
+    if fault == "full disk":
+        last = r.output.strip().splitlines()[-1]
+        assert last.startswith("error: no space left writing") and "thumbs" in last
+    assert (out / "thumbs").is_dir() and not (out / "manifest.json").exists()
+    for extra in ((), ("--force",)):
+        r = rdpp(*args, *extra)
+        assert r.exit_code == 0, r.output
+        index, _ = _page(out)
+        assert all(row[1] == f"thumbs/{row[0]}.jpg" for row in index["images"])
+        assert sorted(p.name for p in (out / "thumbs").iterdir()) == sorted(f"{i}.jpg" for i in test_ids)

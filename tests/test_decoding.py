@@ -374,3 +374,94 @@ def test_unk_suppression_by_hand():
         d = decode(Table(), att, DecodeConfig(method=method, beam=2, max_len=3, unk_id=4))
         assert d.tokens[0, 0].tolist() == [1], method
         assert d.seq_logprob[0, 0].item() == pytest.approx(float(torch.tensor(0.3 * 0.3).log()), rel=1e-6)
+
+
+# The issue's next-word table (EOS = 0, then a b c d = 1..4): the caption "a" ends early with
+# log p = log(.95 · .12) = -2.17; every longer caption ends lower (-5.67 for six words without an EOS,
+# -9.58 with the EOS forced after the sixth word). Context: 0 after BOS, 1 after "a", 2 after "a b",
+# 3 after anything else.
+_NEXT = torch.tensor([[0.0125, 0.95, 0.0125, 0.0125, 0.0125],
+                      [0.12, 0.01, 0.75, 0.10, 0.02],
+                      [0.10, 0.0, 0.31, 0.30, 0.29],
+                      [0.02, 0.25, 0.246, 0.244, 0.24]])
+
+
+def _next_context(ctx: torch.Tensor, it: torch.Tensor) -> torch.Tensor:
+    return torch.where((ctx == 0) & (it == 1), 1, torch.where((ctx == 1) & (it == 2), 2, 3))
+
+
+class EarlyEndTable(StepTable):
+    """The table above as a model: the state is the context row (BOS before the first step)."""
+
+    def init_state(self, N):
+        return (torch.full((N,), -1),)
+
+    def step(self, it, enc, state, drop=None):
+        ctx = torch.where(state[0] < 0, 0, _next_context(state[0], it))
+        return _NEXT[ctx].log(), (ctx,)
+
+
+@pytest.mark.unit
+def test_beam_search_keeps_a_caption_that_ended_early_when_the_live_beams_end_lower():
+    """Beam 3, at most 6 words: "a" ends at step 1 and three live beams rank above it until all of
+    them end lower; the best caption found is "a" (log p -2.17), for beam search and for the first
+    group of diverse beam search, with or without diversity."""
+    att = torch.zeros(2, 1, 1)
+    want = float(torch.tensor(0.95 * 0.12).log())
+    for cfg in (DecodeConfig(method="beam", beam=3, n=3, max_len=6),
+                DecodeConfig(method="dbs", beam=3, groups=2, n=2, max_len=6, diversity_lambda=0.0),
+                DecodeConfig(method="dbs", beam=3, groups=2, n=2, max_len=6, diversity_lambda=0.5)):
+        d = decode(EarlyEndTable(), att, cfg)
+        assert d.tokens[:, 0, :1].tolist() == [[1], [1]] and d.lengths[:, 0].tolist() == [1, 1], cfg.method
+        assert d.seq_logprob[:, 0].tolist() == pytest.approx([want, want], abs=1e-5), cfg.method
+    d = decode(EarlyEndTable(), att, DecodeConfig(method="beam", beam=3, n=3, max_len=6))
+    # then the empty caption (log .0125 = -4.38), then the best six-word one, ended by the forced EOS
+    assert d.lengths[0].tolist() == [1, 0, 6]
+    assert d.seq_logprob[0, 1:].tolist() == pytest.approx([-4.38, -9.58], abs=0.01)
+
+
+@pytest.mark.unit
+def test_beam_search_on_the_early_end_table_equals_the_peers():
+    """self-critical.pytorch's own ``beam_search`` on the same table returns "a" first too."""
+    from helpers import peer_modules
+
+    peer_modules()
+    from captioning.models.CaptionModel import CaptionModel
+
+    class PeerTable(CaptionModel):
+        seq_length, eos_idx, unk_idx, vocab_size = 6, 0, None, 4
+
+        def get_logprobs_state(self, it, state):
+            ctx = _next_context(state[0][0], it)
+            return _NEXT[ctx].log(), [ctx.unsqueeze(0)]
+
+    init = [torch.zeros(1, 2, dtype=torch.long)]
+    done = PeerTable().beam_search(init, _NEXT[[0, 0]].log(), opt={"beam_size": 3})
+    ours = decode(EarlyEndTable(), torch.zeros(2, 1, 1), DecodeConfig(method="beam", beam=3, n=1, max_len=6))
+    for b in range(2):
+        assert done[b][0]["seq"].tolist() == [1, 0] and ours.tokens[b, 0].tolist() == [1]
+        assert done[b][0]["p"] == pytest.approx(ours.seq_logprob[b, 0].item(), abs=1e-5)
+
+
+@pytest.mark.unit
+def test_a_temperature_float32_cannot_divide_by_is_refused_and_the_coldest_allowed_is_greedy(feats):
+    """1e-39 and 1e-38 (below float32's normal range) turned every tempered log-prob into -inf and
+    every caption into UNKs; they are refused, and sampling at the least temperature allowed is
+    greedy, on every registered model."""
+    from rdpp_cli.decoding.config import MIN_TEMPERATURE
+    from rdpp_cli.models import MODELS, model_spec
+
+    fc = feats.mean(1)
+    for name in MODELS:
+        torch.manual_seed(0)
+        m = model_spec(name).build("small", vocab_size=V, att_feat_size=6, fc_feat_size=6, seq_length=6,
+                                   drop_prob_lm=0.0).eval()
+        greedy = decode(m, feats, DecodeConfig(method="greedy", n=3), fc=fc)
+        for method in ("random", "topk", "nucleus"):
+            for temperature in (1e-39, 1e-38):
+                with pytest.raises(ValueError, match=rf"--temperature {temperature:g} is below 1e-37, where the "
+                                                     r"log-probs divided by it leave float32's range"):
+                    decode(m, feats, DecodeConfig(method=method, n=3, temperature=temperature), fc=fc)
+            cold = decode(m, feats, DecodeConfig(method=method, n=3, temperature=MIN_TEMPERATURE), fc=fc,
+                          generator=torch.Generator().manual_seed(0))
+            assert torch.equal(cold.tokens, greedy.tokens) and (cold.lengths > 0).any(), (name, method)

@@ -106,6 +106,8 @@ def test_config_file_and_workspace_yaml_keys_are_the_field_names(tmp_path, recei
     (["sample", "--method", "beam", "--beam", "2", "--n", "3"], "--n 3 is more than the 2 beams of --method beam"),
     (["sample", "--method", "sampling"], "unknown decoding method 'sampling'"),
     (["sample", "--temperature", "nan"], "--temperature must be a finite number"),
+    (["sample", "--temperature", "1e-39"], "--temperature 1e-39 is below 1e-37, where the log-probs divided"),
+    (["caption", "a.jpg", "--method", "topk", "--temperature", "1e-38"], "--temperature 1e-38 is below 1e-37"),
     (["sample", "--select", "dpp", "--candidates", "4", "--n", "5"], "--candidates 4 must be at least --n 5"),
     (["sample", "--precision", "fp8"], "--precision 'fp8' is not a precision"),
     (["sample", "--max-len", "0"], "--max-len must be at least 1 (got 0)"),

@@ -153,7 +153,8 @@ def prepare_output(
       together, one runs and the other is refused because the first holds the folder.
     - ``out`` given: an empty or missing folder is used; an unfinished run of the same config is
       resumed; an artifact of this ``kind`` (or an unfinished run of it with other settings) is
-      replaced only with ``force``; anything else (another kind, unrelated files) is refused.
+      replaced only with ``force``, and only when the folder holds nothing else than what the
+      artifact owns (``_make_room``); anything else (another kind, unrelated files) is refused.
 
     ``reads``: the paths the stage reads (artifact folders, input files); an ``out`` equal to, inside
     or above one of them is refused, ``force`` or not, before anything is touched.
@@ -271,6 +272,7 @@ def _make_room(path: Path, kind: str, force: bool, workspace: Path | str | None)
         if not force:
             raise RdppError(f"{path} already holds {existing} artifact; choose another --out or pass --force to replace it")
         _refuse_orphaning(art, workspace)
+        _refuse_others(path, kind, _not_owned(path, set(art.manifest.get("files") or {})))
         (path / MANIFEST).unlink()  # from here on the folder is incomplete, never read as whole
     elif (path / PARTIAL).exists():
         started = (read_partial(path) or {}).get("kind")
@@ -280,10 +282,51 @@ def _make_room(path: Path, kind: str, force: bool, workspace: Path | str | None)
         if not force:
             raise RdppError(f"{path} holds an unfinished run with other settings; choose another --out or pass "
                             "--force to overwrite it")
+        _refuse_others(path, kind, [p for p in sorted(path.iterdir()) if not p.name.startswith(".")
+                                    and p.name not in STAGE_OUTPUTS.get(kind, ())])
     else:
         raise RdppError(f"{path} holds files that are not an rdpp artifact; choose another --out "
                         "(--force replaces only an artifact of the same stage, never other files)")
     _clear(path)
+
+
+# The top-level names an unfinished run of each kind may have written (a complete artifact's are the
+# files its manifest lists). Names starting with a dot are rdpp's bookkeeping and temporary files.
+STAGE_OUTPUTS = {
+    "rdpp.data": ("captions.h5", "cider_df.h5", "features.h5", "vocab.json", "dataset.json", "source"),
+    "rdpp.model": ("checkpoints", "last_state.pt", "metrics.csv", "tensorboard"),
+    "rdpp.samples": ("samples.json",),
+    "rdpp.scores": ("scores.json", "per_image.csv", "plot.png"),
+    "rdpp.captions": ("results.json", "contact_sheet.html"),
+    "rdpp.compare": ("index.html", "plot.png", "table.md", "compare.json", "thumbs", "data", "figure.pdf",
+                     "figure.png", "figure.svg"),
+}
+
+
+def _not_owned(path: Path, listed: set[str], prefix: str = "") -> list[Path]:
+    """What in ``path`` its artifact does not own: files its manifest does not list (``listed``,
+    relative to the artifact folder; ``prefix``: ``path``'s own place in it), hidden names and the
+    manifest aside; a folder holding no listed file is named as one."""
+    out = []
+    for child in sorted(path.iterdir()):
+        rel = prefix + child.name
+        if child.name.startswith(".") or rel == MANIFEST or rel in listed:
+            continue
+        if child.is_dir() and not child.is_symlink() and any(f.startswith(rel + "/") for f in listed):
+            out += _not_owned(child, listed, rel + "/")
+        else:
+            out.append(child)
+    return out
+
+
+def _refuse_others(path: Path, kind: str, others: list[Path]) -> None:
+    """--force replaces an artifact's own files, never others: refuse, naming them, when there are."""
+    if others:
+        names = ", ".join(p.relative_to(path).as_posix() + ("/" if p.is_dir() else "") for p in others[:6])
+        names += ", ..." if len(others) > 6 else ""
+        raise RdppError(f"{path} holds files that are not its {kind} artifact's ({names}); "
+                        "move them out of the folder or choose another --out (--force replaces only an artifact "
+                        "of the same stage, never other files)")
 
 
 _orphan_descendants = contextvars.ContextVar("orphan_descendants", default=False)

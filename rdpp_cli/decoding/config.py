@@ -23,6 +23,11 @@ from rdpp_cli.options import Options, finite, option
 METHODS = ("greedy", "beam", "random", "topk", "nucleus", "dbs")
 DECODING_CLI = {"rich_help_panel": "Decoding"}  # --help shows these options in a panel of their own
 MAX_LEN = 16  # most words per caption when neither the caller nor the model says (the data stage's default)
+# The coldest temperature sampling takes. Decoding divides float32 log-probs by it: below about
+# |log p| / 3.4e38 (float32's largest number) every word's tempered log-prob overflows to -inf and no
+# word can be drawn. The most probable word's log p is at least -log(vocabulary), so 1e-37 keeps it
+# finite for any vocabulary up to e**34 words, and sampling that cold is greedy.
+MIN_TEMPERATURE = 1e-37
 
 # What each method uses for a setting that is not given, as a function of the config, in this
 # order (docs/decoding.md says where each comes from): top-k 10 (Fan et al., 2018, who introduced
@@ -104,6 +109,10 @@ class DecodeConfig(DecodingOptions):
             raise ValueError(f"--max-len must be at least 1 (got {self.max_len})")
         if self.method in ("random", "topk", "nucleus") and not self.temperature > 0:
             raise ValueError(f"--temperature must be > 0 (got {self.temperature}); use --method greedy for 0")
+        if self.method in ("random", "topk", "nucleus") and self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"--temperature {self.temperature:g} is below {MIN_TEMPERATURE:g}, where the "
+                             f"log-probs divided by it leave float32's range; use --method greedy "
+                             f"(what sampling that cold gives)")
         if self.method == "topk" and self.top_k < 1:
             raise ValueError(f"--method topk needs --top-k ≥ 1 (got {self.top_k})")
         if self.method == "nucleus" and not 0 < self.top_p <= 1:

@@ -213,12 +213,14 @@ def _repeat(d: Decoded, n: int) -> Decoded:
 # -- beam search and diverse beam search ----------------------------------------------------------
 
 def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> Decoded:
-    """Batched (diverse) beam search: rows are (image, group, beam); finished beams stay in their
-    beam with a frozen score (they can only be extended by padding at no cost).
+    """Batched (diverse) beam search: rows are (image, group, beam). A beam that ends (picks the
+    EOS) is set aside among its group's finished captions and its slot goes to a live continuation,
+    as self-critical.pytorch's ``beam_search`` keeps its ``done_beams``; the K best finished
+    captions of each group are returned, so no caption found is lost to beams that end lower.
 
     Beams are ranked by ``aug``: the sum of log-probs minus the diversity penalties they paid
-    (as self-critical.pytorch and Vijayakumar et al.'s code accumulate them), divided by
-    ``len ** length_norm``; the log-probs reported are the model's own.
+    (as self-critical.pytorch and Vijayakumar et al.'s code accumulate them); finished captions by
+    ``aug / len ** length_norm`` (``len`` counting the EOS); the log-probs reported are the model's own.
     """
     K, L = cfg.beam, cfg.max_len
     R = G * K
@@ -229,98 +231,117 @@ def _beam_search(model, enc, B: int, cfg: DecodeConfig, G: int, lam: float) -> D
     beams = _Beams.start(B, G, K, L, device)
     first_row = (torch.arange(G, device=device).view(1, G, 1) * K
                  + torch.arange(B, device=device).view(B, 1, 1) * R)  # of each (image, group) in the flat state
+    can_stop = not cfg.length_norm and lam >= 0  # scores only fall: a beam below the K-th finished stays below
     for t in range(L + 1):
         lp, state = model.step(it, enc, state)
-        lp = _continuations(lp.float().view(B, G, K, -1), beams.done, force_eos=t == L)
+        lp = _continuations(lp.float().view(B, G, K, -1), force_eos=t == L)
         choice = _suppress(lp, cfg.unk_id) if cfg.unk_id is not None and t < L else lp
         parent, word = beams.advance(t, lp, choice, cfg.length_norm, lam)
+        if beams.settled(can_stop):
+            break
         rows = (parent + first_row).view(-1)  # the parent's row in the flat state
         state = select_rows(state, rows)
         it = word.view(-1)
-        if bool(beams.done.all()):
-            break
-    return beams.best_first(cfg.n, cfg.length_norm)
+    return beams.best_first(cfg.n)
 
 
-def _continuations(lp: Tensor, done: Tensor, force_eos: bool) -> Tensor:
+def _continuations(lp: Tensor, force_eos: bool) -> Tensor:
     """The log-probs (B, G, K, V+1) of each beam's next word: the EOS only at the last step
-    (``force_eos``), and padding at no cost (word 0, log-prob 0) for a finished beam."""
-    V1 = lp.shape[-1]
+    (``force_eos``)."""
     if force_eos:
         lp = torch.cat([lp[..., :1], torch.full_like(lp[..., 1:], float("-inf"))], -1)
-    pad = torch.full((V1,), float("-inf"), device=lp.device)
-    pad[0] = 0.0
-    return torch.where(done.unsqueeze(-1), pad, lp)
+    return lp
 
 
 @dataclass
 class _Beams:
-    """The beams of every (image, group): ranking score, finished flag, length, words and log-probs."""
+    """The live beams of every (image, group) -- ranking score, words, log-probs -- and the K best
+    finished captions of each (image, group), best first."""
 
-    aug: Tensor  # (B, G, K) ranking score: log-probs minus diversity penalties
-    done: Tensor  # (B, G, K) bool
-    length: Tensor  # (B, G, K) tokens so far, the EOS included
+    aug: Tensor  # (B, G, K) ranking score of the live beams: log-probs minus diversity penalties; -inf: none
     tokens: Tensor  # (B, G, K, L)
     logps: Tensor  # (B, G, K, L + 1) the model's log-prob of each chosen token
+    fin_score: Tensor  # (B, G, K) finished captions' final score (aug / len**alpha), descending; -inf: none
+    fin_tokens: Tensor  # (B, G, K, L)
+    fin_logps: Tensor  # (B, G, K, L + 1)
+    fin_length: Tensor  # (B, G, K) words (EOS excluded)
 
     @classmethod
     def start(cls, B: int, G: int, K: int, L: int, device) -> _Beams:
         aug = torch.zeros(B, G, K, device=device)
         aug[:, :, 1:] = float("-inf")  # at t = 0 all beams of a group are the same: keep one
-        return cls(aug, torch.zeros(B, G, K, dtype=torch.bool, device=device), torch.zeros(B, G, K, device=device),
-                   torch.zeros(B, G, K, L, dtype=torch.long, device=device), torch.zeros(B, G, K, L + 1, device=device))
+        tokens = torch.zeros(B, G, K, L, dtype=torch.long, device=device)
+        logps = torch.zeros(B, G, K, L + 1, device=device)
+        return cls(aug, tokens, logps, torch.full_like(aug, float("-inf")), tokens.clone(), logps.clone(),
+                   torch.zeros(B, G, K, dtype=torch.long, device=device))
 
     def advance(self, t: int, lp: Tensor, choice: Tensor, length_norm: float, lam: float) -> tuple[Tensor, Tensor]:
         """Step ``t``: each group keeps its K best continuations (``choice``: the log-probs words are
-        chosen by; ``lp``: the model's, recorded); returns each new beam's parent and word (B, G, K)."""
+        chosen by; ``lp``: the model's, recorded) and sets aside those that ended; returns each new
+        beam's parent and word (B, G, K)."""
         B, G, K, V1 = lp.shape
-        norm = (torch.where(self.done, self.length, self.length + 1).unsqueeze(-1).pow(length_norm)
-                if length_norm else None)
-        parent, word, self.aug = _pick(self.aug, choice, self.done, norm, lam)
+        parent, word, aug = _pick(self.aug, choice, lam)
         step_lp = lp.view(B, G, K * V1).gather(2, parent * V1 + word)
-        was_done = self.done.gather(2, parent)
-        self.length = self.length.gather(2, parent) + (~was_done).float()
         self.tokens = self.tokens.gather(2, parent.unsqueeze(-1).expand_as(self.tokens))
         self.logps = self.logps.gather(2, parent.unsqueeze(-1).expand_as(self.logps))
         if t < self.tokens.shape[-1]:
             self.tokens[..., t] = word
-        self.logps[..., t] = step_lp.masked_fill(was_done, 0.0)
-        self.done = was_done | (word == 0)
+        self.logps[..., t] = step_lp
+        ended = (word == 0) & (aug > float("-inf"))
+        score = aug / float(t + 1) ** length_norm if length_norm else aug
+        self._set_aside(score.masked_fill(~ended, float("-inf")), t)
+        self.aug = aug.masked_fill(word == 0, float("-inf"))  # an ended beam is not continued
         return parent, word
 
-    def best_first(self, n: int, length_norm: float) -> Decoded:
-        """The n best captions per image: best first within each group; across groups round-robin
-        (the best of every group first)."""
-        B, G, K = self.aug.shape
-        final = self.aug / self.length.clamp(min=1).pow(length_norm) if length_norm else self.aug
-        lengths = (self.tokens > 0).long().cumprod(-1).sum(-1)
-        order = final.argsort(-1, descending=True)  # (B, G, K)
-        pick = lambda x: x.gather(2, order.view(B, G, K, *([1] * (x.dim() - 3))).expand_as(x))  # noqa: E731
-        tokens, logps, lengths = pick(self.tokens), pick(self.logps), pick(lengths)
-        tokens = tokens.transpose(1, 2).reshape(B, G * K, -1)[:, :n]  # (rank, group) order
-        logps = logps.transpose(1, 2).reshape(B, G * K, -1)[:, :n]
-        lengths = lengths.transpose(1, 2).reshape(B, G * K)[:, :n]
+    def _set_aside(self, score: Tensor, t: int) -> None:
+        """Merge the beams that ended at step ``t`` (``score`` finite) into the K best finished
+        captions; ties keep the earlier (shorter) one first, as a stable sort of the peer's list does."""
+        K = score.shape[-1]
+        if not bool((score > float("-inf")).any()):
+            return
+        length = torch.full_like(self.fin_length, t)
+        both = torch.cat([self.fin_score, score], -1)
+        order = both.sort(dim=-1, descending=True, stable=True).indices[..., :K]  # (B, G, K) into 2K
+        take = lambda old, new: torch.cat([old, new], 2).gather(  # noqa: E731
+            2, order.view(*order.shape, *([1] * (old.dim() - 3))).expand(*order.shape, *old.shape[3:]))
+        self.fin_score = both.gather(-1, order)
+        self.fin_tokens, self.fin_logps = take(self.fin_tokens, self.tokens), take(self.fin_logps, self.logps)
+        self.fin_length = take(self.fin_length, length)
+
+    def settled(self, can_stop: bool) -> bool:
+        """No live beam is left, or (``can_stop``: scores can only fall) none scores above its
+        group's K-th finished caption, so none can enter the captions returned."""
+        best_live = self.aug.max(-1).values
+        if not bool((best_live > float("-inf")).any()):
+            return True
+        return can_stop and bool((best_live < self.fin_score[..., -1]).all())
+
+    def best_first(self, n: int) -> Decoded:
+        """The n best finished captions per image: best first within each group; across groups
+        round-robin (the best of every group first)."""
+        B, G, K = self.fin_score.shape
+        tokens = self.fin_tokens.transpose(1, 2).reshape(B, G * K, -1)[:, :n]  # (rank, group) order
+        logps = self.fin_logps.transpose(1, 2).reshape(B, G * K, -1)[:, :n]
+        lengths = self.fin_length.transpose(1, 2).reshape(B, G * K)[:, :n]
         return _pack(tokens, logps, lengths)
 
 
-def _pick(aug: Tensor, choice: Tensor, done: Tensor, norm: Tensor | None, lam: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Each group's K best continuations, group by group: a word earlier groups chose at this step
-    costs ``lam`` per group (Hamming diversity) to a live beam. Returns parent, word and new score
-    (B, G, K)."""
+def _pick(aug: Tensor, choice: Tensor, lam: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Each group's K best continuations, group by group: a word earlier groups' beams chose at this
+    step costs ``lam`` per beam (Hamming diversity). Returns parent, word and new score (B, G, K)."""
     B, G, K, V1 = choice.shape
     counts = torch.zeros(B, 1, V1, device=choice.device)  # words picked by earlier groups at this step
     parents, words, augs = [], [], []
     for g in range(G):
         cand = aug[:, g].unsqueeze(-1) + choice[:, g]  # (B, K, V1)
         if lam and g:
-            cand = cand - lam * counts * (~done[:, g]).unsqueeze(-1)
-        rank = cand / norm[:, g] if norm is not None else cand
-        best = rank.reshape(B, K * V1).topk(K, dim=-1).indices  # (B, K)
-        parent, word = best // V1, best % V1
+            cand = cand - lam * counts
+        best = cand.reshape(B, K * V1).topk(K, dim=-1)
+        parent, word = best.indices // V1, best.indices % V1
         parents.append(parent)
         words.append(word)
-        augs.append(cand.reshape(B, K * V1).gather(1, best))
+        augs.append(best.values)
         if lam and g < G - 1:
-            live = (~done[:, g].gather(1, parent)).float()
+            live = (best.values > float("-inf")).float()
             counts.scatter_add_(2, word.unsqueeze(1), live.unsqueeze(1))
     return torch.stack(parents, 1), torch.stack(words, 1), torch.stack(augs, 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from rdpp_cli.artifacts import (Artifact, finish, follow_input, list_artifacts, prepare_output, ref_name, resolve_input,
-                                workspace_dir, write_manifest)
+                                sha256_file, workspace_dir, write_manifest)
 from rdpp_cli.console import console, info, note, summary_table
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import takes
@@ -56,6 +56,7 @@ class Comparison:
     photos: list[Path | None]
     photo_note: str
     sets: list[ModelSet]
+    photo_why: list[str | None] = field(default_factory=list)  # per image: why no photo is shown (None: shown)
     human: dict | None = None
     tradeoff: np.ndarray | None = None
     pair: np.ndarray | None = None
@@ -204,21 +205,47 @@ def _dataset_file(data: Artifact) -> tuple[Path | None, Path | None]:
     return (Path(cfg["karpathy_json"]) if cfg.get("karpathy_json") else None), root
 
 
-def photo_paths(data: Artifact, ids: list[int], photos: Path | None) -> tuple[list[Path | None], str]:
-    """Each image's photo file (None where it is not found) and a line on what is missing; with
-    ``photos`` (the folder they moved to), every photo must be there."""
+MISMATCH = "the photo does not match the data (its sha256 is not the one the data artifact recorded)"
+
+
+def _recorded_sha(data: Artifact, root: Path | None, where: dict[int, str]) -> dict[int, str]:
+    """The sha256 the data artifact's manifest records for each image's photo (toy data keeps its
+    photos among its files; photos outside the artifact are not recorded)."""
+    files = data.manifest.get("files", {})
+    if root is None:
+        return {}
+    try:
+        base = Path(root).resolve().relative_to(data.path.resolve())
+    except ValueError:
+        return {}
+    out = {}
+    for iid, rel in where.items():
+        entry = files.get((base / rel).as_posix())
+        if isinstance(entry, dict) and entry.get("sha256"):
+            out[iid] = entry["sha256"]
+    return out
+
+
+def photo_paths(data: Artifact, ids: list[int], photos: Path | None) -> tuple[list[Path | None], str, list[str | None]]:
+    """Each image's photo file (None where it is not found or is not the photo the data recorded), a
+    line on what is missing, and per image ``MISMATCH`` where a photo was found but its sha256 is not
+    the one the data's manifest records (None elsewhere); with ``photos`` (the folder they moved to),
+    every photo must be there."""
     if data.config.get("features_from"):
-        return [None] * len(ids), "the data's features were imported (--features-from): it records no photos"
+        return [None] * len(ids), "the data's features were imported (--features-from): it records no photos", \
+            [None] * len(ids)
     dataset, root = _dataset_file(data)
     if dataset is None or not dataset.is_file():
-        return [None] * len(ids), f"the data artifact records no caption file with the photos' names ({dataset or '-'})"
-    root = Path(photos) if photos is not None else root
+        why = f"the data artifact records no caption file with the photos' names ({dataset or '-'})"
+        return [None] * len(ids), why, [None] * len(ids)
     wanted = set(ids)
     where: dict[int, str] = {}
     for img in json.loads(dataset.read_text(encoding="utf-8")).get("images", []):
         iid = img.get("cocoid", img.get("id", img.get("imgid")))
         if iid in wanted and img.get("filename"):
             where[iid] = "/".join(p for p in (img.get("filepath") or "", img["filename"]) if p)
+    recorded = _recorded_sha(data, root, where)
+    root = Path(photos) if photos is not None else root
     paths = [root / where[i] if root is not None and i in where else None for i in ids]
     found = [p if p is not None and p.is_file() else None for p in paths]
     missing = [i for i, p in zip(ids, found) if p is None]
@@ -226,9 +253,16 @@ def photo_paths(data: Artifact, ids: list[int], photos: Path | None) -> tuple[li
         k = ids.index(missing[0])
         raise RdppError(f"{len(missing)} of the {len(ids)} photos are not under --photos {photos} (e.g. image "
                         f"{missing[0]}: {paths[k] or 'no file name recorded'}); pass the folder that holds them")
-    if missing:
-        return found, f"{len(missing)} of {len(ids)} photos not found under {root} (placeholders shown)"
-    return found, ""
+    why: list[str | None] = [None] * len(ids)
+    for k, (i, p) in enumerate(zip(ids, found)):
+        if p is not None and i in recorded and sha256_file(p) != recorded[i]:
+            found[k], why[k] = None, MISMATCH
+    notes = [f"{len(missing)} of {len(ids)} photos not found under {root}"] if missing else []
+    wrong = sum(w == MISMATCH for w in why)
+    if wrong:
+        notes.append(f"{wrong} of {len(ids)} photos under {root} are not the data's: their sha256 differs from "
+                     "the one the data artifact recorded")
+    return found, "; ".join(notes) + (" (placeholders shown)" if notes else ""), why
 
 
 def read_figure_ids(path: Path, ids: list[int]) -> list[int]:
@@ -287,8 +321,9 @@ def score_sets(cmp: Comparison, ds) -> None:
         s.mean = np.array([c.mean() for c in chosen])
         s.oracle = np.array([c.max() for c in chosen])
         sets = [[t[j] for j in ch] for t, ch in zip(tok_caps, s.chosen)]
-        s.self_cider = self_cider_ragged(sets, df, "cider-d")
         many = np.array([len(x) >= 2 for x in sets])
+        # a set of one caption has no self-CIDEr (NaN: "–"), as `rdpp score` leaves it out
+        s.self_cider = np.where(many, self_cider_ragged(sets, df, "cider-d"), np.nan)
         s.summary = {"CIDEr": float(np.concatenate(chosen).mean()), "oracle": float(s.oracle.mean()),
                      "self_cider": float(s.self_cider[many].mean()) if many.any() else None,
                      "div2": float(np.mean(divstats.div_n(sets, 2))),
@@ -301,13 +336,16 @@ def score_sets(cmp: Comparison, ds) -> None:
 def tradeoff(sets: list[ModelSet]) -> tuple[np.ndarray, np.ndarray]:
     """Per image, how clearly one model beats another on both axes of the paper's Fig. 1: the largest,
     over ordered pairs (a, b), of the smaller of a's lead in self-CIDEr and in oracle CIDEr-D (each in
-    units of its spread over every model and image); and that pair (a, b). 0 and (-1, -1) for one model."""
+    units of its spread over every model and image); and that pair (a, b). 0 and (-1, -1) for one model,
+    and where no pair has both numbers (a one-caption set has no self-CIDEr)."""
     n = len(sets[0].oracle)
     if len(sets) < 2:
         return np.zeros(n), np.full((n, 2), -1)
-    div = np.stack([s.self_cider for s in sets])
+    div = np.stack([s.self_cider for s in sets])  # NaN where a set has one caption: no lead on that pair
     acc = np.stack([s.oracle for s in sets])
-    div, acc = (div - div.mean()) / (div.std() or 1.0), (acc - acc.mean()) / (acc.std() or 1.0)
+    if np.isnan(div).all():
+        return np.zeros(n), np.full((n, 2), -1)
+    div, acc = (div - np.nanmean(div)) / (np.nanstd(div) or 1.0), (acc - acc.mean()) / (acc.std() or 1.0)
     best, pair = np.full(n, -np.inf), np.full((n, 2), -1)
     for a in range(len(sets)):
         for b in range(len(sets)):
@@ -315,6 +353,8 @@ def tradeoff(sets: list[ModelSet]) -> tuple[np.ndarray, np.ndarray]:
                 lead = np.minimum(div[a] - div[b], acc[a] - acc[b])
                 better = lead > best
                 best[better], pair[better] = lead[better], (a, b)
+    none = ~np.isfinite(best)  # no pair with both numbers (one-caption sets)
+    best[none], pair[none] = 0.0, -1
     return best, pair
 
 
@@ -357,12 +397,13 @@ def compare(opts: CompareOptions) -> Path:
     split = arts[0].config.get("split") or "test"
     ids, rows, sets = load_sets(arts, name_list(opts.labels), ds)
     figure_ids = read_figure_ids(opts.figure, ids) if opts.figure is not None else None
-    photos, photo_note = photo_paths(data, ids, opts.photos)
-    if figure_ids and data.config.get("features_from") is None and any(photos[ids.index(i)] is None for i in figure_ids):
-        missing = next(i for i in figure_ids if photos[ids.index(i)] is None)
+    photos, photo_note, photo_why = photo_paths(data, ids, opts.photos)
+    lost = [i for i in figure_ids or [] if photos[ids.index(i)] is None and photo_why[ids.index(i)] is None]
+    if lost and data.config.get("features_from") is None:
+        missing = lost[0]
         raise RdppError(f"--figure: the photo of image {missing} is not found ({photo_note}); pass --photos DIR "
                         "with the data's photos, or leave that image out")
-    cmp = Comparison(data, split, ids, ds.references_raw(rows), photos, photo_note, sets)
+    cmp = Comparison(data, split, ids, ds.references_raw(rows), photos, photo_note, sets, photo_why)
     out = claim(opts, data, split, arts, [data.path, *(a.path for a in arts), *(p for p in [opts.figure] if p)])
     score_sets(cmp, ds)
     record = {"data": ref_name(data), "split": split, "images": len(ids), "options": opts.recorded(),
@@ -389,8 +430,13 @@ def _print_summary(cmp: Comparison, out: Path, photo_note: str, figure_ids, fmt:
     shown = sum(p is not None for p in cmp.photos)
     rows = {"page": out / "index.html", "images": f"{len(cmp.image_ids):,} ({cmp.data.name}, {cmp.split} split)",
             "photos": f"{shown:,} of {len(cmp.image_ids):,}" + (f" ({photo_note})" if photo_note else ""),
-            **{s.label: f"oracle {s.summary['oracle']:.3f} · self-CIDEr "
-                        f"{(s.summary['self_cider'] or 0):.3f} · {ref_name(s.samples)}" for s in cmp.sets}}
+            **{s.label: f"oracle {s.summary['oracle']:.3f} · self-CIDEr {_three(s.summary['self_cider'])} · "
+                        f"{ref_name(s.samples)}" for s in cmp.sets}}
     if figure_ids:
         rows["figure"] = f"{out / f'figure.{fmt}'} ({len(figure_ids)} images)"
     console.print(summary_table("rdpp compare", rows))
+
+
+def _three(x: float | None) -> str:
+    """Three decimals, "–" for None (a one-caption set's self-CIDEr, as the table shows it)."""
+    return "–" if x is None else f"{x:.3f}"

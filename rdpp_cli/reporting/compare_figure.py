@@ -26,7 +26,7 @@ def _caption_lines(s, i: int, k: int) -> tuple[list[str], int]:
     return lines, best_line
 
 
-def _photo(ax, path: Path | None, image_id: int) -> None:
+def _photo(ax, path: Path | None, image_id: int, why: str | None = None) -> None:
     from matplotlib.patches import Rectangle
 
     from rdpp_cli.captioning.contact_sheet import thumbnail
@@ -36,7 +36,8 @@ def _photo(ax, path: Path | None, image_id: int) -> None:
         ax.imshow(thumbnail(path, 384))
     else:
         ax.add_patch(Rectangle((0, 0), 1, 1, color="#e4e4e4", transform=ax.transAxes))
-        ax.text(0.5, 0.5, "no photo", ha="center", va="center", fontsize=FONT, transform=ax.transAxes,
+        text = "photo does not match\nthe data" if why else "no photo"
+        ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=FONT, transform=ax.transAxes,
                 parse_math=False)
     ax.set_title(f"image {image_id}", fontsize=FONT, pad=2)
 
@@ -79,7 +80,8 @@ def draw_figure(cmp, ids: list[int], path: Path, fmt: str, k: int) -> Path:
     grid = fig.add_gridspec(len(rows), 1 + M, width_ratios=[1.5] + [2.55] * M, wspace=0.08, hspace=0.25,
                             left=0.01, right=0.99, top=1 - 0.3 / (0.3 + row_h * len(rows)), bottom=0.01)
     for r, i in enumerate(rows):
-        _photo(fig.add_subplot(grid[r, 0]), cmp.photos[i], cmp.image_ids[i])
+        _photo(fig.add_subplot(grid[r, 0]), cmp.photos[i], cmp.image_ids[i],
+               cmp.photo_why[i] if cmp.photo_why else None)
         for m, s in enumerate(cmp.sets):
             _captions(fig.add_subplot(grid[r, 1 + m]), s, i, k, header=r == 0)
     path = Path(path)
@@ -90,5 +92,5 @@ def draw_figure(cmp, ids: list[int], path: Path, fmt: str, k: int) -> Path:
 
 def _num(x: float) -> str:
     """Two decimals, without the "-0.00" of a value a rounding error below zero (identical captions'
-    self-CIDEr is 0 up to float rounding)."""
-    return f"{x:.2f}".replace("-0.00", "0.00")
+    self-CIDEr is 0 up to float rounding); "–" for NaN (a one-caption set has no self-CIDEr)."""
+    return "–" if x != x else f"{x:.2f}".replace("-0.00", "0.00")

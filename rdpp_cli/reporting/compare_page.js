@@ -38,7 +38,8 @@
 
   function queryWords(text) { return (text.toLowerCase().match(/[\p{L}\p{N}_]+/gu) || []); }
 
-  function fmt(x) { return x.toFixed(3).replace("-0.000", "0.000"); }  // no "-0.000" from float rounding
+  // no "-0.000" from float rounding; "–" where there is no number (self-CIDEr of a one-caption set)
+  function fmt(x) { return x === null ? "–" : x.toFixed(3).replace("-0.000", "0.000"); }
 
   function selected() {
     var rows = IX.images.slice();
@@ -51,7 +52,10 @@
     });
     if (state.sort === "id") rows.sort(function (x, y) { return x[0] - y[0]; });
     else if (state.sort === "diff") {
-      var lead = function (r) { return r[7][3 * state.a + state.metric] - r[7][3 * state.b + state.metric]; };
+      var lead = function (r) {
+        var a = r[7][3 * state.a + state.metric], b = r[7][3 * state.b + state.metric];
+        return a === null || b === null ? -Infinity : a - b;  // no number: last
+      };
       rows.sort(function (x, y) { return lead(y) - lead(x) || x[0] - y[0]; });
     }
     return rows;
@@ -76,7 +80,7 @@
       img.loading = "lazy"; img.src = row[1]; img.alt = "image " + row[0];
       photo.appendChild(img);
     } else {
-      photo.appendChild(el("div", "placeholder", "no photo: " + (IX.photo_note || "not recorded by the data")));
+      photo.appendChild(el("div", "placeholder", "no photo: " + (rec.w || IX.photo_note || "not recorded by the data")));
     }
     photo.appendChild(el("div", "meta", "image " + row[0] + (rec.f ? " · " + rec.f : "")));
     if (row[5] >= 0 && state.sort === "tradeoff") {

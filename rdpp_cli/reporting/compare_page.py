@@ -6,20 +6,23 @@ and filtering run on that index in the browser. The captions and their scores ar
 ``data/chunk-NNNN.js`` files of ``CHUNK`` images, loaded with a script tag (so the page works from
 ``file://``) only for the images of the page shown; thumbnails are JPEG files in ``thumbs/``,
 loaded lazily. Every text the page shows is set as text (``textContent``), never as HTML, so a
-caption holding ``<``, ``&`` or quotes shows as written. The folder is written under a temporary
-name and moved into place when complete.
+caption holding ``<``, ``&`` or quotes shows as written. The page is written into its claimed
+artifact folder; a rerun after an interruption writes ``thumbs/`` and ``data/`` again from scratch.
 """
 
 from __future__ import annotations
 
 import html
+import io
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rdpp_cli.artifacts.files import write_failure
 from rdpp_cli.console import progress
 from rdpp_cli.reporting.report import Table, markdown
 
@@ -35,8 +38,9 @@ def _json_in_html(obj) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _r(x: float) -> float:
-    return round(float(x), 3)
+def _r(x: float) -> float | None:
+    """Three decimals; None (JSON null, shown "–") for NaN: no number, as a one-caption set's self-CIDEr."""
+    return None if x != x else round(float(x), 3)
 
 
 def _words(texts: list[str]) -> str:
@@ -57,13 +61,23 @@ def page_index(cmp, order: list[int], thumbs: list[str | None], per_page: int) -
 
 def _chunk_record(cmp, i: int) -> dict:
     photo = cmp.photos[i]
+    why = cmp.photo_why[i] if cmp.photo_why else None
     return {"r": cmp.references[i], "f": photo.name if photo is not None else None,
+            **({"w": why} if photo is None and why else {}),
             "s": [[s.captions[i], [_r(x) for x in s.cider[i]], s.chosen[i]] for s in cmp.sets]}
+
+
+def _fresh(folder: Path) -> None:
+    """``folder``, empty: what an interrupted run left there (the same page's files, half written)
+    is redone, not trusted."""
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir()
 
 
 def write_chunks(cmp, order: list[int], folder: Path) -> int:
     """The data files; returns how many."""
-    folder.mkdir()
+    _fresh(folder)
     n = 0
     for k in range(0, len(order), CHUNK):
         recs = [_chunk_record(cmp, i) for i in order[k:k + CHUNK]]
@@ -77,16 +91,22 @@ def _thumb(src: Path, dest: Path) -> bool:
     from rdpp_cli.captioning.contact_sheet import thumbnail
 
     try:
-        thumbnail(src, THUMB).save(dest, format="JPEG", quality=80)
-        return True
+        thumb = thumbnail(src, THUMB)
     except OSError:  # unreadable photo: a placeholder stands in
         return False
+    buf = io.BytesIO()
+    thumb.save(buf, format="JPEG", quality=80)
+    try:
+        dest.write_bytes(buf.getvalue())  # a failed write (a full disk) stops the page: never a silent placeholder
+    except OSError as e:
+        raise write_failure(e, dest) or e from e
+    return True
 
 
 def write_thumbs(cmp, folder: Path) -> list[str | None]:
     """``thumbs/<id>.jpg`` of every photo found (threads: decoding releases the GIL); the relative
     path of each image's thumbnail, None where there is no photo."""
-    folder.mkdir()
+    _fresh(folder)
     jobs = [(i, p, folder / f"{cmp.image_ids[i]}.jpg") for i, p in enumerate(cmp.photos) if p is not None]
     out: list[str | None] = [None] * len(cmp.photos)
     with progress("photos") as bar, ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
@@ -156,13 +176,14 @@ def write_page(cmp, out: Path, table: Table, record: dict, per_page: int,
                figure: Callable[[Path], object] | None = None) -> None:
     """Write the page's files into the claimed artifact folder ``out`` (index.html, plot.png, table.md,
     compare.json, thumbs/, data/, and the figure); the manifest, written after them, completes it."""
-    from rdpp_cli.scoring.plot import plot_points
+    from rdpp_cli.scoring.plot import ONE_CAPTION, plot_points
 
     order = [int(i) for i in sorted(range(len(cmp.image_ids)), key=lambda i: -cmp.tradeoff[i])]
     thumbs = write_thumbs(cmp, out / "thumbs")
     write_chunks(cmp, order, out / "data")
     points = [(s.label, s.summary["self_cider"], s.summary["CIDEr"]) for s in cmp.sets]
-    plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split")
+    plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split",
+                why={s.label: ONE_CAPTION for s in cmp.sets if s.summary["self_cider"] is None})
     (out / "table.md").write_text(markdown([table]), encoding="utf-8")
     title = "rdpp compare: " + " · ".join(s.label for s in cmp.sets)
     subtitle = (f"{len(cmp.image_ids):,} images of {cmp.data.name} ({cmp.split} split); CIDEr-D of every caption "

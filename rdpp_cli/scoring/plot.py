@@ -20,12 +20,19 @@ Point = tuple[str, float | None, float | None]
 Curve = tuple  # (label, [(self_cider, cider, point label), ...]) or (label, points, line kwargs)
 
 
+NO_NUMBERS = "no self-CIDEr or CIDEr in its scores (score it with --self-cider)"
+ONE_CAPTION = "one caption per image: self-CIDEr needs at least 2"
+
+
 def plot_points(points: list[Point], human: dict | None, out_png: Path, title: str | None = None,
-                curves: list[Curve] | None = None, styles: list[dict] | None = None) -> Path:
+                curves: list[Curve] | None = None, styles: list[dict] | None = None,
+                why: dict[str, str] | None = None) -> Path:
     """Draw ``(label, self_cider, cider)`` points (and the human point) into ``out_png``; each of
     ``curves`` (``(label, [(self_cider, cider, point label), ...][, matplotlib line kwargs])``, e.g.
     one model sampled at several temperatures) is a line through its points in the given order;
-    ``styles[i]``: matplotlib scatter kwargs of point i (``label`` puts it in the legend)."""
+    ``styles[i]``: matplotlib scatter kwargs of point i (``label`` puts it in the legend). A point
+    without both numbers is left out, with a note in the terminal and under the plot saying why
+    (``why[label]``, else ``NO_NUMBERS``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,14 +46,14 @@ def plot_points(points: list[Point], human: dict | None, out_png: Path, title: s
                 label=label)
         for x, y, name in pts:
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(3, -9), fontsize=6, alpha=0.8)
-    drawn = 0
+    left_out = []
     for k, (label, x, y) in enumerate(points):
         if x is None or y is None:
-            note(f"{label}: no self-CIDEr or CIDEr in its scores (score it with --self-cider); not plotted")
+            left_out.append(f"{label} ({(why or {}).get(label, NO_NUMBERS)})")
+            note(f"{left_out[-1]}; not plotted")
             continue
         ax.scatter([x], [y], **{"s": 40, "zorder": 3, **(styles[k] if styles else {})})
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8 if not curves else 6)
-        drawn += 1
     if human:
         ax.scatter([human["self_cider"]], [human["cider_leave_one_out"]], marker="*", s=160, color="black", zorder=4)
         ax.annotate("human references", (human["self_cider"], human["cider_leave_one_out"]),
@@ -58,6 +65,10 @@ def plot_points(points: list[Point], human: dict | None, out_png: Path, title: s
     if curves or any("label" in st for st in styles or []):
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
+    if left_out:
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.05 * len(left_out))
+        fig.text(0.01, 0.01, "\n".join(f"not plotted: {t}" for t in left_out), fontsize=7, color="#a33",
+                 va="bottom", parse_math=False)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_png.with_name(f".{out_png.name}.tmp.png")
     fig.savefig(tmp)
@@ -74,14 +85,17 @@ def plot_scores(scores_dirs: list[Path], out_png: Path, labels: list[str] | None
     if labels is not None and len(labels) != len(scores_dirs):
         raise RdppError(f"{len(labels)} labels for {len(scores_dirs)} scores artifacts; give one label each")
     points: list[Point] = []
+    why: dict[str, str] = {}
     human = None
     for k, d in enumerate(scores_dirs):
         art = read_artifact(d, "rdpp.scores")
         s = json.loads(art.file("scores.json").read_text())
         label = labels[k] if labels else art.name
         points.append((label, (s.get("diversity") or {}).get("self_cider"), (s.get("accuracy") or {}).get("CIDEr")))
+        if points[-1][1] is None and (s.get("settings") or {}).get("self_cider_variant"):
+            why[label] = ONE_CAPTION  # self-CIDEr was asked for: the samples had one caption per image
         human = human or s.get("human")
-    return plot_points(points, human, out_png)
+    return plot_points(points, human, out_png, why=why)
 
 
 @takes(PlotOptions)

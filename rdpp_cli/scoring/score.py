@@ -410,9 +410,10 @@ def _write(opts: ScoreOptions, smp: Samples, ref: References, result: dict, name
     frame.to_csv(path / "per_image.csv", index=False)
     div, accuracy = result["diversity"], result["accuracy"]
     if opts.plot:
-        from rdpp_cli.scoring.plot import plot_points
+        from rdpp_cli.scoring.plot import ONE_CAPTION, plot_points
 
-        plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], result["human"], path / "plot.png")
+        plot_points([(smp.name, div["self_cider"], accuracy.get("CIDEr"))], result["human"], path / "plot.png",
+                    why={smp.name: ONE_CAPTION})  # --plot computes self-CIDEr: None means one caption per image
     summary = {"CIDEr": accuracy.get("CIDEr"), "oracle_CIDEr": result["oracle"].get("CIDEr"),
                "top1_CIDEr": result["top1"].get("CIDEr"), "self_cider": div["self_cider"]}
     write_manifest(path, "rdpp.scores", config, inputs=[a for a in (smp.artifact, ref.artifact) if a is not None],
