@@ -218,6 +218,7 @@ def test_format_without_a_figure_is_refused_and_the_format_is_recorded_only_with
                                         "was given; pass --figure IDS_FILE or drop --format"):
         CompareOptions(samples=["a"], format="png")
     assert CompareOptions(samples=["a"]).recorded()["format"] is None
+    (tmp_path / "ids.txt").write_text("1\n")  # --figure must be a readable file of ids
     assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt").recorded()["format"] == "pdf"
     assert CompareOptions(samples=["a"], figure=tmp_path / "ids.txt", format="svg").figure_format == "svg"
 
