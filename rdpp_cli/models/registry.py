@@ -23,6 +23,8 @@ from rdpp_cli.models.updown import PRESETS as UPDOWN_PRESETS
 from rdpp_cli.models.updown import UpDown, UpDownConfig
 from rdpp_cli.models.transformer import PRESETS as TRANSFORMER_PRESETS
 from rdpp_cli.models.transformer import Transformer, TransformerConfig
+from rdpp_cli.models.hf import PRESETS as HF_PRESETS
+from rdpp_cli.models.hf import HFCaptioner, HFCaptionerConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ MODELS: dict[str, ModelSpec] = {
     "att2in": ModelSpec("att2in", Att2in, Att2inConfig, ATT2IN_PRESETS, "Att2in"),
     "updown": ModelSpec("updown", UpDown, UpDownConfig, UPDOWN_PRESETS, "UpDown"),
     "transformer": ModelSpec("transformer", Transformer, TransformerConfig, TRANSFORMER_PRESETS, "Transformer"),
+    # built from a folder (``train-xe --hf-model DIR``: ``HFCaptioner.from_folder``), not from a preset
+    "hf": ModelSpec("hf", HFCaptioner, HFCaptionerConfig, HF_PRESETS, "HF captioner"),
 }
 
 

@@ -26,7 +26,7 @@ GRAD_CLIP_MODES = ("value", "norm")  # self-critical.pytorch's clamp of every en
 
 # `train-xe --model`: the names of rdpp_cli.models.registry.MODELS, and `--preset`: each model's sizes
 # (its PRESETS); spelled out here because the options load without torch (a test keeps them equal)
-MODEL_NAMES = ("att2in", "updown", "transformer")
+MODEL_NAMES = ("att2in", "updown", "transformer", "hf")
 MODEL_PRESETS = ("paper", "small")
 LR_SCHEDULES = ("step", "noam")
 
@@ -47,6 +47,8 @@ XE_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                               "warmup": 20000, "adam_beta2": 0.98, "adam_eps": 1e-9},
                     "small": {**_SMALL, "lr": 1.0, "lr_schedule": "noam", "warmup": 400, "adam_beta2": 0.98,
                               "adam_eps": 1e-9}},
+    # a pretrained captioner continued with XE: a small learning rate, few epochs (both presets)
+    "hf": {p: {**_SMALL, "epochs": 3, "batch_size": 16, "lr": 2e-5, "lr_decay_every": 0} for p in MODEL_PRESETS},
 }
 
 REWARDS = tuple(REWARD_TABLE)
@@ -135,8 +137,12 @@ class XEOptions(TrainLoopOptions):
     data: str | None = option(
         None, "Data artifact folder, or its name in the workspace (default: the newest). --from is the same "
         "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
-    model: str = option("att2in", "Captioner: att2in (Rennie et al. 2017), updown (Anderson et al. 2018) or "
-                        "transformer (docs/model.md).", check=one_of(*MODEL_NAMES, what="a model"))
+    model: str = option("att2in", "Captioner: att2in (Rennie et al. 2017), updown (Anderson et al. 2018), "
+                        "transformer, or hf (a pretrained Hugging Face captioner, --hf-model; docs/model.md).",
+                        check=one_of(*MODEL_NAMES, what="a model"))
+    hf_model: str | None = option(
+        None, "--model hf: the local save_pretrained folder of a Hugging Face VisionEncoderDecoderModel (ViT-GPT2 "
+        "style) to continue; its weights, config and tokenizer go into the checkpoints.")
     preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
                          "(CPU, the bundled data); options given explicitly win.",
                          check=one_of(*MODEL_PRESETS, what="a preset"))
@@ -173,7 +179,7 @@ class XEOptions(TrainLoopOptions):
 
     # settings at these values change nothing in today's att2in run: left out of the identity (and so of
     # the manifest's config), so that a run from before they existed still resumes
-    NEUTRAL: ClassVar[dict[str, Any]] = {"model": "att2in", "ss_start": -1, "label_smoothing": 0.0,
+    NEUTRAL: ClassVar[dict[str, Any]] = {"model": "att2in", "hf_model": None, "ss_start": -1, "label_smoothing": 0.0,
                                          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
     SS_SETTINGS: ClassVar[tuple[str, ...]] = ("ss_every", "ss_step", "ss_max")
 

@@ -1,0 +1,129 @@
+"""The Hugging Face captioner (``--model hf``, rdpp_cli/models/hf.py) against ``transformers``' own
+``VisionEncoderDecoderModel`` with the same weights: teacher-forced log-probs to 1e-5 (fp32, eval),
+greedy and beam-3 captions equal to ``generate``'s on the same encoder outputs; the cached steps
+against the one-pass forward; the on-policy replay of a sampling pass's dropout; the token bridge.
+Tiny random configs built in the test (helpers.tiny_hf_captioner): no download."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import tiny_hf_captioner  # noqa: E402
+
+from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.models.base import stepwise_logprobs  # noqa: E402
+from rdpp_cli.models.hf import HFCaptioner  # noqa: E402
+
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
+
+CAPTIONS = ["a red circle", "a blue square on a plain background", "one green triangle", "a yellow circle"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny_hf_captioner(tmp_path_factory.mktemp("hf") / "captioner")
+
+
+@pytest.fixture(scope="module")
+def trained(folder):
+    """(rdpp model, transformers model with the same weights, att (4, 17, 16)): the decoder fitted
+    for a few steps to one caption per image, so that captions end with the end token."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = HFCaptioner.from_folder(folder, seq_length=24)
+    att = torch.randn(4, 17, 16)
+    labels = model.bridge(["a"], 8).tokenizer(CAPTIONS, add_special_tokens=False)["input_ids"]
+    seqs = torch.zeros(4, max(map(len, labels)), dtype=torch.long)
+    for i, ids in enumerate(labels):
+        seqs[i, :len(ids)] = torch.from_numpy(model.bridge(["a"], 8).rdpp_of_ids(ids))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(40):
+        lp, mask = model.token_logprobs(att, seqs)
+        opt.zero_grad()
+        (-lp.sum() / mask.sum()).backward()
+        opt.step()
+    model.eval()
+    hf = tf.VisionEncoderDecoderModel.from_pretrained(folder).eval()
+    hf.decoder.load_state_dict(model.decoder.state_dict())
+    hf.enc_to_dec_proj.load_state_dict(model.enc_to_dec_proj.state_dict())
+    return model, hf, att
+
+
+def hf_ids(model, seqs):
+    start = torch.full((seqs.shape[0], 1), model.config.decoder_start_token_id)
+    return torch.cat([start, model.hf_of[seqs]], 1)
+
+
+def test_teacher_forced_logprobs_equal_transformers_forward(trained):
+    from transformers.modeling_outputs import BaseModelOutput
+
+    model, hf, att = trained
+    seqs = torch.randint(1, model.config.vocab_size + 1, (4, 3, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(att, seqs)
+        out = hf(encoder_outputs=BaseModelOutput(last_hidden_state=att.repeat_interleave(3, 0)),
+                 decoder_input_ids=hf_ids(model, seqs.reshape(12, -1)))
+    theirs = torch.log_softmax(out.logits.float(), -1)[..., model.hf_of]  # in rdpp's id order
+    assert ours.shape == (12, 8, model.config.vocab_size + 1)
+    assert (ours - theirs).abs().max() < 1e-5
+    # the cached step-by-step pass gives the same numbers
+    assert (stepwise_logprobs(model, att, seqs) - ours).abs().max() < 1e-5
+
+
+def _generate(model, hf, att, **kw):
+    from transformers.modeling_outputs import BaseModelOutput
+
+    L = model.config.seq_length
+    out = hf.generate(encoder_outputs=BaseModelOutput(last_hidden_state=att), decoder_start_token_id=
+                      model.config.decoder_start_token_id, eos_token_id=model.config.eos_token_id,
+                      pad_token_id=model.config.eos_token_id, max_new_tokens=L + 1, do_sample=False, **kw)
+    return [model.bridge(["a"], 8).tokenizer.decode(row[1:], skip_special_tokens=True) for row in out]
+
+
+def test_greedy_and_beam3_captions_equal_generate(trained):
+    model, hf, att = trained
+    bridge = model.bridge(["a"], 8)
+    with torch.no_grad():
+        greedy = decode(model, att, DecodeConfig(method="greedy", max_len=model.config.seq_length))
+        beam = decode(model, att, DecodeConfig(method="beam", beam=3, max_len=model.config.seq_length))
+    ours_g = [bridge.tokenizer.decode(bridge.hf_of[t[t > 0]].tolist()) for t in greedy.tokens[:, 0]]
+    ours_b = [bridge.tokenizer.decode(bridge.hf_of[t[t > 0]].tolist()) for t in beam.tokens[:, 0]]
+    assert ours_g == _generate(model, hf, att, num_beams=1)
+    assert ours_b == _generate(model, hf, att, num_beams=3, length_penalty=0.0, early_stopping=False)
+    assert set(ours_g) <= set(CAPTIONS)  # fitted: the captions end (with the end token) where references do
+
+
+def test_dropout_replay_gives_the_sampled_logprobs(folder):
+    torch.manual_seed(0)
+    model = HFCaptioner.from_folder(folder, seq_length=10).train()
+    att = torch.randn(3, 17, 16)
+    gen = torch.Generator().manual_seed(3)
+    drop = model.draw_dropout(3, 3 * 4, 11, 17, generator=gen)
+    dec = decode(model, att, DecodeConfig(method="random", n=4, max_len=10), generator=gen, drop=drop)
+    lp, mask = model.token_logprobs(att, dec.tokens, drop=drop)
+    T = dec.tokens.shape[-1]
+    assert (lp - dec.logprobs.reshape(12, T + 1)).abs().max() < 1e-5
+    fresh, _ = model.token_logprobs(att, dec.tokens)  # without the masks: other dropout, other numbers
+    assert (fresh - lp).abs().max() > 1e-3
+
+
+def test_bridge_words_both_ways(folder):
+    model = HFCaptioner.from_folder(folder, seq_length=10)
+    words = ["a", "red", "circle", "blue", "square", "UNK"]
+    bridge = model.bridge(words, 4)
+    labels = torch.tensor([[[1, 2, 3, 0], [1, 4, 5, 0]]])  # "a red circle", "a blue square"
+    toks = bridge.model_labels(labels)
+    assert toks.shape[:2] == (1, 2)
+    assert bridge.texts(toks[0]) == ["a red circle", "a blue square"]
+    assert bridge.data_ids(toks[0]).tolist() == [[1, 2, 3, 0], [1, 4, 5, 0]]
+    # a word outside the data's vocabulary is UNK for the reward, and kept in the text
+    other = bridge.model_labels(torch.tensor([[1, 2, 3, 0]]))
+    green = torch.from_numpy(bridge.rdpp_of_ids(bridge.tokenizer(" green", add_special_tokens=False)["input_ids"]))
+    row = torch.cat([other[0, other[0] > 0], green]).unsqueeze(0)
+    assert bridge.texts(row) == ["a red circle green"]
+    assert bridge.data_ids(row).tolist() == [[1, 2, 3, 6]]
