@@ -17,7 +17,7 @@ from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.models.base import stepwise_logprobs  # noqa: E402
 from rdpp_cli.models.hf import HFCaptioner  # noqa: E402
 
-pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CAPTIONS = ["a red circle", "a blue square on a plain background", "one green triangle", "a yellow circle"]
 
@@ -59,6 +59,7 @@ def hf_ids(model, seqs):
     return torch.cat([start, model.hf_of[seqs]], 1)
 
 
+@pytest.mark.unit
 def test_teacher_forced_logprobs_equal_transformers_forward(trained):
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -85,6 +86,7 @@ def _generate(model, hf, att, **kw):
     return [model.bridge(["a"], 8).tokenizer.decode(row[1:], skip_special_tokens=True) for row in out]
 
 
+@pytest.mark.unit
 def test_greedy_and_beam3_captions_equal_generate(trained):
     model, hf, att = trained
     bridge = model.bridge(["a"], 8)
@@ -98,6 +100,7 @@ def test_greedy_and_beam3_captions_equal_generate(trained):
     assert set(ours_g) <= set(CAPTIONS)  # fitted: the captions end (with the end token) where references do
 
 
+@pytest.mark.unit
 def test_dropout_replay_gives_the_sampled_logprobs(folder):
     torch.manual_seed(0)
     model = HFCaptioner.from_folder(folder, seq_length=10).train()
@@ -112,6 +115,7 @@ def test_dropout_replay_gives_the_sampled_logprobs(folder):
     assert (fresh - lp).abs().max() > 1e-3
 
 
+@pytest.mark.unit
 def test_bridge_words_both_ways(folder):
     model = HFCaptioner.from_folder(folder, seq_length=10)
     words = ["a", "red", "circle", "blue", "square", "UNK"]
@@ -127,3 +131,45 @@ def test_bridge_words_both_ways(folder):
     row = torch.cat([other[0, other[0] > 0], green]).unsqueeze(0)
     assert bridge.texts(row) == ["a red circle green"]
     assert bridge.data_ids(row).tolist() == [[1, 2, 3, 6]]
+
+
+# -- the stages -------------------------------------------------------------------------------------
+
+def ok(result):
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+@pytest.mark.integration
+def test_the_five_mission_commands_with_model_hf(folder, tmp_path):
+    """prepro toy with the captioner's encoder, train-xe --model hf, finetune --reward dpp, sample and
+    score; sample and finetune read the rdpp checkpoint alone (the folder is gone by then)."""
+    import json
+    import shutil
+
+    from helpers import rdpp
+
+    from rdpp_cli.models.checkpoint import load_checkpoint
+
+    cap, ws = tmp_path / "captioner", tmp_path / "ws"
+    shutil.copytree(folder, cap)
+    out = ok(rdpp("prepro", "toy", "--workspace", ws, "--backbone", f"hf:{cap}", "--images", "60")).output
+    assert "att 17×16" in out  # the ViT's 16 patches and its CLS token, its hidden size
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", cap, "--epochs", "1", "--batch-size", "16",
+            "--val-images", "4", "--lr", "1e-3", "--device", "cpu"))
+    ckpt = load_checkpoint(ws / "xe" / "hf-paper-v1" / "checkpoints" / "best.pt")
+    words = json.loads((ws / "data" / "toy-v1" / "vocab.json").read_text())["words"]
+    assert ckpt["model"] == "hf" and ckpt["vocab"] == words  # the data's words: what the reward reads
+    assert "tokenizer.json" in ckpt["model_config"]["tokenizer_files"]
+    shutil.rmtree(cap)  # the checkpoint carries the config and the tokenizer
+    ok(rdpp("finetune", "--workspace", ws, "--reward", "dpp", "--m", "5", "--epochs", "1", "--batch-size", "16",
+            "--val-images", "4", "--device", "cpu"))
+    metrics = (ws / "finetune" / "dpp-m5-v1" / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 2 and "self_cider" in metrics[0]
+    ok(rdpp("sample", "--workspace", ws, "--n", "20", "--method", "random", "--device", "cpu"))
+    samples = json.loads(next((ws / "samples").glob("*/samples.json")).read_text())
+    assert len(samples) == 6 and all(len(r["captions"]) == 20 for r in samples)
+    assert all(c == " ".join(c.split()) and c == c.lower() for r in samples for c in r["captions"])  # words
+    ok(rdpp("score", "--workspace", ws, "--oracle", "--self-cider"))
+    scores = json.loads(next((ws / "scores").glob("*/scores.json")).read_text())
+    assert {"accuracy", "oracle", "diversity"} <= set(scores)

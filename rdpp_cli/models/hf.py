@@ -96,43 +96,43 @@ class Encoded(NamedTuple):
     per_image: int = 1  # rows per image (expand)
 
 
-def _check_folder(path: Path) -> dict:
+def _check_folder(path: Path, option: str) -> dict:
     """The folder's config.json, RdppError unless it is a VisionEncoderDecoderModel with a GPT-2 decoder."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise RdppError(f"--hf-model {path} has no config.json; pass a folder written by "
+        raise RdppError(f"{option}{path} has no config.json; pass a folder written by "
                         "VisionEncoderDecoderModel.save_pretrained")
     try:
         cfg = json.loads(cfg_file.read_text())
     except (OSError, ValueError) as e:
-        raise RdppError(f"--hf-model {path}: config.json cannot be read ({e}); pass a save_pretrained folder") from None
+        raise RdppError(f"{option}{path}: config.json cannot be read ({e}); pass a save_pretrained folder") from None
     if cfg.get("model_type") != "vision-encoder-decoder":
-        raise RdppError(f"--hf-model {path} holds a {cfg.get('model_type')!r} model, not a VisionEncoderDecoderModel; "
+        raise RdppError(f"{option}{path} holds a {cfg.get('model_type')!r} model, not a VisionEncoderDecoderModel; "
                         "pass the folder of an image captioner such as nlpconnect/vit-gpt2-image-captioning")
     dec = cfg.get("decoder", {}).get("model_type")
     if dec != "gpt2":
-        raise RdppError(f"--hf-model {path}: its decoder is {dec!r}; rdpp's hf model runs GPT-2 decoders; "
+        raise RdppError(f"{option}{path}: its decoder is {dec!r}; rdpp's hf model runs GPT-2 decoders; "
                         "pass a ViT-GPT2-style captioner")
     return cfg
 
 
-def read_folder(path: str | Path):
+def read_folder(path: str | Path, option: str = "--hf-model "):
     """(VisionEncoderDecoderModel in eval mode, tokenizer) of a save_pretrained folder; RdppError for
-    a folder that is not one, or a tokenizer without an end token."""
+    a folder that is not one, or a tokenizer without an end token (``option`` names where it came from)."""
     path = Path(path)
     if not path.is_dir():
-        raise RdppError(f"--hf-model {path} is not a folder; pass a VisionEncoderDecoderModel save_pretrained folder")
-    _check_folder(path)
+        raise RdppError(f"{option}{path} is not a folder; pass a VisionEncoderDecoderModel save_pretrained folder")
+    _check_folder(path, option)
     tf = require_transformers()
     try:
         model = tf.VisionEncoderDecoderModel.from_pretrained(path)
         tok = tf.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise RdppError(f"--hf-model {path} cannot be loaded ({first}); pass a complete save_pretrained folder "
+        raise RdppError(f"{option}{path} cannot be loaded ({first}); pass a complete save_pretrained folder "
                         "with its tokenizer") from None
     if end_token(model.config, tok) is None:
-        raise RdppError(f"--hf-model {path}: its tokenizer has no end token (eos_token) and its config no "
+        raise RdppError(f"{option}{path}: its tokenizer has no end token (eos_token) and its config no "
                         "eos_token_id; set one in tokenizer_config.json")
     return model.eval(), tok
 
@@ -187,8 +187,10 @@ class HFCaptioner(nn.Module):
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
-    def from_folder(cls, path: str | Path, seq_length: int = 32) -> "HFCaptioner":
-        """The model of a save_pretrained folder, with its weights and tokenizer."""
+    def from_folder(cls, path: str | Path, seq_length: int | None = None, data_seq_length: int = 16) -> "HFCaptioner":
+        """The model of a save_pretrained folder, with its weights and tokenizer; captions of at most
+        ``seq_length`` tokens (default ``TOKENS_PER_WORD`` × the data's ``data_seq_length`` words)."""
+        seq_length = seq_length or TOKENS_PER_WORD * data_seq_length
         hf, tok = read_folder(path)
         vcfg = hf.config
         start = vcfg.decoder_start_token_id

@@ -36,6 +36,9 @@ class ModelSpec:
     config_cls: type
     presets: dict[str, dict[str, Any]]
     title: str  # how tables and docs name it
+    # the train-xe option naming the folder the model is read from (``cls.from_folder``), for a
+    # pretrained model that is not built from a preset
+    folder_option: str | None = None
 
     def config(self, preset: str, **fields: Any) -> Any:
         """The config of ``preset`` with ``fields`` (the data's sizes, overrides) set; a field the
@@ -55,8 +58,8 @@ MODELS: dict[str, ModelSpec] = {
     "att2in": ModelSpec("att2in", Att2in, Att2inConfig, ATT2IN_PRESETS, "Att2in"),
     "updown": ModelSpec("updown", UpDown, UpDownConfig, UPDOWN_PRESETS, "UpDown"),
     "transformer": ModelSpec("transformer", Transformer, TransformerConfig, TRANSFORMER_PRESETS, "Transformer"),
-    # built from a folder (``train-xe --hf-model DIR``: ``HFCaptioner.from_folder``), not from a preset
-    "hf": ModelSpec("hf", HFCaptioner, HFCaptionerConfig, HF_PRESETS, "HF captioner"),
+    # read from a folder (``train-xe --hf-model DIR``: ``HFCaptioner.from_folder``), not built from a preset
+    "hf": ModelSpec("hf", HFCaptioner, HFCaptionerConfig, HF_PRESETS, "HF captioner", folder_option="hf_model"),
 }
 
 

@@ -192,7 +192,7 @@ def read_inputs(opts: XEOptions, quiet: bool) -> XEInputs:
         from rdpp_cli.metrics.train_cider import TrainCider
 
         cider = TrainCider.for_data(ds)
-    if opts.hf_model and opts.model != "hf":
+    if opts.hf_model and model_spec(opts.model).folder_option != "hf_model":
         raise RdppError(f"--hf-model is for --model hf, not --model {opts.model}; pass --model hf or leave --hf-model out")
     init, where = _init_checkpoint(opts.init_from, opts.workspace, ds, opts.model) if opts.init_from else (None, None)
     return XEInputs(art, ds, val_idx, cider, init, where)
@@ -205,25 +205,26 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
     if inp.init is not None:
         return model_from_checkpoint(inp.init, where=inp.init_where)
     ds = inp.data
-    if opts.model == "hf":
-        return hf_model(opts, ds)
+    if model_spec(opts.model).folder_option:
+        return folder_model(opts, ds)
     return model_spec(opts.model).build(opts.preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
                                         fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
 
 
-def hf_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
-    """``--model hf``: the captioner of the ``--hf-model`` folder, whose encoder must have made the
-    data's att features (its hidden size is their size)."""
-    from rdpp_cli.models.hf import TOKENS_PER_WORD, HFCaptioner
-
-    if not opts.hf_model:
-        raise RdppError("--model hf needs --hf-model DIR, the save_pretrained folder of a VisionEncoderDecoderModel; "
-                        "pass it (docs/model.md, \"The Hugging Face captioner\")")
-    model = HFCaptioner.from_folder(opts.hf_model, seq_length=TOKENS_PER_WORD * ds.seq_length)
+def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
+    """A pretrained model read from the folder its option names (``--model hf --hf-model DIR``),
+    whose encoder must have made the data's att features (its hidden size is their size)."""
+    spec = model_spec(opts.model)
+    flag = "--" + spec.folder_option.replace("_", "-")
+    folder = getattr(opts, spec.folder_option)
+    if not folder:
+        raise RdppError(f"--model {opts.model} needs {flag} DIR, the save_pretrained folder of the pretrained model; "
+                        "pass it (docs/model.md)")
+    model = spec.cls.from_folder(folder, data_seq_length=ds.seq_length)
     if model.config.att_feat_size != ds.att_dim:
-        raise RdppError(f"--hf-model {opts.hf_model}: its encoder's hidden size is {model.config.att_feat_size} but "
-                        f"data artifact {ds.path} has {ds.att_dim}-d att features; make the data with "
-                        f"`rdpp prepro ... --backbone hf:{opts.hf_model}`")
+        raise RdppError(f"{flag} {folder}: its encoder's hidden size is {model.config.att_feat_size} but data artifact "
+                        f"{ds.path} has {ds.att_dim}-d att features; make the data with its encoder "
+                        f"(`rdpp prepro ... --backbone hf:{folder}`)")
     return model
 
 
