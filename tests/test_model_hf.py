@@ -173,3 +173,35 @@ def test_the_five_mission_commands_with_model_hf(folder, tmp_path):
     ok(rdpp("score", "--workspace", ws, "--oracle", "--self-cider"))
     scores = json.loads(next((ws / "scores").glob("*/scores.json")).read_text())
     assert {"accuracy", "oracle", "diversity"} <= set(scores)
+
+
+@pytest.mark.integration
+def test_export_hf_round_trips_to_transformers(folder, tmp_path):
+    """A model artifact written back with `rdpp export-hf` loads in transformers, and its `generate`
+    gives rdpp's greedy captions on the same encoder outputs; OUT with files is refused without --force."""
+    import transformers as tf
+
+    from helpers import error_line, rdpp, write_tiny_data
+
+    from rdpp_cli.models.checkpoint import load_model
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2, dim=16)
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--epochs", "2", "--batch-size", "8",
+            "--val-images", "0", "--lr", "3e-3", "--device", "cpu"))
+    art = ws / "xe" / "hf-paper-v1"
+    out = tmp_path / "exported"
+    ok(rdpp("export-hf", art, out, "--workspace", ws))
+    hf = tf.VisionEncoderDecoderModel.from_pretrained(out).eval()
+    tf.AutoTokenizer.from_pretrained(out)
+    tf.AutoImageProcessor.from_pretrained(out)
+    model, _, _ = load_model(art / "checkpoints" / "best.pt")
+    att = torch.randn(3, 17, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = decode(model, att, DecodeConfig(method="greedy", max_len=model.config.seq_length))
+    bridge = model.bridge(["a"], 8)
+    assert [bridge.tokenizer.decode(bridge.hf_of[t[t > 0]].tolist()) for t in ours.tokens[:, 0]] == \
+        _generate(model, hf, att, num_beams=1)
+    (out / "extra.txt").write_text("mine")
+    assert "not empty" in error_line(rdpp("export-hf", art, out, "--workspace", ws))
+    assert (out / "extra.txt").read_text() == "mine"

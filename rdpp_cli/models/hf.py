@@ -217,6 +217,30 @@ class HFCaptioner(nn.Module):
         """The translation between this model's token ids and a data artifact's ``words``."""
         return TokenBridge(self.tokenizer, self.hf_of.cpu(), words, data_seq_length, self.config.seq_length)
 
+    def export(self, out: Path, encoder_folder: str | Path) -> None:
+        """Write this model as a Hugging Face folder (``VisionEncoderDecoderModel.save_pretrained``,
+        the tokenizer and the image processor) into ``out`` (an empty folder): the vision encoder and
+        image processor of ``encoder_folder`` (the folder the model came from), this decoder."""
+        tf = require_transformers()
+        hf, _ = read_folder(encoder_folder)
+        mine = tf.VisionEncoderDecoderConfig.from_dict(self.config.hf_config).encoder.to_dict()
+        if {k: v for k, v in hf.config.encoder.to_dict().items() if k != "_name_or_path"} != \
+                {k: v for k, v in mine.items() if k != "_name_or_path"}:
+            raise RdppError(f"--hf-model {encoder_folder}: its vision encoder is not the one this model was trained "
+                            f"with (its config differs from {self.config.source or 'the checkpoint'}'s); pass that folder")
+        hf.decoder.load_state_dict(self.decoder.state_dict())
+        if self.enc_to_dec_proj is not None:
+            hf.enc_to_dec_proj.load_state_dict(self.enc_to_dec_proj.state_dict())
+        hf.generation_config.decoder_start_token_id = self.config.decoder_start_token_id
+        hf.generation_config.eos_token_id = self.config.eos_token_id
+        hf.generation_config.max_new_tokens = self.config.seq_length + 1
+        hf.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        try:
+            tf.AutoImageProcessor.from_pretrained(encoder_folder).save_pretrained(out)
+        except (OSError, ValueError):
+            pass  # a folder without an image processor: the model still loads
+
     # -- the CaptionModel interface --------------------------------------------------------------
     def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
                drop: DropoutMasks | None = None) -> Encoded:
