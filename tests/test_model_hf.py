@@ -175,20 +175,29 @@ def test_the_five_mission_commands_with_model_hf(folder, tmp_path):
     assert {"accuracy", "oracle", "diversity"} <= set(scores)
 
 
+@pytest.fixture(scope="module")
+def xe_hf(folder, tmp_path_factory):
+    """A workspace with the tiny data (16-d att) and xe/hf-paper-v1 trained on it for 2 epochs."""
+    from helpers import rdpp, write_tiny_data
+
+    ws = tmp_path_factory.mktemp("xe_hf")
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2, dim=16)
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--epochs", "2", "--batch-size", "8",
+            "--val-images", "0", "--lr", "3e-3", "--device", "cpu"))
+    return ws
+
+
 @pytest.mark.integration
-def test_export_hf_round_trips_to_transformers(folder, tmp_path):
+def test_export_hf_round_trips_to_transformers(xe_hf, tmp_path):
     """A model artifact written back with `rdpp export-hf` loads in transformers, and its `generate`
     gives rdpp's greedy captions on the same encoder outputs; OUT with files is refused without --force."""
     import transformers as tf
 
-    from helpers import error_line, rdpp, write_tiny_data
+    from helpers import error_line, rdpp
 
     from rdpp_cli.models.checkpoint import load_model
 
-    ws = tmp_path / "ws"
-    write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2, dim=16)
-    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--epochs", "2", "--batch-size", "8",
-            "--val-images", "0", "--lr", "3e-3", "--device", "cpu"))
+    ws = xe_hf
     art = ws / "xe" / "hf-paper-v1"
     out = tmp_path / "exported"
     ok(rdpp("export-hf", art, out, "--workspace", ws))
@@ -205,3 +214,75 @@ def test_export_hf_round_trips_to_transformers(folder, tmp_path):
     (out / "extra.txt").write_text("mine")
     assert "not empty" in error_line(rdpp("export-hf", art, out, "--workspace", ws))
     assert (out / "extra.txt").read_text() == "mine"
+
+
+# -- bad input: one line, exit 2, nothing written -----------------------------------------------------
+
+def refused(ws, *args) -> str:
+    from helpers import error_line, listing, rdpp
+
+    before = listing(ws)
+    line = error_line(rdpp(*args))
+    assert listing(ws) == before
+    return line
+
+
+@pytest.mark.integration
+def test_a_folder_that_is_not_a_vision_encoder_decoder_is_refused(tmp_path):
+    import transformers as tf
+
+    from helpers import write_tiny_data
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    gpt2 = tmp_path / "gpt2"
+    tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2)).save_pretrained(gpt2)
+    train = ("train-xe", "--workspace", ws, "--model", "hf", "--device", "cpu", "--hf-model")
+    assert "holds a 'gpt2' model, not a VisionEncoderDecoderModel" in refused(ws, *train, gpt2)
+    assert "has no config.json" in refused(ws, *train, tmp_path)
+    assert "is not a folder" in refused(ws, *train, tmp_path / "nowhere")
+    assert "--model hf needs --hf-model DIR" in refused(ws, *train[:-1])
+    assert "--hf-model is for --model hf, not --model att2in" in refused(
+        ws, "train-xe", "--workspace", ws, "--model", "att2in", "--hf-model", gpt2)
+    assert "backbone hf:" in refused(ws, "prepro", "toy", "--workspace", ws, "--backbone", f"hf:{gpt2}", "--images", "60")
+
+
+@pytest.mark.integration
+def test_an_encoder_of_another_size_and_a_tokenizer_without_an_end_token_are_refused(tmp_path):
+    from helpers import write_tiny_data
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    train = ("train-xe", "--workspace", ws, "--model", "hf", "--device", "cpu", "--hf-model")
+    narrow = tiny_hf_captioner(tmp_path / "narrow", enc_dim=8, dec_dim=8, layers=1)
+    assert "its encoder's hidden size is 8 but data artifact" in refused(ws, *train, narrow)
+    no_end = tiny_hf_captioner(tmp_path / "no-end", layers=1, eos=False)
+    assert "its tokenizer has no end token" in refused(ws, *train, no_end)
+
+
+@pytest.mark.integration
+def test_a_model_artifact_with_another_data_artifacts_vocabulary_is_refused(xe_hf, tmp_path):
+    import numpy as np
+
+    from helpers import write_data
+
+    other = write_data(xe_hf / "data" / "other-v1", ["the", "red", "circle", "UNK"], [["the red circle"]] * 6,
+                       ["train"] * 4 + ["val", "test"], np.zeros((6, 16)), np.zeros((6, 4, 16)))
+    line = refused(xe_hf, "train-xe", "--workspace", xe_hf, "--model", "hf", "--init-from", "xe/hf-paper-v1", "--data",
+                   other, "--device", "cpu")
+    assert "its vocabulary (15 words) is not the one of data artifact" in line and "(4 words)" in line, line
+    line = refused(xe_hf, "sample", "--workspace", xe_hf, "xe/hf-paper-v1", "--data", other, "--device", "cpu")
+    assert "was made from data artifact data/tiny-v1, not from" in line, line
+
+
+@pytest.mark.integration
+def test_without_transformers_model_hf_names_the_extra(folder, tmp_path, monkeypatch):
+    import sys
+
+    from helpers import write_tiny_data
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    line = refused(ws, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--device", "cpu")
+    assert "needs the transformers package" in line and "pip install 'rdpp[hf]'" in line
