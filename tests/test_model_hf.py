@@ -286,3 +286,17 @@ def test_without_transformers_model_hf_names_the_extra(folder, tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
     line = refused(ws, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--device", "cpu")
     assert "needs the transformers package" in line and "pip install 'rdpp[hf]'" in line
+
+
+@pytest.mark.unit
+def test_token_logprobs_are_the_forwards_at_the_tokens(trained):
+    from rdpp_cli.models.base import sequence_logprobs
+
+    model, _, att = trained
+    seqs = torch.tensor([[[5, 9, 0, 0], [7, 0, 0, 0]], [[3, 3, 3, 3], [1, 2, 0, 0]],
+                         [[4, 0, 0, 0], [6, 6, 0, 0]], [[8, 8, 8, 0], [2, 0, 0, 0]]])
+    with torch.no_grad():
+        lp, mask = model.token_logprobs(att, seqs)
+        ref_lp, ref_mask = sequence_logprobs(model(att, seqs), seqs)
+    assert torch.equal(mask, ref_mask) and mask.sum() == 2 + 1 + 1 + 1 + 4 + 1 + 2 + 1 + 1 + 1 + 2 + 1 + 3 + 1 + 1 + 1
+    assert (lp - ref_lp).abs().max() < 1e-5

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rdpp_cli.errors import RdppError
-from rdpp_cli.models.base import DropoutMasks, sequence_logprobs
+from rdpp_cli.models.base import DropoutMasks, targets
 
 __all__ = ["HFCaptioner", "HFCaptionerConfig", "PRESETS", "TokenBridge", "require_transformers", "read_folder"]
 
@@ -283,6 +283,23 @@ class HFCaptioner(nn.Module):
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                 drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
         """Log-probs (N, L+1, V+1) under teacher forcing of rdpp ids ``seqs`` (B, n, L) or (N, L)."""
+        return self._logprobs(self._teacher_forced(att, seqs, att_mask, drop))
+
+    def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``sequence_logprobs(self(att, seqs), seqs)``: (token_logp, mask), both (N, L+1), without
+        reordering the whole output: the target's logit (at its Hugging Face id) minus the logsumexp."""
+        seqs = seqs.reshape(-1, seqs.shape[-1])
+        target, mask = targets(seqs)
+        y = self._teacher_forced(att, seqs, att_mask, drop)
+        logits = self.decoder.lm_head(self.decoder.transformer.ln_f(y)).float()
+        logp = logits.gather(2, self.hf_of[target].unsqueeze(2)).squeeze(2) - logits.logsumexp(-1)
+        mask = mask.to(logp.dtype)
+        return logp * mask, mask
+
+    def _teacher_forced(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None,
+                        drop: DropoutMasks | None) -> Tensor:
+        """Hidden states (N, L+1, d) before ``ln_f``: the start token, then ``seqs`` (rdpp ids)."""
         B = att.shape[0]
         seqs = seqs.reshape(-1, seqs.shape[-1])
         N, L = seqs.shape
@@ -293,13 +310,7 @@ class HFCaptioner(nn.Module):
             masks = {k: v[:, :L + 1] for k, v in drop.row.items()}
             masks["self_attn"] = masks["self_attn"][..., :L + 1]
         enc = self.expand(self.encode(att, att_mask), N // B)
-        y, _ = self._decode(ids, enc, self.init_state(N), masks)
-        return self._logprobs(y)
-
-    def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
-                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``sequence_logprobs(self(att, seqs), seqs)``: (token_logp, mask), both (N, L+1)."""
-        return sequence_logprobs(self(att, seqs, att_mask, drop), seqs)
+        return self._decode(ids, enc, self.init_state(N), masks)[0]
 
     def draw_dropout(self, batch: int, rows: int, steps: int, regions: int,
                      generator: torch.Generator | None = None) -> DropoutMasks:
