@@ -255,3 +255,39 @@ def assert_decodes_like_the_peer(model, ref, att, fc=None, att_mask=None) -> Non
         chosen = seq_lp.gather(2, seq.unsqueeze(2)).squeeze(2)[:, :T]
         words = seq[:, :T] > 0
         assert (chosen[words] - ours.logprobs[:, 0, :T][words]).abs().max() < 1e-5, cfg.method
+
+
+# -- a tiny Hugging Face captioner (the `hf` extra) -----------------------------------------------------
+
+def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int = 16, dec_dim: int = 32,
+                      layers: int = 2, dropout: float = 0.1, seed: int = 0, eos: bool = True) -> Path:
+    """A tiny random ``VisionEncoderDecoderModel`` (a 2-layer ViT of 32x32 images in 8x8 patches,
+    ``enc_dim`` wide, and a GPT-2 decoder with cross-attention, ``dec_dim`` wide) with a byte-level BPE
+    tokenizer trained on ``texts`` (default: the tiny data's captions) and a ViT image processor,
+    written with ``save_pretrained`` to ``path``. ``eos=False``: a tokenizer without an end token."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = texts or [t.format(c=c, s=s) for t in TEMPLATES for c in COLOURS for s in SHAPES]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>"] if eos else ["<pad>"]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=360, special_tokens=special,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = (tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+            if eos else tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>"))
+    torch.manual_seed(seed)
+    enc = tf.ViTConfig(hidden_size=enc_dim, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=2 * enc_dim,
+                       image_size=32, patch_size=8)
+    start = fast.eos_token_id if eos else 0
+    dec = tf.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=dec_dim, n_layer=layers, n_head=4,
+                        add_cross_attention=True, is_decoder=True, bos_token_id=start, eos_token_id=fast.eos_token_id,
+                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = start, start, fast.eos_token_id
+    model = tf.VisionEncoderDecoderModel(config=cfg)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return Path(path)

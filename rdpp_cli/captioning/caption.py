@@ -36,7 +36,6 @@ from rdpp_cli.console import console, info, summary_table
 from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
 from rdpp_cli.data.caption_files import IMAGE_SUFFIXES, ids_from_names
 from rdpp_cli.data.features import DTYPES, check_images, default_workers, iter_features
-from rdpp_cli.data.vocab import decode_ids, unk_id
 from rdpp_cli.decoding.config import DecodeConfig
 from rdpp_cli.decoding.decode import decode
 from rdpp_cli.decoding.sample import Decoder, claim_output, decoding_summary, load_decoder, run_name
@@ -103,7 +102,8 @@ def caption(opts: CaptionOptions) -> Artifact:
     if dec.net.config.att_feat_size != bb.dim:
         raise RdppError(f"model {dec.model.path} expects {dec.net.config.att_feat_size}-d features but {bb.name} "
                         f"gives {bb.dim}-d ones; the model was not trained on data artifact {dec.data.path}")
-    cfg = opts.decode_config(opts.n, max_len=dec.net.config.seq_length, unk_id=unk_id(dec.vocab))
+    bridge = dec.bridge()  # decoding in the model's ids, captions as words
+    cfg = opts.decode_config(opts.n, max_len=bridge.max_len, unk_id=bridge.unk_id)
     settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": opts.seed, "weights": str(bb.weights),
                 "device": str(dec.device)}
     out_dir, config = claim_output(opts, dec, group="captions", kind="rdpp.captions", name=run_name(cfg, opts.n),
@@ -111,7 +111,7 @@ def caption(opts: CaptionOptions) -> Artifact:
     info(f"captioning {len(files)} photo(s) with {dec.model.path}: {bb.name} on {bb.image_size}×{bb.image_size} "
          f"images, {bb.att_size}×{bb.att_size} grid, as {dec.data.path}")
     t0 = time.perf_counter()
-    records = _caption_photos(opts, dec, bb, DTYPES[dtype], cfg, files)
+    records = _caption_photos(opts, dec, bb, DTYPES[dtype], cfg, files, bridge)
     elapsed = time.perf_counter() - t0
     art = _write(out_dir, dec, bb, cfg, records, config)
     console.print(summary_table("rdpp caption", {
@@ -143,7 +143,7 @@ def regroup(batches: Iterable[tuple[np.ndarray, ...]], size: int) -> Iterator[tu
 
 
 def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg: DecodeConfig,
-                    files: list[Path]) -> list[dict]:
+                    files: list[Path], bridge) -> list[dict]:
     """One ``results.json`` record per photo: features extracted as the data artifact extracted them
     (stored in its precision, as the model saw them in training), decoded in batches of
     ``DECODE_BATCH`` photos with one seeded generator, as `rdpp sample` decodes a split."""
@@ -160,7 +160,7 @@ def _caption_photos(opts: CaptionOptions, dec: Decoder, bb: Backbone, store, cfg
         toks, lps = d.tokens.cpu().numpy(), d.seq_logprob.cpu().numpy()
         for b in range(len(att)):
             k = len(records)
-            caps = [decode_ids(dec.vocab, toks[b, j]) for j in range(cfg.n)]
+            caps = bridge.texts(toks[b])
             records.append({"image_id": ids[k], "caption": caps[0], "captions": caps,
                             "logprobs": [round(float(x), 6) for x in lps[b]], "file": str(files[k])})
     return records

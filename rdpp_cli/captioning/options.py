@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rdpp_cli.decoding.config import DecodingOptions, method_option
 from rdpp_cli.errors import RdppError
-from rdpp_cli.options import (argument, at_least, device_option, force_option, option, out_option,
+from rdpp_cli.options import (Options, argument, at_least, device_option, force_option, option, out_option,
                               workspace_option)
 from rdpp_cli.options import seed as seed_check
 
@@ -40,3 +40,18 @@ class CaptionOptions(DecodingOptions):
         if not self.paths:
             raise RdppError("no photos given; pass image files or folders of them (rdpp caption PATH…)")
         self.decode_config(self.n)  # the decoding settings make sense, before any photo is read
+
+
+@dataclass
+class ExportHFOptions(Options):
+    """`rdpp export-hf MODEL OUT`: a model artifact of ``--model hf`` as a Hugging Face folder."""
+
+    section = "export_hf"
+
+    model: str | None = argument("Model artifact (name or path) of a --model hf run.", required=True, from_alias=True)
+    out: Path | None = argument("The folder to write (VisionEncoderDecoderModel.from_pretrained loads it).",
+                                required=True)
+    hf_model: str | None = option(None, "The save_pretrained folder whose vision encoder and image processor go with "
+                                  "the decoder (default: the one the model was trained from).")
+    replace: bool = option(False, "Replace what OUT already holds.", "--force", identity=False, record=False)
+    workspace: Path | None = workspace_option()

@@ -10,7 +10,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from rdpp_cli import __version__
-from rdpp_cli.cli import caption, compare, demo, finetune, ls, plot, prepro, sample, score, table, train_xe, verify
+from rdpp_cli.cli import (caption, compare, demo, export_hf, finetune, ls, plot, prepro, sample, score, table, train_xe,
+                          verify)
 from rdpp_cli.console import err_console
 
 # Click's base of every command-line error (vendored inside newer Typer, the click package in older)
@@ -68,6 +69,7 @@ app.command("finetune")(finetune.command)
 app.command("sample")(sample.command)
 app.command("score")(score.command)
 app.command("caption")(caption.command)
+app.command("export-hf")(export_hf.command)
 app.command("plot")(plot.command)
 app.command("table")(table.command)
 app.command("compare")(compare.command)

@@ -31,6 +31,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _HEAD_NAMES = {"avgpool", "fc", "classifier", "dropout", "head", "heads", "flatten", "norm", "permute"}
 _NOT_CONV = ("vit_", "swin")
+HF_PREFIX = "hf:"  # --backbone hf:DIR: a Hugging Face captioner's vision encoder
 
 
 @dataclass
@@ -53,6 +54,12 @@ class Backbone:
     cpu_chunk: int | None = None
     weights_sha256: str | None = None  # of the weights file (None: no file)
     missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
+    tokens: int | None = None  # att rows when they are not a G×G grid (a ViT's patches and its CLS token)
+
+    @property
+    def regions(self) -> int:
+        """Rows of ``att`` per image."""
+        return self.tokens if self.tokens is not None else self.att_size ** 2
 
 
 class ConvGrid(nn.Module):
@@ -135,7 +142,52 @@ def build_backbone(
         # tiny element-wise ops: with more threads, scheduling costs more than the work
         return Backbone("pixstats", PixelStats(att_size).eval(), PixelStats.dim, att_size, size, None, None, "none",
                         threads=1)
+    if name.startswith(HF_PREFIX):
+        if weights is not None:
+            raise RdppError(f"backbone {name} reads its weights from its folder; drop --weights")
+        return _hf_backbone(name[len(HF_PREFIX):], image_size)
     return _torchvision_backbone(name, att_size, image_size or 448, weights, pretrained)
+
+
+class HFEncoder(nn.Module):
+    """A Hugging Face vision encoder (frozen): ``att`` = its last hidden states (B, T, D), ``fc`` their mean."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        att = self.encoder(pixel_values=x).last_hidden_state
+        return att.mean(dim=1), att
+
+
+def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
+    """``hf:DIR``: the vision encoder of a VisionEncoderDecoderModel folder, with its image
+    processor's size and normalisation (the images are resized by rdpp's reader, then scaled to
+    [0, 1] and normalised with the processor's mean and std)."""
+    from rdpp_cli.models.hf import read_folder, require_transformers
+
+    model, _ = read_folder(folder, option="--backbone hf:")
+    tf = require_transformers()
+    try:
+        proc = tf.AutoImageProcessor.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise RdppError(f"--backbone hf:{folder} has no image processor ({str(e).splitlines()[0]}); "
+                        "save one in the folder (preprocessor_config.json)") from None
+    size = proc.size.get("height") or proc.size.get("shortest_edge")
+    if image_size is not None and image_size != size:
+        raise RdppError(f"--image-size {image_size}: the encoder of {folder} takes {size}×{size} images (its image "
+                        "processor); leave --image-size out")
+    module = HFEncoder(model.encoder.eval()).eval()
+    with torch.no_grad():
+        fc, att = module(torch.zeros(1, 3, size, size))
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    patch = getattr(model.config.encoder, "patch_size", None)
+    grid = size // patch if patch else int(att.shape[1] ** 0.5)
+    return Backbone(HF_PREFIX + str(folder), module, int(fc.shape[1]), grid, size,
+                    tuple(proc.image_mean) if proc.do_normalize else None,
+                    tuple(proc.image_std) if proc.do_normalize else None, str(folder),
+                    weights_sha256=file_sha256(files[0]) if files else None, tokens=int(att.shape[1]), cpu_chunk=None)
 
 
 def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pretrained: bool) -> Backbone:

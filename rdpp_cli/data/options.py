@@ -68,7 +68,8 @@ class PreproCocoOptions(Options):
     max_length: int = option(16, "Clip captions to this many tokens.", check=at_least(1))
     restval_to_train: bool = option(True, "restval images join train (else they are left out).",
                                     "--restval-to-train/--no-restval-to-train")
-    backbone: str = option("resnet101", "torchvision CNN name, or pixstats.")
+    backbone: str = option("resnet101", "torchvision CNN name, pixstats, or hf:DIR (the vision encoder of a Hugging "
+                           "Face captioner's save_pretrained folder: its last hidden states are att).")
     att_size: int = option(14, "att grid side G: att has G*G cells.")
     weights: Path | None = option(None, "Local state_dict for the backbone.", cli={"dir_okay": False})
     pretrained: bool = option(True, "ImageNet weights (from torch's hub cache; no download), else random init.",
@@ -93,7 +94,8 @@ class PreproToyOptions(Options):
     out: Path | None = out_here()
     images: int = option(3000, "Number of images (10 % each for val and test).", check=_toy_images)
     seed: int = option(0, "Image i depends only on (seed, i).", check=seed_check)
-    backbone: str = option("pixstats", "pixstats, or a torchvision CNN (random init unless --weights).")
+    backbone: str = option("pixstats", "pixstats, a torchvision CNN (random init unless --weights), or hf:DIR (a "
+                           "Hugging Face captioner's vision encoder).")
     att_size: int = option(8, "att grid side G: att has G*G cells.")
     weights: Path | None = option(None, "Local state_dict for a CNN backbone.", cli={"dir_okay": False})
     image_size: int | None = option(None, "Feature input size (default: 64 for pixstats, 128 for a CNN).")

@@ -284,7 +284,7 @@ def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tupl
         regions = f"up to {src.regions} regions (att_len)" if src.varying else f"{src.regions} regions"
         return digest, f"imported from {src.path}: {regions} × {src.dim} ({plan.dtype})", None
     bb = plan.backbone
-    writer = FeatureWriter(path, image_ids, fc_dim=bb.dim, regions=bb.att_size ** 2, dtype=plan.dtype,
+    writer = FeatureWriter(path, image_ids, fc_dim=bb.dim, regions=bb.regions, dtype=plan.dtype,
                            block=plan.batch_size,
                            attrs={"backbone": bb.name, "att_size": bb.att_size, "image_size": bb.image_size,
                                   "weights": bb.weights})
@@ -297,7 +297,8 @@ def _write_features(path: Path, plan: PreproPlan, image_ids: np.ndarray) -> tupl
         writer.close()
     head = f"; no head keys ({', '.join(bb.missing_head)}): unused" if bb.missing_head else ""
     return digest, (f"{bb.name} ({bb.weights}{head}) on {bb.image_size}×{bb.image_size} images: fc {bb.dim}, "
-                    f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})"), speed
+                    f"att {bb.att_size}×{bb.att_size}×{bb.dim} ({plan.dtype})" if bb.tokens is None
+                    else f"att {bb.tokens}×{bb.dim} ({plan.dtype})"), speed
 
 
 @takes(PreproCocoOptions)

@@ -221,14 +221,16 @@ def prepro_toy(opts: PreproToyOptions) -> Artifact:
     """Generate the bundled set and run it through ``prepro coco``'s code: ``<workspace>/data/toy-v<k>``
     or ``out``. A torchvision ``backbone`` starts from random weights unless ``weights`` is given; its
     images are upscaled to ``image_size`` (128 by default, a 4×4 map for a stride-32 CNN)."""
-    image_size = opts.image_size or (IMAGE_SIZE if opts.backbone == "pixstats" else 2 * IMAGE_SIZE)
-    from rdpp_cli.data.backbones import build_backbone
+    from rdpp_cli.data.backbones import HF_PREFIX, build_backbone
 
+    image_size = opts.image_size or (IMAGE_SIZE if opts.backbone == "pixstats" else
+                                     None if opts.backbone.startswith(HF_PREFIX) else 2 * IMAGE_SIZE)
     bb = build_backbone(opts.backbone, att_size=opts.att_size, image_size=image_size, weights=opts.weights,
                         pretrained=False)
+    image_size = bb.image_size  # a Hugging Face encoder's is its image processor's
     text = {"word_count_threshold": 5, "max_length": 16, "dtype": "float16"}  # fixed: the set's own vocabulary
     config = {"source": "toy", "images": opts.images, "seed": opts.seed, "generator": GENERATOR,
-              "backbone": opts.backbone, "att_size": opts.att_size, "image_size": image_size,
+              "backbone": opts.backbone, "att_size": bb.att_size, "image_size": image_size,
               "weights": weights_ref(opts.weights, opts.out, opts.workspace), "weights_sha256": bb.weights_sha256,
               **text, "batch_size": opts.batch_size}
     out_dir = claim_output(opts.out, workspace=opts.workspace, name="toy", config=config, force=opts.force,

@@ -13,6 +13,7 @@ of them (``"candidates"``, ``"candidate_logprobs"``, ``"chosen"``: their indices
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,13 +28,13 @@ from rdpp_cli.artifacts import (Artifact, atomic_write_json, derived_name, finis
 from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.data.vocab import unk_id
 from rdpp_cli.decoding.config import DecodeConfig
 from rdpp_cli.decoding.decode import Decoded, decode
 from rdpp_cli.decoding.options import SampleOptions
 from rdpp_cli.decoding.select import Chooser, SelectConfig
 from rdpp_cli.device import resolve_device
 from rdpp_cli.errors import RdppError
+from rdpp_cli.models.bridge import bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
 from rdpp_cli.options import takes
 from rdpp_cli.precision import ProbeShape, autocast, resolve_precision
@@ -62,6 +63,11 @@ class Decoder:
     vocab: list[str]
     checkpoint: dict
     device: torch.device
+
+    def bridge(self, seq_length: int | None = None):
+        """``models.bridge``: the network's ids to and from its data's words (captions of
+        ``seq_length`` words; default the model's own length)."""
+        return bridge_for(self.net, self.vocab, seq_length or self.net.config.seq_length)
 
 
 def load_decoder(model: str | Path | None, data: str | Path | None, workspace, device: str) -> Decoder:
@@ -127,13 +133,14 @@ def sample(opts: SampleOptions) -> Artifact:
         steps=ds.seq_length))
     check_fits_data(dec.checkpoint, ds, f"model {dec.model.path}", "sample with the data the model was trained on")
     # evaluation decoding never says UNK unless asked
-    cfg = opts.decode_config(opts.decoded_per_image, max_len=ds.seq_length, unk_id=unk_id(dec.vocab))
+    bridge = dec.bridge(ds.seq_length)  # decoding in the model's ids, captions as the data's words
+    cfg = opts.decode_config(opts.decoded_per_image, max_len=bridge.max_len, unk_id=bridge.unk_id)
     images = ds.split_indices(opts.split)[:opts.max_images]
-    chooser = Chooser(sel, opts.n, ds, cfg.max_len, images) if sel else None  # refuses a df without the EOS, before any folder
+    chooser = Chooser(sel, opts.n, ds, ds.seq_length, images) if sel else None  # refuses a df without the EOS, before any folder
     out_dir, config = claim_output(opts, dec, group="samples", kind="rdpp.samples", name=run_name(cfg, opts.n, sel),
                                    settings=_settings(opts, cfg, sel, dec.device, prec))
     t0 = time.perf_counter()
-    records = _decode_images(opts, dec, ds, cfg, images, prec, chooser)
+    records = _decode_images(opts, dec, ds, cfg, images, prec, chooser, bridge)
     elapsed = time.perf_counter() - t0
     atomic_write_json(out_dir / "samples.json", records, indent=1)
     distinct = float(np.mean([len(set(r["captions"])) for r in records]))
@@ -156,7 +163,7 @@ def _settings(opts: SampleOptions, cfg: DecodeConfig, sel: SelectConfig | None, 
 
 
 def _decode_images(opts: SampleOptions, dec: Decoder, ds: DataArtifact, cfg: DecodeConfig, images, prec: str,
-                   chooser: Chooser | None) -> list[dict]:
+                   chooser: Chooser | None, bridge) -> list[dict]:
     """The records of ``images``, decoded in batches of ``opts.batch_size`` with one seeded generator."""
     gen = torch.Generator(device=dec.device).manual_seed(opts.seed)
     records: list[dict] = []
@@ -167,24 +174,30 @@ def _decode_images(opts: SampleOptions, dec: Decoder, ds: DataArtifact, cfg: Dec
             fc, att, mask = ds.features(idx, dec.device)
             with autocast(prec, dec.device):
                 out = decode(dec.net, att, cfg, att_mask=mask, generator=gen, fc=fc)
-            records += _records(ds, idx, out, opts, chooser)
+            records += _records(ds, idx, out, opts, chooser, bridge)
             bar.advance(task, len(idx) * cfg.n)
     return records
 
 
-def _records(ds: DataArtifact, idx, out: Decoded, opts: SampleOptions, chooser: Chooser | None) -> list[dict]:
+def _records(ds: DataArtifact, idx, out: Decoded, opts: SampleOptions, chooser: Chooser | None, bridge) -> list[dict]:
     """One ``samples.json`` record per image of the batch: its n captions (the chosen ones with a
-    selection, and every candidate with ``keep_candidates``) and their log-probabilities."""
-    toks = out.tokens.cpu().numpy()
+    selection, and every candidate with ``keep_candidates``) as text and their log-probabilities.
+    A selection reads the captions as the data's words (``bridge.data_ids``)."""
     lps = out.seq_logprob.cpu().numpy()
-    chosen = chooser(out, idx) if chooser else np.broadcast_to(np.arange(opts.n), (len(idx), opts.n))
+    B, C = out.tokens.shape[:2]
+    texts = np.array(bridge.texts(out.tokens.reshape(B * C, -1)), dtype=object).reshape(B, C)
+    if chooser:
+        words = torch.from_numpy(np.asarray(bridge.data_ids(out.tokens), dtype=np.int64)).to(out.tokens.device)
+        chosen = chooser(dataclasses.replace(out, tokens=words), idx)
+    else:
+        chosen = np.broadcast_to(np.arange(opts.n), (len(idx), opts.n))
     records = []
     for b, i in enumerate(idx):
         rec = {"image_id": int(ds.image_ids[i]),
-               "captions": [ds.decode(toks[b, j]) for j in chosen[b]],
+               "captions": [texts[b, j] for j in chosen[b]],
                "logprobs": [round(float(lps[b, j]), 6) for j in chosen[b]]}
         if chooser and opts.keep_candidates:
-            rec.update(candidates=[ds.decode(t) for t in toks[b]],
+            rec.update(candidates=list(texts[b]),
                        candidate_logprobs=[round(float(x), 6) for x in lps[b]],
                        chosen=[int(j) for j in chosen[b]])
         records.append(rec)

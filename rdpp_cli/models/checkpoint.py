@@ -45,7 +45,7 @@ def save_checkpoint(path: Path | str, model: nn.Module, vocab: list[str], **extr
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
-    if len(vocab) != model.config.vocab_size:
+    if not own_vocabulary(model) and len(vocab) != model.config.vocab_size:
         raise ValueError(f"vocab has {len(vocab)} words but the model's vocab_size is {model.config.vocab_size}")
     ckpt = {
         "model": model_name(model),
@@ -56,6 +56,12 @@ def save_checkpoint(path: Path | str, model: nn.Module, vocab: list[str], **extr
         **_plain(extra),
     }
     atomic_write(path, lambda f: torch.save(ckpt, f))
+
+
+def own_vocabulary(model: nn.Module) -> bool:
+    """Whether ``model`` has a vocabulary of its own (a tokenizer's; ``models.bridge``): its
+    checkpoint's ``vocab`` is then the words of the data it was trained on, not its output ids."""
+    return hasattr(model, "bridge")
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
@@ -140,7 +146,7 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[nn
     """(model in eval mode on ``device``, its vocabulary, the raw checkpoint dict)."""
     ckpt = load_checkpoint(path, map_location="cpu")
     model = model_from_checkpoint(ckpt, where=str(path))
-    if len(ckpt["vocab"]) != model.config.vocab_size:
+    if not own_vocabulary(model) and len(ckpt["vocab"]) != model.config.vocab_size:
         raise RdppError(f"checkpoint {path}: vocab has {len(ckpt['vocab'])} words but the model expects "
                         f"{model.config.vocab_size}; the checkpoint is corrupt")
     return model.to(device).eval(), list(ckpt["vocab"]), ckpt

@@ -49,6 +49,9 @@ class ModelSpec:
     # the device types where `--fast auto` turns the fast path on: measured there faster than the eager
     # step and equal to it (docs/training.md, "The fast path"; benchmarks/cuda_check.sh measures it)
     fast_auto: tuple[str, ...] = ()
+    # the train-xe option naming the folder the model is read from (``cls.from_folder``), for a
+    # pretrained model that is not built from sizes
+    folder_option: str | None = None
 
     @property
     def class_name(self) -> str:
@@ -133,6 +136,17 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
                        "finetune": {"paper": {"epochs": 35, "batch_size": 10, "lr": 1e-5, "lr_decay_every": 0,
                                               "lr_decay_rate": 0.8, "lr_schedule": "plateau"},
                                     "small": _FT_SMALL}}),
+    # a pretrained Hugging Face VisionEncoderDecoderModel (ViT-GPT2 style), read from a folder
+    # (``train-xe --model hf --hf-model DIR``: ``HFCaptioner.from_folder``), not built from sizes. No
+    # published R-DPP recipe exists for it: rdpp continues a pretrained decoder with a small learning rate
+    # and few epochs, the usual practice for fine-tuning a pretrained GPT-2 (docs/training.md)
+    ModelSpec("hf", "rdpp_cli.models.hf:HFCaptioner", "rdpp_cli.models.hf:HFCaptionerConfig", "HF captioner",
+              "a pretrained Hugging Face VisionEncoderDecoderModel, --hf-model DIR",
+              sizes={"paper": {}, "small": {}},
+              recipes={"train-xe": {p: {**_XE_SMALL, "epochs": 3, "batch_size": 16, "lr": 2e-5, "lr_decay_every": 0}
+                                    for p in PRESETS},
+                       "finetune": {p: {**_FT_SMALL, "batch_size": 16, "lr": 1e-5} for p in PRESETS}},
+              folder_option="hf_model"),
 )}
 
 

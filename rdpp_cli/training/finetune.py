@@ -42,6 +42,7 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.base import DropoutMasks
+from rdpp_cli.models.bridge import WordBridge, bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
 from rdpp_cli.precision import ProbeShape, full_precision, resolve_precision
@@ -114,6 +115,7 @@ class RewardStep:
     rank: int = 0
     sample_mode: str = "train"
     fast: FastPath | None = None
+    bridge: Any = None  # models.bridge: the model's ids -> the data's words (None: the model speaks them)
     _device_scorer: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -235,6 +237,10 @@ class RewardStep:
         K = cider.pairwise(d.samples) if self.spec.kernel or m > 1 else None
         return self._weights_from(scores[:B * m].view(B, m), g, K, lambda: device_self_cider(K).mean())
 
+    def words(self, tokens: Tensor) -> np.ndarray:
+        """The data's word ids of captions in the model's ids (what the reward scores)."""
+        return tokens.cpu().numpy() if self.bridge is None else self.bridge.data_ids(tokens)
+
     def _device_cider(self, device: torch.device):
         if self._device_scorer is None:
             from rdpp_cli.metrics.train_cider_torch import DeviceTrainCider
@@ -303,7 +309,8 @@ class RewardStep:
 
                 w, logs = self.device_weights(d, *references_tensor(refs, batch.att.device))
             else:
-                w, logs = self.weights(d.samples.cpu().numpy(), d.greedy, refs)
+                greedy = None if d.greedy is None else self.words(d.greedy)
+                w, logs = self.weights(self.words(d.samples), greedy, refs)
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -314,7 +321,7 @@ class RewardStep:
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
         dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
                      att_mask=batch.att_mask, generator=gen, fc=batch.fc)
-        q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
+        q, K = self.cider.score_and_pairwise(self.words(dec.tokens), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
 
 
@@ -410,9 +417,11 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
         out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
                                name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
                                force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
+        bridge = bridge_for(net, inp.data.words, inp.data.seq_length)
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
-                          lam=opts.lam, max_len=inp.data.seq_length, seed=opts.seed, rank=rt.rank,
-                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device, net))
+                          lam=opts.lam, max_len=bridge.max_len, seed=opts.seed, rank=rt.rank,
+                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device, net),
+                          bridge=None if isinstance(bridge, WordBridge) else bridge)
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
                               epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,

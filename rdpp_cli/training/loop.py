@@ -92,6 +92,7 @@ from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
+from rdpp_cli.models.bridge import bridge_for
 from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.models.registry import model_name
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision, tf32_matmuls
@@ -291,6 +292,7 @@ class TrainingRecipe:
         o = self.opts
         self.rt = rt = D.setup(o.device)
         self.model.to(rt.device)
+        self.bridge = bridge_for(self.model, self.data.words, self.data.seq_length)
         self.loader = CaptionBatches(self.data, "train", batch_size=o.batch_size, seq_per_img=o.seq_per_img,
                                      seed=o.seed, rank=rt.rank, world_size=rt.world_size,
                                      num_workers=o.loader_workers(rt.device.type),
@@ -403,6 +405,7 @@ class TrainingRecipe:
         those of the last step read back, see ``flush``)."""
         self.net.train()
         batch = batch.to(self.rt.device)
+        batch = dataclasses.replace(batch, labels=self.bridge.model_labels(batch.labels))  # in the model's ids
         loss, logs = self.compute_loss(batch)
         if self.pending is None:
             self.check_loss(logs["loss"], self.position.step + 1, batch)

@@ -188,6 +188,9 @@ class XEOptions(TrainLoopOptions):
         "option: a run's parent is its data (docs/workspace.md).", "--data", "--from", identity=False, positional=True)
     model: str = option(DEFAULT_MODEL, f"Captioner: {models_help()} (docs/model.md).",
                         check=_model)
+    hf_model: str | None = option(
+        None, "--model hf: the local save_pretrained folder of a Hugging Face VisionEncoderDecoderModel (ViT-GPT2 "
+        "style) to continue; its weights, config and tokenizer go into the checkpoints.")
     preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
                          "(CPU, the bundled data); options given explicitly win (docs/training.md).",
                          check=one_of(*MODEL_PRESETS, what="a preset"))
@@ -234,7 +237,7 @@ class XEOptions(TrainLoopOptions):
 
     # settings at these values change nothing in a run of the default model as it always trained: left out of
     # the identity (and so of the manifest's config), so that a run from before they existed still resumes
-    NEUTRAL: ClassVar[dict[str, Any]] = {"model": DEFAULT_MODEL, "ss_start": -1, "label_smoothing": 0.0,
+    NEUTRAL: ClassVar[dict[str, Any]] = {"model": DEFAULT_MODEL, "hf_model": None, "ss_start": -1, "label_smoothing": 0.0,
                                          "lr_schedule": "step", "warmup": 0, "adam_beta2": 0.999, "adam_eps": 1e-8}
     SS_SETTINGS: ClassVar[tuple[str, ...]] = ("ss_every", "ss_step", "ss_max")
 

@@ -38,13 +38,14 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
     Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
     theirs up). The model is put in eval mode and back.
     """
-    from rdpp_cli.data.vocab import unk_id
     from rdpp_cli.decoding.decode import DecodeConfig, decode
     from rdpp_cli.metrics.train_cider import TrainCider
+    from rdpp_cli.models.bridge import bridge_for
 
     cider = cider or TrainCider.for_data(data)
     m = unwrap(model)
-    greedy = DecodeConfig(method="greedy", max_len=data.seq_length, unk_id=unk_id(data.words))  # no UNK, as `rdpp sample`
+    bridge = bridge_for(m, data.words, data.seq_length)  # decoded in the model's ids, scored on the data's words
+    greedy = DecodeConfig(method="greedy", max_len=bridge.max_len, unk_id=bridge.unk_id)  # no UNK, as `rdpp sample`
     was_training = m.training
     m.eval()
     sums: dict[str, float] = {"val_cider": 0.0, "_n": 0.0}
@@ -56,7 +57,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
                 data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
                     dec = decode(m, batch.att, greedy, att_mask=batch.att_mask, fc=batch.fc)
-                    hyps = dec.tokens[:, 0].cpu().numpy()
+                    hyps = bridge.data_ids(dec.tokens[:, 0])
                     sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
                     if epoch_metrics_fn is not None:
                         for k, v in epoch_metrics_fn(m, batch).items():

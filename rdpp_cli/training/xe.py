@@ -223,6 +223,8 @@ def read_inputs(opts: XEOptions, quiet: bool) -> XEInputs:
         from rdpp_cli.metrics.train_cider import TrainCider
 
         cider = TrainCider.for_data(ds)
+    if opts.hf_model and model_spec(opts.model).folder_option != "hf_model":
+        raise RdppError(f"--hf-model is for --model hf, not --model {opts.model}; pass --model hf or leave --hf-model out")
     init, where = _init_checkpoint(opts.init_from, opts.workspace, ds, opts.model) if opts.init_from else (None, None)
     return XEInputs(art, ds, val_idx, cider, init, where)
 
@@ -234,6 +236,8 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
     if inp.init is not None:
         return model_from_checkpoint(inp.init, where=inp.init_where)
     ds = inp.data
+    if model_spec(opts.model).folder_option:
+        return folder_model(opts, ds)
     return model_spec(opts.model).build(opts.preset, vocab_size=ds.vocab_size, att_feat_size=ds.att_dim,
                                         fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
 
@@ -243,6 +247,23 @@ def probe_shape(model: nn.Module, data: DataArtifact, opts: Any, fast: Any) -> P
     image, the data's regions and caption length, and whether the fast path runs."""
     return ProbeShape.of(model, images=opts.batch_size, seq_per_img=opts.seq_per_img, regions=data.att_regions,
                          steps=data.seq_length, fast="on" if fast is not None else "off")
+
+
+def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
+    """A pretrained model read from the folder its option names (``--model hf --hf-model DIR``),
+    whose encoder must have made the data's att features (its hidden size is their size)."""
+    spec = model_spec(opts.model)
+    flag = "--" + spec.folder_option.replace("_", "-")
+    folder = getattr(opts, spec.folder_option)
+    if not folder:
+        raise RdppError(f"--model {opts.model} needs {flag} DIR, the save_pretrained folder of the pretrained model; "
+                        "pass it (docs/model.md)")
+    model = spec.cls.from_folder(folder, data_seq_length=ds.seq_length)
+    if model.config.att_feat_size != ds.att_dim:
+        raise RdppError(f"{flag} {folder}: its encoder's hidden size is {model.config.att_feat_size} but data artifact "
+                        f"{ds.path} has {ds.att_dim}-d att features; make the data with its encoder "
+                        f"(`rdpp prepro ... --backbone hf:{folder}`)")
+    return model
 
 
 def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
