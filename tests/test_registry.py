@@ -125,7 +125,7 @@ def test_a_registry_line_is_read_without_importing_its_model():
     code = ("import sys; from rdpp_cli.training.options import XEOptions, FinetuneOptions\n"
             "o = XEOptions(model='updown').with_preset(); f = FinetuneOptions(preset='paper').with_preset('updown')\n"
             "from rdpp_cli.models.registry import MODELS\n"
-            "assert [s.class_name for s in MODELS.values()] == ['Att2in', 'UpDown', 'Transformer']\n"
+            "assert [s.class_name for s in MODELS.values()] == ['Att2in', 'UpDown', 'Transformer', 'HFCaptioner']\n"
             "print(o.batch_size, f.lr, 'torch' in sys.modules, 'rdpp_cli.models.updown' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["10", "5e-05", "False", "False"]
@@ -138,7 +138,8 @@ def test_finetune_paper_follows_the_architecture_of_the_xe_model():
     R-DPP authors' train_dpp.sh."""
     got = {m: FinetuneOptions(preset="paper").with_preset(m) for m in registry.MODELS}
     assert [(o.lr, o.batch_size, o.epochs, o.lr_schedule, o.lr_decay_every) for o in got.values()] == [
-        (5e-4, 128, 100, "step", 15), (5e-5, 10, 20, "step", 0), (1e-5, 10, 35, "plateau", 0)]
+        (5e-4, 128, 100, "step", 15), (5e-5, 10, 20, "step", 0), (1e-5, 10, 35, "plateau", 0),
+        (1e-5, 16, 6, "step", 0)]  # hf: a pretrained decoder continued at a small lr (no published recipe)
     assert all(o.m == 5 for o in got.values())
 
 

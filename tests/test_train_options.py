@@ -37,7 +37,7 @@ VALUES = {
     "init_from": "xe/att2in-small-v1", "out": None, "force": True, "workspace": None, "model": "xe/a-v1",
     "reward": "scst", "m": 3, "baseline": "mean", "lam": 2.5, "sample_mode": "eval", "checkpoint": "last",
     "fast": "on", "ss_start": 2, "ss_every": 3, "ss_step": 0.1, "ss_max": 0.5, "label_smoothing": 0.1,
-    "lr_schedule": "noam", "warmup": 100, "adam_beta2": 0.98, "adam_eps": 1e-9,
+    "lr_schedule": "noam", "warmup": 100, "adam_beta2": 0.98, "adam_eps": 1e-9, "hf_model": "captioner-dir",
 }
 PRESET = {XEOptions: "small", FinetuneOptions: "paper"}
 OWN = {XEOptions: {"model": "transformer"}, FinetuneOptions: {"lr_schedule": "plateau"}}  # a field name both
