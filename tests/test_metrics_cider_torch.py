@@ -137,8 +137,8 @@ def test_self_cider_on_tensors_equals_the_numpy_one(tiny):
 @pytest.mark.parametrize("M", [2, 5, 8, 20])
 def test_jacobi_eigh_and_pinv_are_lapacks(M):
     """``metrics.eigh`` (no host synchronisation) against LAPACK: eigenvalues to 1e-12 of the
-    largest, the decomposition reassembles A, the pseudo-inverse to 1e-9 (ill-conditioned random
-    matrices), on PSD, indefinite, rank-1 and zero matrices."""
+    largest, the decomposition reassembles A, the pseudo-inverse to 1e-6 (ill-conditioned random
+    matrices) and A P A = A, on PSD, indefinite, rank-1 and zero matrices."""
     from rdpp_cli.metrics.eigh import eigh, pinv_hermitian
 
     torch.manual_seed(M)
@@ -152,7 +152,9 @@ def test_jacobi_eigh_and_pinv_are_lapacks(M):
     torch.testing.assert_close(V @ torch.diag_embed(lam) @ V.transpose(1, 2), A, rtol=0,
                                atol=1e-11 * float(scale.max()))
     P, P_want = pinv_hermitian(A), torch.linalg.pinv(A, hermitian=True)
-    assert ((P - P_want).abs().amax((1, 2)) / P_want.abs().amax((1, 2)).clamp(min=1e-300)).max() < 1e-9
+    # random Gram matrices have condition numbers up to ~1e8 here: agreement is cond × float64 rounding
+    assert ((P - P_want).abs().amax((1, 2)) / P_want.abs().amax((1, 2)).clamp(min=1e-300)).max() < 1e-6
+    torch.testing.assert_close(A @ P @ A, A, rtol=0, atol=1e-8 * float(scale.max()))  # a Penrose condition
     assert torch.equal(P[0], torch.zeros(M, M, dtype=torch.float64))
     torch.testing.assert_close(P[1], torch.full((M, M), 1 / (3.0 * M * M), dtype=torch.float64), rtol=1e-12, atol=0)
 

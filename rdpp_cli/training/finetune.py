@@ -301,15 +301,29 @@ class RewardStep:
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
-    def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray]:
+    def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray | Tensor]:
         """Per validation image: mean CIDEr-D and self-CIDEr of ``VAL_SAMPLES`` random samples
-        (a fixed generator per batch, so epochs are compared on the same randomness)."""
+        (a fixed generator per batch, so epochs are compared on the same randomness; its uniforms
+        drawn in advance, as the training step's). With the fast path the sampling pass and the
+        scores are compiled and stay on the device (the same numbers)."""
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
-        dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
-                     att_mask=batch.att_mask, generator=gen, fc=batch.fc)
+        cfg = DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len)
+        dec = self._decode(model, batch, cfg, uniforms=draw_uniforms(batch.size * VAL_SAMPLES, self.max_len, gen,
+                                                                     batch.att.device))
+        if self.fast is not None:
+            refs = reference_table(self.data, batch.att.device).take(batch.index)
+            with full_precision(batch.att.device):
+                q, div = self.fast.compiled(_sample_scores)(self._device_cider(batch.att.device), dec.tokens, refs)
+            return {"val_sample_cider": q, "val_self_cider": div}
         q, K = self.cider.score_and_pairwise(dec.tokens.cpu().numpy(), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
+
+
+def _sample_scores(scorer, samples: Tensor, refs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Mean CIDEr-D (B,) of each image's samples (B, n, T) and their self-CIDEr (B,), on the device."""
+    q, K = scorer.score_and_pairwise(samples, refs)
+    return q.mean(1), scorer.self_cider(K)
 
 
 # ----------------------------------------------------------------------------------------------
