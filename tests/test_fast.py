@@ -325,7 +325,7 @@ def test_the_whole_sampling_pass_is_one_graph_with_the_eager_captions(tiny):
     """``FastPath.decode``: encoding, every step and the packing in one ``fullgraph`` function (a
     host sync in it would be an error): the RL step's sampling (train mode, pre-drawn masks and
     uniforms) and validation's greedy decoding (eval mode, UNK suppressed) give the eager captions
-    and log-probs, untrimmed."""
+    and, to float32 rounding, log-probs, untrimmed."""
     model = _model(tiny)
     fast = F.FastPath(torch.device("cpu"), AOT)
     att, L = _batch(tiny, seq_per_img=1).att, tiny.seq_length
@@ -339,7 +339,8 @@ def test_the_whole_sampling_pass_is_one_graph_with_the_eager_captions(tiny):
         got = fast.decode(model, att, c, drop=d, uniforms=uu)
         T = want.tokens.shape[-1]
         assert got.tokens.shape[-1] == L and torch.equal(got.tokens[..., :T], want.tokens)
-        assert torch.equal(got.logprobs[..., :T + 1], want.logprobs) and torch.equal(got.lengths, want.lengths)
+        assert torch.equal(got.lengths, want.lengths)
+        torch.testing.assert_close(got.logprobs[..., :T + 1], want.logprobs, rtol=1e-5, atol=1e-6)  # float32 rounding
 
 
 @pytest.mark.unit
@@ -384,7 +385,7 @@ def test_a_run_whose_cuda_graphs_were_skipped_says_so(capsys):
 def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny):
     """A whole (tiny) epoch of R-DPP and of SCST, eager and fast side by side, each training its own
     copy of the model with Adam: at every step 100 % the same captions, the weights within 1e-5
-    (the fast reward compiled, on the reference table), and the same weights after the epoch."""
+    (the fast reward compiled, on the reference table), and the same parameters after the epoch."""
     for reward in ("dpp", "scst"):
         eager_model = _model(tiny)
         fast_model = _model(tiny)
@@ -393,6 +394,7 @@ def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny)
         opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (eager_model, fast_model)]
         steps = 0
         for batch in CaptionBatches(tiny, "train", batch_size=8, seq_per_img=1, seed=0).epoch(0):
+            batch = batch.to("cpu")
             d_e, d_f = eager.draw(eager_model, batch), fast.draw(fast_model, batch)
             T = d_e.samples.shape[-1]
             assert torch.equal(d_f.samples[..., :T], d_e.samples) and not d_f.samples[..., T:].any()
@@ -406,7 +408,10 @@ def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny)
                 opt.step()
             steps += 1
         assert steps == 2
-        _close_grads(dict(eager_model.named_parameters()), dict(fast_model.named_parameters()))
+        # alpha_net.bias aside: the attention softmax ignores a shift, so its gradient is rounding
+        # noise around 0, which Adam scales up to lr-sized steps of either sign
+        params = [{k: p for k, p in m.named_parameters() if k != "alpha_net.bias"} for m in (eager_model, fast_model)]
+        _close_grads(*params)
 
 
 @pytest.mark.integration

@@ -218,8 +218,9 @@ class RewardStep:
         if isinstance(refs, tuple):
             w, logs = self.device_weights(_tensor(samples), _tensor(greedy), *refs)
         else:
+            host = [None if x is None else _tensor(x).cpu() for x in (samples, greedy)]
             w, logs = reward_weights(NumpyScoring(self.cider), self.spec.weight_fn(), self._want_kernel, self.baseline,
-                                     _tensor(samples), _tensor(greedy), refs)
+                                     *host, refs)
         return w, {k: float(v) for k, v in logs.items()}
 
     @property
