@@ -24,6 +24,9 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   the pseudo-inverse fallback chosen by ``torch.where``), in float64, compiled
   (``RewardStep.device_weights``); validation's CIDEr likewise.
 - **Adam fused** on CUDA (``fused=True``: one kernel for every parameter).
+- **CUDA graphs checked**: where torch skipped them for a compiled function (its counter of
+  "skipping cudagraphs due to ..."), a note says so once and the manifest records
+  ``fast_cuda_graphs: skipped`` (``check_graphs``, ``manifest_summary``).
 - **the loss read every ``log_every`` steps**: the step's numbers stay on the device and are read
   back in one transfer (``loggers.PendingLogs``); the divergence check runs on each of them then, in
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
