@@ -57,6 +57,9 @@ from rdpp_cli.training.distributed import call
 ON_BY_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False}
 
 
+RECOMPILE_LIMIT = 64  # graphs per compiled function (torch's default: 8), see FastPath.__post_init__
+
+
 @dataclass(frozen=True)
 class FastSettings:
     """How the fast path runs on one kind of device (benchmarks/fast_path.py compares variants).
@@ -125,6 +128,10 @@ class FastPath:
 
     def __post_init__(self) -> None:
         s = self.settings
+        # one graph per mode and input shape of each compiled function: a run's sampling pass alone
+        # meets training sampling, SCST's and validation's greedy passes and the validation samples,
+        # each at a full and a last batch; past torch's default of 8 it would run eagerly, silently
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._tf = self._compile(_teacher_forced, s.train_mode)
         self._decode = self._compile(static_decode, s.sample_mode) if s.compile_sampling else static_decode
         self._compiled: dict[Any, Any] = {}
