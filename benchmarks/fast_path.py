@@ -177,10 +177,17 @@ def rl_sides(args, device: torch.device, reward: str):
     df = doc_freq_with_eos([[list(r[r > 0]) for r in rs] for rs in refs], eos_id(VOCAB))
     cider = TrainCider(df, eos_id(VOCAB), SEQ_LEN)
 
-    class Refs:  # RewardStep's data: the batch's references
+    class Refs:  # RewardStep's data: the batch's references, and the rows the fast path's table reads
+        label_end = np.cumsum([len(r) for r in refs])
+        label_start = label_end - [len(r) for r in refs]
+
         @staticmethod
         def references_ids(index):
             return [refs[i] for i in index]
+
+        @staticmethod
+        def _all_labels():
+            return np.concatenate(refs)
 
     kw = dict(data=Refs, cider=cider, reward=reward, m=args.m, max_len=SEQ_LEN, seed=1)
     sides, checks, models = {}, {}, {}
