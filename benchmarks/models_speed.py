@@ -194,9 +194,9 @@ def compare(want, got, ga: dict, gb: dict) -> dict:
     largest gradient; equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
     a, b = float(want.detach()), float(got.detach())
     rel = abs(a - b) / max(abs(a), 1e-30)
-    worst = max(float((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp_min(1e-30)) for k in ga
-                if not k.endswith("alpha_net.bias"))
-    return {"loss_rel_diff": rel, "grad_rel_diff": worst, "equal": rel <= 1e-5 and worst <= 1e-3}
+    worst, name = max((float((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp_min(1e-30)), k) for k in ga
+                      if not k.endswith("alpha_net.bias"))  # the parameter, so a miss says where it is
+    return {"loss_rel_diff": rel, "grad_rel_diff": worst, "worst_param": name, "equal": rel <= 1e-5 and worst <= 1e-3}
 
 
 def fast_xe_check(base, fast: F.FastPath, batch: Batch) -> dict:

@@ -273,7 +273,7 @@ def test_the_fast_rl_step_on_cuda_gives_the_eager_numbers(gpu_fast, gpu_tiny, re
     assert same >= 0.9 and not d.samples[..., T:].any()  # float rounding may flip a rare draw
     refs = gpu_tiny.references_ids(batch.index)
     w, logs = eager.weights(d.samples.cpu().numpy(), d.greedy, refs)
-    w_t, logs_t = fast.device_weights(d, *references_tensor(refs, "cuda"))
+    w_t, logs_t = fast.device_weights(d.samples, d.greedy, *references_tensor(refs, "cuda"))
     torch.testing.assert_close(w_t.cpu(), w, rtol=1e-6, atol=1e-6)
     assert all(float(logs_t[k]) == pytest.approx(logs[k], rel=1e-9, abs=1e-12) for k in logs)
     fixed = torch.linspace(-1.0, 1.0, w.numel()).view(w.shape)
@@ -328,6 +328,7 @@ def test_a_toy_run_with_fast_on_on_cuda(tmp_path, gpu_tiny):
     ft = {f: finetune(xe["off"].path, data=gpu_tiny.path, out=tmp_path / f"dpp-{f}", reward="dpp", m=3, epochs=1,
                       batch_size=8, val_images=4, device="cuda", seed=2, fast=f) for f in ("off", "on")}
     assert xe["on"].manifest["config"]["fast"] == "on" and ft["on"].manifest["config"]["fast"] == "on"
+    assert xe["on"].manifest["summary"]["fast_cuda_graphs"] == "used"  # torch did not skip the graphs
     lx = {f: pd.read_csv(a.path / "metrics.csv")["loss"].to_numpy() for f, a in xe.items()}
     lf = {f: pd.read_csv(a.path / "metrics.csv")["loss"].to_numpy() for f, a in ft.items()}
     assert abs(lx["on"][0] / lx["off"][0] - 1) < 0.05

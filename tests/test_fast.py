@@ -3,8 +3,11 @@
 On the CPU with torch.compile's ``aot_eager`` backend (dynamo's graph capture and AOT autograd, the
 mechanism the GPU runs, without inductor's C++ code generation, which takes minutes on 2 cores; the
 ``slow`` test runs inductor itself): the fixed-shape teacher-forced pass, the dropout drawn before
-it, static decoding, the reward on tensors, the losses read every k steps, a whole toy run and
-its resume. CUDA graphs and fused Adam are checked in tests/test_cuda.py."""
+it, static decoding and the whole sampling pass as one ``fullgraph`` function (a hidden host sync
+fails as a graph break), the reward compiled the same way, a whole RL epoch eager and fast side by
+side, validation, the losses read every k steps, a whole toy run and its resume. Dynamo caches the
+compiled functions per code object and input shape, so the tests share them by using the same
+shapes. CUDA graphs and fused Adam are checked in tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -18,12 +21,15 @@ import torch
 
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
-from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.data.vocab import unk_id
+from rdpp_cli.decoding.decode import DecodeConfig, decode, draw_uniforms
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
-from rdpp_cli.metrics.train_cider_torch import references_tensor
+from rdpp_cli.metrics.train_cider_torch import reference_table, references_tensor
 from rdpp_cli.training import fast as F
 from rdpp_cli.training.finetune import RewardStep, finetune
+from rdpp_cli.training.rewards import _inverse, dpp_weights
+from rdpp_cli.training.validation import greedy_cider
 from rdpp_cli.training.loggers import PendingLogs
 from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions, XEOptions
@@ -163,7 +169,7 @@ def test_the_reward_on_tensors_gives_the_numpy_weights(tiny, reward, kw):
     d = step.draw(model, batch)
     refs = tiny.references_ids(batch.index)
     w, logs = step.weights(d.samples.numpy(), d.greedy, refs)
-    w_t, logs_t = step.device_weights(d, *references_tensor(refs, "cpu"))
+    w_t, logs_t = step.device_weights(d.samples, d.greedy, *references_tensor(refs, "cpu"))
     assert w_t.dtype == torch.float32 and logs.keys() == logs_t.keys() and "self_cider" in logs
     torch.testing.assert_close(w_t, w, rtol=1e-6, atol=1e-7)
     for k in logs:
@@ -489,3 +495,127 @@ def test_the_inductor_compiled_xe_step_gives_the_eager_loss_and_gradients(tiny):
     want, got, g_want, g_got = _eager_and_fast_xe(model, fast, _batch(tiny))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
     _close_grads(g_want, g_got, rtol=1e-4, atol=1e-6)
+
+
+# -- the whole sampling pass and the reward as graphs ------------------------------------------------
+
+@pytest.mark.unit
+def test_uniforms_drawn_in_advance_are_the_step_by_step_draws(tiny):
+    """On a CPU the (max_len, rows) uniforms drawn before decoding are the numbers the step-by-step
+    sampler takes from the same generator: the same captions either way (so a seed's captions did
+    not change on a CPU)."""
+    model = _model(tiny).eval()  # no fresh dropout: the generator's draws are the only randomness
+    att = _batch(tiny, seq_per_img=1).att
+    cfg = DecodeConfig(method="random", n=3, max_len=tiny.seq_length)
+    a = decode(model, att, cfg, generator=torch.Generator().manual_seed(9))
+    u = draw_uniforms(24, tiny.seq_length, torch.Generator().manual_seed(9))
+    b = decode(model, att, cfg, uniforms=u)
+    assert u.shape == (tiny.seq_length, 24)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    assert a.lengths.float().mean() > 2  # real captions, not all empty
+
+
+@pytest.mark.integration
+def test_the_whole_sampling_pass_is_one_graph_with_the_eager_captions(tiny):
+    """``FastPath.decode``: encoding, every step and the packing in one ``fullgraph`` function (a
+    host sync in it would be an error): the RL step's sampling (train mode, pre-drawn masks and
+    uniforms) and validation's greedy decoding (eval mode, UNK suppressed) give the eager captions
+    and, to float32 rounding, log-probs, untrimmed."""
+    model = _model(tiny)
+    fast = F.FastPath(torch.device("cpu"), AOT)
+    att, L = _batch(tiny, seq_per_img=1).att, tiny.seq_length
+    gen = torch.Generator().manual_seed(4)
+    drop = model.draw_dropout(8, 32, L + 1, att.shape[1], generator=gen)
+    u = draw_uniforms(32, L, gen)
+    cfg = DecodeConfig(method="random", n=4, max_len=L)
+    for c, d, uu in ((cfg, drop, u), (DecodeConfig(method="greedy", max_len=L, unk_id=unk_id(tiny.words)), None, None)):
+        model.train(d is not None)
+        want = decode(model, att, c, drop=d, uniforms=uu)
+        got = fast.decode(model, att, c, drop=d, uniforms=uu)
+        T = want.tokens.shape[-1]
+        assert got.tokens.shape[-1] == L and torch.equal(got.tokens[..., :T], want.tokens)
+        assert torch.equal(got.lengths, want.lengths)
+        torch.testing.assert_close(got.logprobs[..., :T + 1], want.logprobs, rtol=1e-5, atol=1e-6)  # float32 rounding
+
+
+@pytest.mark.unit
+def test_the_dpp_weights_compile_without_a_host_sync_and_keep_the_fallback():
+    """Under ``torch.compile(fullgraph=True)`` the inverse's pseudo-inverse fallback is chosen by
+    ``torch.where`` (the eager ``bad.any()`` would break the graph): singular matrices get the
+    pseudo-inverse, regular ones the very inverse the eager path gives."""
+    torch.manual_seed(0)
+    X = torch.randn(4, 3, 3, dtype=torch.float64)
+    A = X @ X.transpose(1, 2) + torch.eye(3, dtype=torch.float64)
+    A[1], A[2] = 0.0, 1.0  # singular: zero and rank 1
+    inv = torch.compile(_inverse, backend="aot_eager", fullgraph=True)(A)
+    want = _inverse(A)  # eager, on the host: the fallback only where needed
+    assert torch.equal(inv[[0, 3]], want[[0, 3]])
+    torch.testing.assert_close(inv[[1, 2]], torch.linalg.pinv(A[[1, 2]], hermitian=True), rtol=1e-12, atol=1e-15)
+    q = torch.rand(6, 5, dtype=torch.float64)
+    K = torch.rand(6, 5, 5, dtype=torch.float64)
+    K = K + K.transpose(1, 2)
+    K[2], q[3] = 1.0, 0.0  # identical samples; zero quality
+    got = torch.compile(dpp_weights, backend="aot_eager", fullgraph=True)(q, K)
+    torch.testing.assert_close(got, dpp_weights(q, K), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.unit
+def test_a_run_whose_cuda_graphs_were_skipped_says_so(capsys):
+    """Inductor counts every compiled function it could not put in CUDA graphs; a fast path that
+    asked for graphs notes the first skip once and records it for the manifest (here the count is
+    raised by hand: no GPU; tests/test_cuda.py checks that a real run records "used")."""
+    from torch._dynamo.utils import counters
+
+    fast = F.FastPath(torch.device("cuda"), F.FastSettings(backend="aot_eager", train_mode="reduce-overhead"))
+    assert fast.manifest_summary() == {"fast_cuda_graphs": "used"} and not fast.check_graphs()
+    counters["inductor"]["cudagraph_skips"] += 1
+    assert fast.check_graphs() and fast.check_graphs()
+    assert fast.manifest_summary() == {"fast_cuda_graphs": "skipped"}
+    err = capsys.readouterr().err
+    assert err.count("without CUDA graphs") == 1
+    assert F.FastPath(torch.device("cpu"), AOT).manifest_summary() == {"fast_cuda_graphs": "off"}
+
+
+@pytest.mark.integration
+def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny):
+    """A whole (tiny) epoch of R-DPP and of SCST, eager and fast side by side, each training its own
+    copy of the model with Adam: at every step 100 % the same captions, the weights within 1e-5
+    (the fast reward compiled, on the reference table), and the same parameters after the epoch."""
+    for reward in ("dpp", "scst"):
+        eager_model = _model(tiny)
+        fast_model = _model(tiny)
+        kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward=reward, m=4, max_len=tiny.seq_length)
+        eager, fast = RewardStep(**kw), RewardStep(**kw, fast=F.FastPath(torch.device("cpu"), AOT))
+        opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (eager_model, fast_model)]
+        steps = 0
+        for batch in CaptionBatches(tiny, "train", batch_size=8, seq_per_img=1, seed=0).epoch(0):
+            batch = batch.to("cpu")
+            d_e, d_f = eager.draw(eager_model, batch), fast.draw(fast_model, batch)
+            T = d_e.samples.shape[-1]
+            assert torch.equal(d_f.samples[..., :T], d_e.samples) and not d_f.samples[..., T:].any()
+            w_e, _ = eager.weights(d_e.samples.numpy(), d_e.greedy, tiny.references_ids(batch.index))
+            w_f, _ = fast.device_weights(d_f.samples, d_f.greedy, *reference_table(tiny, "cpu").take(batch.index))
+            torch.testing.assert_close(w_f, w_e, rtol=1e-5, atol=1e-5)
+            sides = ((eager, eager_model, d_e, w_e, opts[0]), (fast, fast_model, d_f, w_f, opts[1]))
+            for step, model, d, w, opt in sides:
+                opt.zero_grad()
+                step.loss(model, batch, d, w)[0].backward()
+                opt.step()
+            steps += 1
+        assert steps == 2
+        # alpha_net.bias aside: the attention softmax ignores a shift, so its gradient is rounding
+        # noise around 0, which Adam scales up to lr-sized steps of either sign
+        params = [{k: p for k, p in m.named_parameters() if k != "alpha_net.bias"} for m in (eager_model, fast_model)]
+        _close_grads(*params)
+
+
+@pytest.mark.integration
+def test_validation_on_the_fast_path_gives_the_eager_cider(tiny):
+    """Validation's greedy pass compiled as one graph and its CIDEr-D on the device against the
+    reference table: the eager sum to 1e-9."""
+    model = _model(tiny)
+    images = tiny.split_indices("val")
+    want = greedy_cider(model, tiny, images, batch_size=8)
+    got = greedy_cider(model, tiny, images, batch_size=8, fast=F.FastPath(torch.device("cpu"), AOT))
+    assert got.keys() == want.keys() and got["_n"] == want["_n"] == len(images)
+    assert got["val_cider"] == pytest.approx(want["val_cider"], rel=1e-9, abs=1e-12)

@@ -128,3 +128,49 @@ def test_self_cider_on_tensors_equals_the_numpy_one(tiny):
     np.testing.assert_allclose(got, self_cider_from_kernel(K), rtol=1e-9, atol=1e-12)
     assert got[1] == 0.0 and got[2] == 0.0 and got[0] > 0.3
     assert TT.self_cider_from_kernel(torch.ones(3, 1, 1, dtype=torch.float64)).tolist() == [0.0, 0.0, 0.0]
+    # without a host synchronisation (Jacobi rotations, what the fast path and a GPU run): the same
+    sync_free = TT.self_cider_from_kernel(torch.from_numpy(K), sync_free=True).numpy()
+    np.testing.assert_allclose(sync_free, self_cider_from_kernel(K), rtol=1e-9, atol=1e-12)
+    assert sync_free[1] == 0.0 and sync_free[2] == 0.0
+
+
+@pytest.mark.parametrize("M", [2, 5, 8, 20])
+def test_jacobi_eigh_and_pinv_are_lapacks(M):
+    """``metrics.eigh`` (no host synchronisation) against LAPACK: eigenvalues to 1e-12 of the
+    largest, the decomposition reassembles A, the pseudo-inverse to 1e-6 (ill-conditioned random
+    matrices) and A P A = A, on PSD, indefinite, rank-1 and zero matrices."""
+    from rdpp_cli.metrics.eigh import eigh, pinv_hermitian
+
+    torch.manual_seed(M)
+    X = torch.randn(16, M, M, dtype=torch.float64)
+    A = X @ X.transpose(1, 2)
+    A[0], A[1], A[2] = 0.0, 3.0, X[2] + X[2].T  # zero, rank 1, indefinite
+    lam, V = eigh(A)
+    want = torch.linalg.eigvalsh(A)
+    scale = want.abs().amax(-1, keepdim=True).clamp(min=1.0)
+    assert ((lam - want).abs() / scale).max() < 1e-12
+    torch.testing.assert_close(V @ torch.diag_embed(lam) @ V.transpose(1, 2), A, rtol=0,
+                               atol=1e-11 * float(scale.max()))
+    P, P_want = pinv_hermitian(A), torch.linalg.pinv(A, hermitian=True)
+    # random Gram matrices have condition numbers up to ~1e8 here: agreement is cond × float64 rounding
+    assert ((P - P_want).abs().amax((1, 2)) / P_want.abs().amax((1, 2)).clamp(min=1e-300)).max() < 1e-6
+    torch.testing.assert_close(A @ P @ A, A, rtol=0, atol=1e-8 * float(scale.max()))  # a Penrose condition
+    assert torch.equal(P[0], torch.zeros(M, M, dtype=torch.float64))
+    torch.testing.assert_close(P[1], torch.full((M, M), 1 / (3.0 * M * M), dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_the_reference_table_holds_every_images_references(tiny):
+    """Built once from captions.h5: a batch's rows are ``references_ids``, 0-padded to the table's
+    k; the scores against them are the per-batch tensors' (the padding never counts)."""
+    table = TT.ReferenceTable.for_data(tiny, "cpu")
+    idx = np.array([3, 0, 7, 3, len(tiny.image_ids) - 1])
+    refs, counts = table.take(idx)
+    assert refs.dtype == torch.int64 and refs.shape == (5, table.refs.shape[1], tiny.seq_length)
+    for b, r in enumerate(tiny.references_ids(idx)):
+        assert int(counts[b]) == len(r) and np.array_equal(refs[b, :len(r)].numpy(), r)
+        assert not refs[b, len(r):].any()
+    assert TT.reference_table(tiny, "cpu") is TT.reference_table(tiny, "cpu")  # once per data artifact
+    dev = TT.DeviceTrainCider(TrainCider.for_data(tiny), "cpu")
+    hyps = torch.from_numpy(tiny.references_ids(idx[:1])[0][:1].astype(np.int64)).expand(5, -1)
+    per_batch = TT.references_tensor(tiny.references_ids(idx), "cpu")
+    torch.testing.assert_close(dev.score(hyps, refs, counts), dev.score(hyps, *per_batch), rtol=1e-15, atol=0)

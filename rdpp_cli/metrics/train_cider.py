@@ -27,7 +27,7 @@ import numpy as np
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.cider import CiderD, DocFreq
 
-__all__ = ["TrainCider", "doc_freq_with_eos", "eos_id", "with_eos", "word_counts"]
+__all__ = ["NumpyScoring", "TrainCider", "doc_freq_with_eos", "eos_id", "with_eos", "word_counts"]
 
 
 def eos_id(vocab_size: int) -> int:
@@ -120,6 +120,58 @@ class TrainCider:
         s = np.ascontiguousarray(self.captions(samples)[:, ::-1])
         q, K = self.cider.score_and_pairwise(s, self.references(refs))
         return np.ascontiguousarray(q[:, ::-1]), np.ascontiguousarray(K[:, ::-1, ::-1])
+
+
+class NumpyScoring:
+    """``TrainCider`` as a scoring backend of the RL reward (``training.finetune.reward_weights``),
+    on the host: captions come in as tensors (or arrays), the numbers go out as float64 tensors.
+    Its twin where the captions are is ``train_cider_torch.DeviceTrainCider`` (the same methods,
+    the same numbers to ~1e-15):
+
+    - ``pad(x, T)``: token rows (..., T') 0-padded to width T;
+    - ``score(hyps, refs, ref_index)``: CIDEr-D (H,) of each row of ``hyps`` against its image's
+      references (here ``refs``: a list of (k, L) id arrays, ``DataArtifact.references_ids``);
+    - ``pairwise(samples)``: the R-DPP kernel (B, M, M), published direction;
+    - ``score_and_pairwise(samples, refs)``: both from one pass;
+    - ``self_cider(K)``: the self-CIDEr (B,) of each kernel.
+    """
+
+    def __init__(self, cider: TrainCider) -> None:
+        self.cider = cider
+
+    @staticmethod
+    def _host(x: Any) -> np.ndarray:
+        return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+
+    @staticmethod
+    def pad(x: Any, T: int):
+        import torch.nn.functional as F
+
+        return x if x.shape[-1] >= T else F.pad(x, (0, T - x.shape[-1]))
+
+    def score(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None):
+        import torch
+
+        idx = None if ref_index is None else self._host(ref_index)
+        return torch.from_numpy(self.cider.score(self._host(hyps), refs, idx))
+
+    def pairwise(self, samples: Any):
+        import torch
+
+        return torch.from_numpy(self.cider.pairwise(self._host(samples)))
+
+    def score_and_pairwise(self, samples: Any, refs: list[np.ndarray]):
+        import torch
+
+        q, K = self.cider.score_and_pairwise(self._host(samples), refs)
+        return torch.from_numpy(q), torch.from_numpy(K)
+
+    def self_cider(self, K: Any):
+        import torch
+
+        from rdpp_cli.metrics.self_cider import self_cider_from_kernel
+
+        return torch.from_numpy(np.asarray(self_cider_from_kernel(self._host(K)), np.float64))
 
 
 def _remake_hint(data) -> str:

@@ -10,15 +10,24 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   CUDA graphs); under the compiler the models' hand-written kernels give way to the plain expressions, which it fuses itself
   (``models/ops.py``). One compiled function serves the XE loss and the RL steps' policy log-probs
   (one graph per input shape); scheduled sampling and label smoothing compile the XE step's own
-  function (``FastPath.compiled``).
+  function (``FastPath.compiled_step``).
 - **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
   replay them): the XE step's masks are drawn first (``xe_dropout``; on a CPU the very draws eager
   dropout makes, so the numbers are eager's), the RL step's are the sampling pass's, as always.
-- **the RL step's sampling without waiting**: every one of the ``max_len + 1`` decoding steps runs
-  (``decode(static=True)``) and each step is compiled (``FastSettings.sample_mode``); the reward
-  (CIDEr-D, the R-DPP weights, the logged self-CIDEr) is computed on the model's device in float64
-  (``metrics.train_cider_torch``), equal to the numpy path to ~1e-15.
+- **the RL step's sampling as one graph**: the whole decoding pass (encoding, every one of the
+  ``max_len + 1`` steps with finished rows masked, the packing; ``decoding.decode.static_decode``)
+  is one compiled function (``FastSettings.sample_mode``), its randomness -- the dropout masks and
+  one uniform per row and step -- drawn in advance from the step's generator, as the eager step
+  draws it; the greedy captions of SCST and of validation likewise.
+- **the reward on the device, as one graph**: CIDEr-D against a padded reference table of the
+  whole data artifact built once on the device (``metrics.train_cider_torch.ReferenceTable``), the
+  weights and the logged self-CIDEr without a host sync (the eigenproblems by Jacobi rotations,
+  the pseudo-inverse fallback chosen by ``torch.where``), in float64, compiled
+  (``RewardStep.device_weights``); validation's CIDEr likewise.
 - **Adam fused** on CUDA (``fused=True``: one kernel for every parameter).
+- **CUDA graphs checked**: where torch skipped them for a compiled function (its counter of
+  "skipping cudagraphs due to ..."), a note says so once and the manifest records
+  ``fast_cuda_graphs: skipped`` (``check_graphs``, ``manifest_summary``).
 - **the loss read every ``log_every`` steps**: the step's numbers stay on the device and are read
   back in one transfer (``loggers.PendingLogs``); the divergence check runs on each of them then, in
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
@@ -40,10 +49,14 @@ import torch
 from torch import Tensor, nn
 
 from rdpp_cli.checks import FAST_CHOICES
+from rdpp_cli.decoding.decode import DecodeConfig, Decoded, static_decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.base import DropoutMasks, traceable_dropout
 from rdpp_cli.training.distributed import call, unwrap
 
+
+
+RECOMPILE_LIMIT = 64  # graphs per compiled function (torch's default: 8), see FastPath.__post_init__
 
 
 @dataclass(frozen=True)
@@ -51,8 +64,8 @@ class FastSettings:
     """How the fast path runs on one kind of device (benchmarks/models_speed.py --fast compares variants).
 
     ``backend``: torch.compile's backend; ``train_mode`` / ``sample_mode``: its mode for the
-    teacher-forced pass and for one decoding step (None: the default; "reduce-overhead": CUDA
-    graphs); ``compile_sampling``: compile the decoding step at all; ``fused_adam``;
+    teacher-forced pass and for the whole sampling pass (None: the default; "reduce-overhead": CUDA
+    graphs); ``compile_sampling``: compile the sampling pass at all; ``fused_adam``;
     ``log_every``: steps between reads of the losses on the host."""
 
     backend: str = "inductor"
@@ -109,25 +122,12 @@ def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor 
     return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop, fc=fc)
 
 
-def _decoding_step(model: nn.Module, it: Tensor, enc: Any, state: tuple,
-                   drop: dict[str, Tensor] | None) -> tuple[Tensor, tuple]:
-    return model.step(it, enc, state, drop)
+def _graph_skips() -> int:
+    """How often inductor has given up CUDA graphs for a compiled function in this process
+    (torch's "skipping cudagraphs due to ..."), from its counters."""
+    from torch._dynamo.utils import counters
 
-
-class CompiledDecoder:
-    """``model`` as ``rdpp_cli.decoding.decode`` sees it, with its one decoding step compiled
-    (everything else is the model's own). The step holds no random numbers: the RL step's dropout
-    is drawn in advance, and greedy decoding runs in eval mode."""
-
-    def __init__(self, model: nn.Module, step) -> None:
-        self.model, self._step = model, step
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def step(self, it: Tensor, enc: Any, state: tuple,
-             drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple]:
-        return self._step(self.model, it, enc, state, drop)
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 @dataclass
@@ -139,10 +139,15 @@ class FastPath:
 
     def __post_init__(self) -> None:
         s = self.settings
+        # one graph per mode and input shape of each compiled function: a run's sampling pass alone
+        # meets training sampling, SCST's and validation's greedy passes and the validation samples,
+        # each at a full and a last batch; past torch's default of 8 it would run eagerly, silently
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._tf = self._compile(_teacher_forced, s.train_mode)
-        self._step = self._compile(_decoding_step, s.sample_mode) if s.compile_sampling else _decoding_step
+        self._decode = self._compile(static_decode, s.sample_mode) if s.compile_sampling else static_decode
+        self._compiled: dict[Any, Any] = {}
         self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
-        self._compiled: dict = {}
+        self._skips_before, self.graphs_skipped = _graph_skips(), False
 
     def _compile(self, fn, mode: str | None):
         kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
@@ -156,14 +161,48 @@ class FastPath:
         """One line for the run's summary table."""
         s = self.settings
         parts = [f"torch.compile ({s.backend}, {s.train_mode or 'default'} mode)"]
-        parts += ["compiled sampling steps"] if s.compile_sampling else []
+        parts += ["the sampling pass compiled as one function"] if s.compile_sampling else []
         parts += ["fused Adam"] if s.fused_adam else []
         return ", ".join(parts) + f", losses read every {s.log_every} steps"
 
     def begin_step(self) -> None:
-        """Mark a new training step for CUDA graphs (the last step's outputs are no longer read)."""
+        """Mark a new training step for CUDA graphs (the last step's outputs are no longer read);
+        the first time inductor is seen to have skipped CUDA graphs, say so (``graphs_skipped``)."""
         if self._graphs:
             torch.compiler.cudagraph_mark_step_begin()
+            self.check_graphs()
+
+    def check_graphs(self) -> bool:
+        """Whether inductor skipped CUDA graphs for a function compiled since this fast path was
+        made (a note the first time: the run goes on, compiled but without graphs, slower and not
+        the numbers the graphs gave; ``graphs_skipped`` goes to the manifest)."""
+        if self._graphs and not self.graphs_skipped and _graph_skips() > self._skips_before:
+            from rdpp_cli.console import note
+
+            self.graphs_skipped = True
+            note("the fast path runs without CUDA graphs: torch skipped them (its log says why: "
+                 "TORCH_LOGS=cudagraphs); the steps are compiled, not replayed as graphs")
+        return self.graphs_skipped
+
+    def manifest_summary(self) -> dict[str, Any]:
+        """What the run's manifest records of the fast path beside ``fast``: whether CUDA graphs were
+        skipped."""
+        return {"fast_cuda_graphs": ("skipped" if self.check_graphs() else "used") if self._graphs else "off"}
+
+    def decode(self, model: nn.Module, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
+               fc: Tensor | None = None, drop: DropoutMasks | None = None, uniforms: Tensor | None = None
+               ) -> Decoded:
+        """``static_decode`` compiled as one function: the whole greedy or sampling pass, its
+        randomness (``drop``, ``uniforms``) drawn before it (``decoding.decode.draw_uniforms``)."""
+        cfg.check()
+        return self._decode(model, att, cfg, att_mask, fc, drop, uniforms)
+
+    def compiled(self, fn):
+        """``fn`` (a function of tensors, no gradient) compiled once per fast path, ``fullgraph`` (a
+        host sync in it is an error), no CUDA graphs: how the reward and validation's CIDEr run."""
+        if fn not in self._compiled:
+            self._compiled[fn] = self._compile(torch.no_grad()(fn), None)
+        return self._compiled[fn]
 
     def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                        drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -172,15 +211,13 @@ class FastPath:
         drop = traceable_dropout(unwrap(net), drop, att.shape[0], att.shape[1])
         return self._tf(net, att, seqs, att_mask, drop, fc)
 
-    def compiled(self, fn):
-        """``fn`` compiled as the teacher-forced pass is (one compiled function per ``fn``, kept)."""
-        if fn not in self._compiled:
-            self._compiled[fn] = self._compile(fn, self.settings.train_mode)
-        return self._compiled[fn]
-
-    def decoder(self, model: nn.Module) -> CompiledDecoder:
-        """``model`` for ``decode`` with its decoding step compiled."""
-        return CompiledDecoder(model, self._step)
+    def compiled_step(self, fn):
+        """``fn`` (a training step's function, with gradients) compiled as the teacher-forced pass is:
+        one compiled function per ``fn``, kept (scheduled sampling's and label smoothing's XE step)."""
+        key = (fn, "step")
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(fn, self.settings.train_mode)
+        return self._compiled[key]
 
     def optimizer(self, params, lr: float, **adam) -> torch.optim.Adam:
         """Adam as the eager loop builds it (``adam``: its betas and eps), fused where the settings say."""

@@ -25,7 +25,7 @@ metrics.csv shows the accuracy–diversity trade-off as it develops. See docs/re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,10 +37,11 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input
 from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.decoding.decode import DecodeConfig, decode
+from rdpp_cli.decoding.decode import DecodeConfig, decode, draw_uniforms
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.self_cider import self_cider_from_kernel
-from rdpp_cli.metrics.train_cider import TrainCider
+from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider
+from rdpp_cli.metrics.train_cider_torch import device_scorer, reference_table
 from rdpp_cli.models.base import DropoutMasks
 from rdpp_cli.models.bridge import WordBridge, bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
@@ -84,6 +85,37 @@ def _pad_to(x: Tensor, T: int) -> Tensor:
     return x if x.shape[-1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[-1]))
 
 
+def _tensor(x: np.ndarray | Tensor | None) -> Tensor | None:
+    return torch.from_numpy(np.asarray(x)) if x is not None and not isinstance(x, Tensor) else x
+
+
+def reward_weights(scorer, weight_fn, want_kernel: bool, baseline: str, samples: Tensor, greedy: Tensor | None,
+                   refs) -> tuple[Tensor, dict[str, Tensor]]:
+    """The step's reward, on either scoring backend (``scorer``: ``train_cider.NumpyScoring`` on the
+    host or ``train_cider_torch.DeviceTrainCider`` where the captions are; ``refs`` in its form):
+    the training CIDEr-D ``q`` (B, m) of the samples and ``g`` (B,) of the greedy captions (None
+    without them) in one scoring call, the samples' kernel ``K`` (B, m, m) where ``want_kernel``,
+    turned into the weights (B, m) float32 by ``weight_fn`` (``training.rewards``) with the
+    numbers to log (tensors: sample CIDEr-D, the weight function's, the mean self-CIDEr)."""
+    B, m, T = samples.shape
+    if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
+        q, K = scorer.score_and_pairwise(samples, refs)
+        g = None
+    else:
+        hyps, index = samples.reshape(B * m, T), torch.arange(B, device=samples.device).repeat_interleave(m)
+        if greedy is not None:  # samples and greedy captions in one scoring call
+            Tg = max(T, greedy.shape[1])
+            hyps, index = torch.cat([scorer.pad(hyps, Tg), scorer.pad(greedy, Tg)]), torch.cat([index, index[::m]])
+        scores = scorer.score(hyps, refs, index)
+        q, g = scores[:B * m].view(B, m), (scores[B * m:] if greedy is not None else None)
+        K = scorer.pairwise(samples) if want_kernel else None
+    w, more = weight_fn(q, g, K, baseline)
+    logs: dict[str, Tensor] = {"sample_cider": q.mean(), **more}
+    if K is not None and m > 1:
+        logs["self_cider"] = scorer.self_cider(K).mean()
+    return w.to(torch.float32), logs
+
+
 @dataclass
 class Draw:
     """One step's captions: what the policy sampled and what SCST compares them with."""
@@ -99,10 +131,12 @@ class Draw:
 class RewardStep:
     """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``.
 
-    ``fast`` (``rdpp_cli.training.fast``): sample with compiled decoding steps and no host wait
-    (captions kept at ``max_len`` columns), score on the model's device (``DeviceTrainCider``), and
-    take the policy log-probs from the compiled fixed-shape pass: the same numbers, to float32
-    rounding (the reward to ~1e-15)."""
+    ``fast`` (``rdpp_cli.training.fast``): sample with the whole decoding pass compiled as one
+    function and no host wait (captions kept at ``max_len`` columns), score on the model's device
+    (``DeviceTrainCider`` against the data artifact's ``ReferenceTable``, compiled), and take the
+    policy log-probs from the compiled fixed-shape pass: the same captions, the same numbers to
+    float32 rounding (the reward to ~1e-15). Both paths draw the sampling's randomness in advance
+    from the step's generator (dropout masks, ``draw_uniforms``)."""
 
     data: DataArtifact | None  # references of the batch's images (None: pass refs to ``weights`` yourself)
     cider: TrainCider
@@ -116,7 +150,6 @@ class RewardStep:
     sample_mode: str = "train"
     fast: FastPath | None = None
     bridge: Any = None  # models.bridge: the model's ids -> the data's words (None: the model speaks them)
-    _device_scorer: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def spec(self) -> Reward:
@@ -148,22 +181,25 @@ class RewardStep:
                 model.train()
             else:
                 model.eval()
-            dec = decode(self._decoder(model), batch.att, cfg, att_mask=batch.att_mask, generator=gen, drop=drop,
-                         static=self.fast is not None, fc=batch.fc)
+            u = draw_uniforms(batch.att.shape[0] * self.m, self.max_len, gen, batch.att.device)
+            dec = self._decode(model, batch, cfg, drop, u)
         finally:
             model.train(was)
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
 
-    def _decoder(self, model: nn.Module):
-        return self.fast.decoder(model) if self.fast is not None else model
+    def _decode(self, model: nn.Module, batch: Batch, cfg: DecodeConfig, drop=None, uniforms=None):
+        """``decode``, or with the fast path the whole static pass as one compiled function: the same
+        captions from the same masks and uniforms (not trimmed)."""
+        if self.fast is not None:
+            return self.fast.decode(model, batch.att, cfg, batch.att_mask, batch.fc, drop, uniforms)
+        return decode(model, batch.att, cfg, att_mask=batch.att_mask, drop=drop, fc=batch.fc, uniforms=uniforms)
 
     def greedy(self, model: nn.Module, batch: Batch) -> Tensor:
         """The greedy captions (B, T) of SCST's baseline, decoded in eval mode (self-critical.pytorch)."""
         was = model.training
         model.eval()
         try:
-            dec = decode(self._decoder(model), batch.att, DecodeConfig(method="greedy", max_len=self.max_len),
-                         att_mask=batch.att_mask, static=self.fast is not None, fc=batch.fc)
+            dec = self._decode(model, batch, DecodeConfig(method="greedy", max_len=self.max_len))
         finally:
             model.train(was)
         return dec.tokens[:, 0]
@@ -175,81 +211,42 @@ class RewardStep:
             d.greedy = self.greedy(model, batch)
         return d
 
-    def scores(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
-               ) -> tuple[Tensor, Tensor | None, np.ndarray | None]:
-        """The training reward's CIDEr-D (with the end token, ``TrainCider``) of the step's captions:
-        ``q`` (B, m) of the samples and ``g`` (B,) of the greedy captions (None without them), in one
-        scoring call; the samples' pairwise kernel ``K`` (B, m, m) where R-DPP or the logged
-        self-CIDEr needs it (else None)."""
-        B, m, T = samples.shape[0], self.m, samples.shape[-1]
-        want_kernel = self.spec.kernel or m > 1
-        if greedy is None and want_kernel:  # R-DPP: q and S from one pass over the captions
-            q, K = self.cider.score_and_pairwise(samples, refs)
-            return torch.from_numpy(q), None, K
-        hyps, ref_index = samples.reshape(B * m, T), np.repeat(np.arange(B), m)
-        if greedy is not None:  # samples and greedy captions in one scoring call
-            Tg = max(T, greedy.shape[1])
-            hyps = np.concatenate([np.pad(hyps, ((0, 0), (0, Tg - T))),
-                                   np.pad(greedy, ((0, 0), (0, Tg - greedy.shape[1])))])
-            ref_index = np.concatenate([ref_index, np.arange(B)])
-        scores = self.cider.score(hyps, refs, ref_index)
-        q = torch.from_numpy(scores[:B * m].reshape(B, m))
-        g = torch.from_numpy(scores[B * m:]) if greedy is not None else None
-        return q, g, self.cider.pairwise(samples) if want_kernel else None
-
-    def weights(self, samples: np.ndarray, greedy: np.ndarray | Tensor | None, refs: list[np.ndarray]
+    def weights(self, samples: np.ndarray | Tensor, greedy: np.ndarray | Tensor | None, refs
                 ) -> tuple[Tensor, dict[str, float]]:
-        """Per-sample weights (B, m) float32 and the numbers to log, from the captions alone (numpy
-        CIDEr-D)."""
-        if isinstance(greedy, Tensor):
-            greedy = greedy.cpu().numpy()
-        q, g, K = self.scores(samples, greedy, refs)
-        w, logs = self._weights_from(q, g, torch.from_numpy(K) if K is not None else None,
-                                     lambda: torch.tensor(self_cider_from_kernel(K).mean()))
+        """Per-sample weights (B, m) float32 and the numbers to log, from the captions alone:
+        ``refs`` a list of (k, L) id arrays (``DataArtifact.references_ids``: numpy CIDEr-D on the
+        host, ``TrainCider``), or ``(refs, counts)`` tensors (``ReferenceTable.take``: the same
+        numbers to ~1e-15 where the captions are, ``DeviceTrainCider``)."""
+        if isinstance(refs, tuple):
+            w, logs = self.device_weights(_tensor(samples), _tensor(greedy), *refs)
+        else:
+            host = [None if x is None else _tensor(x).cpu() for x in (samples, greedy)]
+            w, logs = reward_weights(NumpyScoring(self.cider), self.spec.weight_fn(), self._want_kernel, self.baseline,
+                                     *host, refs)
         return w, {k: float(v) for k, v in logs.items()}
 
-    def _weights_from(self, q: Tensor, g: Tensor | None, K: Tensor | None,
-                      diversity) -> tuple[Tensor, dict[str, Tensor]]:
-        """The reward's weights (B, m) float32 from the scores ``q`` (B, m), ``g`` (B,) and kernel
-        ``K`` (B, m, m); ``diversity()``: the mean self-CIDEr to log."""
-        w, more = self.spec.weight_fn()(q, g, K, self.baseline)
-        logs: dict[str, Tensor] = {"sample_cider": q.mean(), **more}
-        if K is not None and self.m > 1:
-            logs["self_cider"] = diversity()
-        return w.to(torch.float32), logs
+    @property
+    def _want_kernel(self) -> bool:
+        return self.spec.kernel or self.m > 1  # R-DPP's kernel, or the logged self-CIDEr
 
-    def device_weights(self, d: Draw, refs: Tensor, counts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """``weights`` where the captions are (``DeviceTrainCider``: torch, float64): the same
-        numbers to ~1e-15; ``refs`` (B, k, L) and ``counts`` (B,) from ``references_tensor``."""
-        from rdpp_cli.metrics.train_cider_torch import self_cider_from_kernel as device_self_cider
-
-        cider = self._device_cider(d.samples.device)
-        B, m, T = d.samples.shape
-        if d.greedy is None and (self.spec.kernel or m > 1):  # q and S from one pass over the samples
-            q, K = cider.score_and_pairwise(d.samples, refs, counts)
-            return self._weights_from(q, None, K, lambda: device_self_cider(K).mean())
-        hyps, index = d.samples.reshape(B * m, T), torch.arange(B, device=d.samples.device).repeat_interleave(m)
-        if d.greedy is not None:  # samples and greedy captions in one scoring call
-            Tg = max(T, d.greedy.shape[1])
-            hyps, index = torch.cat([_pad_to(hyps, Tg), _pad_to(d.greedy, Tg)]), torch.cat([index, index[::m]])
-        scores = cider.score(hyps, refs, counts, index)
-        g = scores[B * m:] if d.greedy is not None else None
-        K = cider.pairwise(d.samples) if self.spec.kernel or m > 1 else None
-        return self._weights_from(scores[:B * m].view(B, m), g, K, lambda: device_self_cider(K).mean())
+    def device_weights(self, samples: Tensor, greedy: Tensor | None, refs: Tensor, counts: Tensor
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``weights`` where the captions are (torch, float64), the numbers left on the device;
+        ``refs`` (B, k, L) and ``counts`` (B,) from ``ReferenceTable.take``. With the fast path
+        compiled as one function (``fullgraph``: nothing waits for the device)."""
+        fn = self.fast.compiled(reward_weights) if self.fast is not None else reward_weights
+        return fn(self._device_cider(samples.device), self.spec.weight_fn(), self._want_kernel, self.baseline,
+                  samples, greedy, (refs, counts))
 
     def words(self, tokens: Tensor) -> np.ndarray:
         """The data's word ids of captions in the model's ids (what the reward scores)."""
         return tokens.cpu().numpy() if self.bridge is None else self.bridge.data_ids(tokens)
 
     def _device_cider(self, device: torch.device):
-        if self._device_scorer is None:
-            from rdpp_cli.metrics.train_cider_torch import DeviceTrainCider
-
-            try:
-                self._device_scorer = DeviceTrainCider(self.cider, device)
-            except ValueError as e:
-                raise RdppError(f"--fast on: {e}; train with --fast off") from None
-        return self._device_scorer
+        try:
+            return device_scorer(self.cider, device)
+        except ValueError as e:
+            raise RdppError(f"--fast on: {e}; train with --fast off") from None
 
     def _teacher_forced(self, net: nn.Module, batch: Batch, seqs: Tensor, drop: DropoutMasks | None
                         ) -> tuple[Tensor, Tensor]:
@@ -302,27 +299,39 @@ class RewardStep:
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.draw(unwrap(net), batch)
-        refs = self.data.references_ids(batch.index)
         with full_precision(batch.att.device):  # the reward never runs under autocast
-            if self.fast is not None:
-                from rdpp_cli.metrics.train_cider_torch import references_tensor
-
-                w, logs = self.device_weights(d, *references_tensor(refs, batch.att.device))
+            if self.fast is not None:  # the references of the whole data artifact, on the device once
+                refs = reference_table(self.data, batch.att.device).take(batch.index)
+                w, logs = self.device_weights(d.samples, d.greedy, *refs)
             else:
                 greedy = None if d.greedy is None else self.words(d.greedy)
-                w, logs = self.weights(self.words(d.samples), greedy, refs)
+                w, logs = self.weights(self.words(d.samples), greedy, self.data.references_ids(batch.index))
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
-    def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray]:
+    def val_metrics(self, model: nn.Module, batch: Batch) -> dict[str, np.ndarray | Tensor]:
         """Per validation image: mean CIDEr-D and self-CIDEr of ``VAL_SAMPLES`` random samples
-        (a fixed generator per batch, so epochs are compared on the same randomness)."""
+        (a fixed generator per batch, so epochs are compared on the same randomness; its uniforms
+        drawn in advance, as the training step's). With the fast path the sampling pass and the
+        scores are compiled and stay on the device (the same numbers)."""
         gen = torch.Generator(device=batch.att.device)
         gen.manual_seed(sample_seed(self.seed, 2**31, int(batch.index[0]), 0))  # not a training position
-        dec = decode(model, batch.att, DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len),
-                     att_mask=batch.att_mask, generator=gen, fc=batch.fc)
+        cfg = DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len)
+        dec = self._decode(model, batch, cfg, uniforms=draw_uniforms(batch.size * VAL_SAMPLES, self.max_len, gen,
+                                                                     batch.att.device))
+        if self.fast is not None:
+            refs = reference_table(self.data, batch.att.device).take(batch.index)
+            with full_precision(batch.att.device):
+                q, div = self.fast.compiled(_sample_scores)(self._device_cider(batch.att.device), dec.tokens, refs)
+            return {"val_sample_cider": q, "val_self_cider": div}
         q, K = self.cider.score_and_pairwise(self.words(dec.tokens), self.data.references_ids(batch.index))
         return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
+
+
+def _sample_scores(scorer, samples: Tensor, refs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Mean CIDEr-D (B,) of each image's samples (B, n, T) and their self-CIDEr (B,), on the device."""
+    q, K = scorer.score_and_pairwise(samples, refs)
+    return q.mean(1), scorer.self_cider(K)
 
 
 # ----------------------------------------------------------------------------------------------

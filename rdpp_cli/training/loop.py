@@ -521,7 +521,8 @@ class TrainingRecipe:
         self.bar.update(self.task, info="validating")
         with autocast(self.precision, self.rt.device):  # decoding in the run's precision, scoring in numpy
             sums = greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
-                                device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn)
+                                device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn,
+                                fast=self.fast)
         val = merge_sums(D.all_gather_object(sums))
         n_val = val.pop("_n")
         return {k: v / n_val for k, v in val.items()}
@@ -560,6 +561,7 @@ class TrainingRecipe:
             if self.best > -math.inf:
                 head["val_cider"] = self.best
             head.update(self.summary)
+            head.update(self.fast.manifest_summary() if self.fast is not None else {})
             write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
                                                         "architecture": model_name(model), "precision": self.precision,
                                                         "model_config": model_config},

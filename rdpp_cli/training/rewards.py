@@ -33,23 +33,35 @@ def dpp_ensemble(q: Tensor, S: Tensor) -> Tensor:
     return S.to(torch.float64) * (q.unsqueeze(-1) * q.unsqueeze(-2))
 
 
-def _inverse(A: Tensor) -> Tensor:
+def _inverse(A: Tensor, sync_free: bool | None = None) -> Tensor:
     """Batched inverse of symmetric (B, M, M) float64 matrices, finite for every matrix.
 
     ``L + εI`` with ε = 1e-10 is invertible whenever L is positive semi-definite (rank-deficient L
     from identical or zero-quality samples just gives entries of order 1/ε). A matrix that is still
     singular (an eigenvalue of L at exactly −ε: S from CIDEr-D need not be PSD) or whose inverse
     overflows falls back to the Moore–Penrose pseudo-inverse, so the result is always finite.
+
+    ``sync_free`` (None: off a CPU or under ``torch.compile``, where looking at ``bad`` on the
+    host would wait for the device or break the graph): the fallback decided without the host --
+    every matrix's pseudo-inverse by Jacobi rotations (``metrics.eigh.pinv_hermitian``), chosen per
+    matrix by ``torch.where``. The inverses of the matrices that need no fallback are the same bits
+    either way.
     """
     inv, info = torch.linalg.inv_ex(A)
     bad = (info != 0) | ~torch.isfinite(inv).all(dim=-1).all(dim=-1)
+    if sync_free is None:
+        sync_free = A.device.type != "cpu" or torch.compiler.is_compiling()
+    if sync_free:
+        from rdpp_cli.metrics.eigh import pinv_hermitian
+
+        return torch.where(bad.view(-1, 1, 1), pinv_hermitian(A), inv)
     if bool(bad.any()):
         inv = inv.clone()
         inv[bad] = torch.linalg.pinv(A[bad], hermitian=True)
     return inv
 
 
-def dpp_weights(q: Tensor, S: Tensor, eps: float = 1e-10, cut: bool = True) -> Tensor:
+def dpp_weights(q: Tensor, S: Tensor, eps: float = 1e-10, cut: bool = True, sync_free: bool | None = None) -> Tensor:
     """R-DPP weights (B, M) of M sampled captions per image.
 
     ``q`` (B, M): quality of each sample (CIDEr-D against the image's references).
@@ -66,13 +78,15 @@ def dpp_weights(q: Tensor, S: Tensor, eps: float = 1e-10, cut: bool = True) -> T
 
     Degenerate sets stay finite: a zero-quality or empty sample has a zero row in L and gets weight
     0 without touching the others' weights; M identical samples give ``q²S(2 − M)/M`` each.
+    ``sync_free``: never wait for the device (``_inverse``; by default off a CPU and under
+    ``torch.compile``: the training fast path).
     """
     if q.dim() != 2 or S.dim() != 3 or S.shape != (*q.shape, q.shape[-1]):
         raise ValueError(f"dpp_weights: q must be (B, M) and S (B, M, M); got {tuple(q.shape)} and {tuple(S.shape)}")
     M = q.shape[-1]
     L = dpp_ensemble(q, S)
     eye = torch.eye(M, dtype=torch.float64, device=L.device)
-    Linv = _inverse(L + eps * eye)
+    Linv = _inverse(L + eps * eye, sync_free)
     factor = torch.sign(Linv) if cut else Linv
     w = (factor * L).sum(dim=-1) / M
     return w.to(q.dtype if q.is_floating_point() else torch.float32)

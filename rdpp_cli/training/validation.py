@@ -31,14 +31,17 @@ def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
 
 def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, batch_size: int = 100,
                  device: torch.device | str = "cpu", cider=None,
-                 epoch_metrics_fn=None) -> dict[str, float]:
+                 epoch_metrics_fn=None, fast=None) -> dict[str, float]:
     """Sums over ``images`` of the greedy caption's CIDEr-D (the training reward's: training df, end
     token counted) and of any extra metric.
 
     Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
-    theirs up). The model is put in eval mode and back.
+    theirs up). The model is put in eval mode and back. ``fast`` (the run's
+    ``training.fast.FastPath``): the greedy pass as one compiled function and its CIDEr-D on the
+    device against the data artifact's reference table (``_greedy_scores_fast``): the same captions
+    and, to ~1e-15, the same sum, read back once per batch.
     """
-    from rdpp_cli.decoding.decode import DecodeConfig, decode
+    from rdpp_cli.decoding.decode import DecodeConfig
     from rdpp_cli.metrics.train_cider import TrainCider
     from rdpp_cli.models.bridge import bridge_for
 
@@ -56,9 +59,11 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
                 batch = batch.to(device)
                 data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
-                    dec = decode(m, batch.att, greedy, att_mask=batch.att_mask, fc=batch.fc)
-                    hyps = bridge.data_ids(dec.tokens[:, 0])
-                    sums["val_cider"] += float(np.sum(cider.score(hyps, data.references_ids(batch.index))))
+                    if fast is not None:
+                        scores = _greedy_scores_fast(m, data, batch, greedy, cider, fast)
+                    else:
+                        scores = _greedy_scores(m, data, batch, greedy, cider, bridge)
+                    sums["val_cider"] += float(scores.sum())
                     if epoch_metrics_fn is not None:
                         for k, v in epoch_metrics_fn(m, batch).items():
                             v = v.detach().cpu().numpy() if isinstance(v, Tensor) else np.asarray(v)
@@ -67,6 +72,31 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
     finally:
         m.train(was_training)
     return sums
+
+
+def _greedy_scores(model: nn.Module, data: DataArtifact, batch, cfg, cider, bridge) -> np.ndarray:
+    """The greedy captions' CIDEr-D (B,) of one batch, eager: decoded, read as the data's words
+    (``bridge``: the model's ids -> the data's), then scored in numpy."""
+    from rdpp_cli.decoding.decode import decode
+
+    dec = decode(model, batch.att, cfg, att_mask=batch.att_mask, fc=batch.fc)
+    return cider.score(bridge.data_ids(dec.tokens[:, 0]), data.references_ids(batch.index))
+
+
+def _greedy_scores_fast(model: nn.Module, data: DataArtifact, batch, cfg, cider, fast) -> Tensor:
+    """``_greedy_scores`` on the fast path: the static greedy pass compiled as one function, the
+    CIDEr-D on the device (compiled) against the reference table built once per data artifact."""
+    from rdpp_cli.metrics.train_cider_torch import device_scorer, reference_table
+    from rdpp_cli.precision import full_precision
+
+    tokens = fast.decode(model, batch.att, cfg, batch.att_mask, batch.fc).tokens[:, 0]
+    refs, counts = reference_table(data, tokens.device).take(batch.index)
+    with full_precision(tokens.device):  # the reward never runs under autocast
+        return fast.compiled(_device_score)(device_scorer(cider, tokens.device), tokens, refs, counts)
+
+
+def _device_score(scorer, tokens: Tensor, refs: Tensor, counts: Tensor) -> Tensor:
+    return scorer.score(tokens, refs, counts)
 
 
 def merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:

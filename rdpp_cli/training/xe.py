@@ -130,7 +130,7 @@ class XELoss:
         d = xe_draws(unwrap(net), batch, ss)
         terms, drop = xe_terms, d.drop
         if self.fast is not None:
-            terms, drop = self.fast.compiled(xe_terms), traceable_dropout(unwrap(net), drop, *batch.att.shape[:2])
+            terms, drop = self.fast.compiled_step(xe_terms), traceable_dropout(unwrap(net), drop, *batch.att.shape[:2])
         total, tokens = terms(net, batch.att, batch.labels, batch.att_mask, batch.fc, drop, d.use, d.uniforms,
                               self.label_smoothing)
         return total / D.per_process_share(tokens), logs
