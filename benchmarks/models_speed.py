@@ -735,7 +735,7 @@ def hf_sides(ours, hf, B: int, regions: int) -> tuple[dict, dict]:
     return sides, {"logprob": diff, "tokens": float((seqs > 0).sum(1).float().mean())}
 
 
-def hf_speed(a: argparse.Namespace) -> None:
+def hf_rows(a: argparse.Namespace) -> None:
     """``--model hf``: each asked step once untimed, then ``--repeat`` interleaved runs a side; medians."""
     z = HF_SIZES[a.quick]
     with tempfile.TemporaryDirectory(prefix="rdpp-bench-hf-") as tmp:
@@ -756,7 +756,7 @@ def hf_speed(a: argparse.Namespace) -> None:
                 f"layers x {z['width']}, vocabulary {z['vocab']}; log-probs within {check['logprob']:.1e}; medians of "
                 f"{a.repeat} interleaved runs", ["step", "rdpp --model hf", "transformers", "ratio"], rows)
     if a.json:
-        print(json.dumps({"benchmark": "hf_speed", "machine": machine_info(), "checks": check, "rows": rows}))
+        print(json.dumps({"benchmark": "models_speed hf", "machine": machine_info(), "checks": check, "rows": rows}))
 
 
 # -- the command line, the report ----------------------------------------------------------------------
@@ -825,7 +825,7 @@ def main(argv=None) -> None:
         return summary(args.summary)
     torch.set_num_threads(args.threads)
     if args.model == "hf":
-        return hf_speed(args)
+        return hf_rows(args)
     device = torch.device(args.device)
     s = QUICK[args.model] if args.quick else PAPER
     timing = [w for w in args.what if w in ALL]

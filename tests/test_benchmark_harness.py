@@ -50,7 +50,7 @@ def test_model_hf_is_checked_against_transformers_then_timed(models_speed, capsy
     pytest.importorskip("transformers")
     models_speed.main(["--model", "hf", "--quick", "--threads", "1", "--json"])
     line = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert line["benchmark"] == "hf_speed" and line["checks"]["logprob"] <= 1e-4 and line["checks"]["tokens"] > 1
+    assert line["benchmark"] == "models_speed hf" and line["checks"]["logprob"] <= 1e-4 and line["checks"]["tokens"] > 1
     assert [r[0] for r in line["rows"]] == ["decode", "score", "replay"]
 
 
