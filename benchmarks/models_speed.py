@@ -17,10 +17,7 @@ fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak
 row runs on each side.
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
-        [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
-        [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
-        [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
-        [--select-images 5000] [--candidates 50] [--keep 5] [--df cider_df.h5] [--clock wall|cpu]
+        [--precision fp32,bf16] [--fast fast,fast-default] [--batch 50] [--repeat 3] [--device cpu|cuda] ...   # --help
     python benchmarks/models_speed.py --model hf [--what decode,score,replay] [--batch 16] [--repeat 3] [--threads 1]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
@@ -642,7 +639,7 @@ def draw_costs(repeat: int, threads: int) -> None:
     z = same_distribution()
     if z > 4:
         raise SystemExit(f"_draw and torch.multinomial draw from different distributions ({z:.1f} standard errors)")
-    g, ms = torch.Generator().manual_seed(0), lambda t: f"{t.median * 1e3:.2f} ms (best {t.best * 1e3:.2f})"
+    g, ms = torch.Generator().manual_seed(0), lambda t: t.ms(2)
     print(f"{DRAW_ROWS} rows x {DRAW_WORDS:,} words + EOS, CPU, {threads} thread(s), {repeat} interleaved runs each; "
           f"distributions agree ({z:.1f} standard errors at most)")
     for name, peaked in (("peaked", True), ("flat", False)):
@@ -728,8 +725,9 @@ def hf_sides(ours, hf, B: int, regions: int) -> tuple[dict, dict]:
 
     gen = dict(do_sample=True, top_k=0, num_return_sequences=M, max_new_tokens=HF_LEN + 1, decoder_start_token_id=start,
                eos_token_id=start, pad_token_id=start)
-    sides = {"decode": (lambda: decode(ours, att, cfg), lambda: hf.generate(encoder_outputs=Out(att), **gen)),
-             "score": (lambda: ours.token_logprobs(att, seqs), lambda: theirs_logp(False)),
+    no_grad = torch.no_grad()
+    sides = {"decode": (no_grad(lambda: decode(ours, att, cfg)), no_grad(lambda: hf.generate(encoder_outputs=Out(att), **gen))),
+             "score": (no_grad(lambda: ours.token_logprobs(att, seqs)), lambda: theirs_logp(False)),
              "replay": (lambda: replay(ours, lambda: ours.token_logprobs(att, seqs, drop=drop)[0]),
                         lambda: replay(hf, lambda: theirs_logp(True)))}
     return sides, {"logprob": diff, "tokens": float((seqs > 0).sum(1).float().mean())}
@@ -743,14 +741,10 @@ def hf_rows(a: argparse.Namespace) -> None:
     sides, check = hf_sides(ours, hf, a.batch, z["regions"])
     rows = []
     for name in a.what:
-        mine, theirs = sides[name]
-        fns = {"rdpp": torch.no_grad()(mine), "transformers": torch.no_grad()(theirs)} if name != "replay" else \
-            {"rdpp": mine, "transformers": theirs}
+        fns = dict(zip(("rdpp", "transformers"), sides[name]))
         [f() for f in fns.values()]  # warm-up
-        t = interleaved(fns, a.repeat)
-        r, h = t["rdpp"], t["transformers"]
-        rows.append([name, f"{r.median * 1e3:.1f} ms (best {r.best * 1e3:.1f})",
-                     f"{h.median * 1e3:.1f} ms (best {h.best * 1e3:.1f})", f"{h.median / r.median:.2f}x"])
+        r, h = interleaved(fns, a.repeat).values()
+        rows.append([name, r.ms(), h.ms(), f"{h.median / r.median:.2f}x"])
     print_table(f"{machine()}; torch threads {torch.get_num_threads()}; {a.batch} images x {M} captions (mean "
                 f"{check['tokens']:.1f} tokens), {z['regions']} x {z['width']} encoder states, GPT-2 {z['layers']} "
                 f"layers x {z['width']}, vocabulary {z['vocab']}; log-probs within {check['logprob']:.1e}; medians of "
