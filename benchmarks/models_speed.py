@@ -142,19 +142,14 @@ def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     ours = copy.deepcopy(base).double().eval()
     small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
                      "labels": batch.labels[:images], "index": batch.index[:images]})
-    a = xe_loss(ours, small)
-    a.backward()
+    ga = grads_of(ours, a := xe_loss(ours, small))
     theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
-    c = theirs.xe_loss(*peer_inputs(small))
-    c.backward()
-    named, to_peer, worst = dict(theirs.model.named_parameters()), peer.NAMES[b.model], 0.0
-    top = max(float(p.grad.abs().max()) for p in ours.parameters() if p.grad is not None)
-    for name, p in ours.named_parameters():
-        q = named[to_peer(name)].grad
-        if q is None or not q.abs().max() > 1e-9 * top:
-            continue  # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding
-        worst = max(worst, float((p.grad - q).abs().max() / q.abs().max()))
+    gc = grads_of(theirs.model, c := theirs.xe_loss(*peer_inputs(small)))
+    to_peer, top = peer.NAMES[b.model], max(float(g.abs().max()) for g in ga.values())
+    # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding (left out)
+    worst = max([float((g - gc[to_peer(k)]).abs().max() / gc[to_peer(k)].abs().max()) for k, g in ga.items()
+                 if to_peer(k) in gc and gc[to_peer(k)].abs().max() > 1e-9 * top], default=0.0)
     out = {"loss_abs_diff": abs(float(a.detach()) - float(c.detach())), "grad_rel_diff": worst}
     if not (out["loss_abs_diff"] <= 1e-9 and out["grad_rel_diff"] <= 1e-6):
         raise SystemExit(f"rdpp's {b.title} XE step and the peer's disagree in float64: {out}")

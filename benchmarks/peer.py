@@ -261,9 +261,9 @@ class Peer:
 
     # -- SCST ------------------------------------------------------------------------------------------
 
-    def scst_parts(self, fc, att, gts, sync=lambda: None):
+    def scst_step(self, fc, att, gts, sync=lambda: None) -> dict[str, float]:
         """``LossWrapper.forward``'s ``sc_flag`` branch, call for call, with a clock between the
-        calls: (loss, seconds of decoding and of the reward, the samples)."""
+        calls, then the peer's update: seconds of decoding, of the reward and of the backward."""
         opt = self.opt
         t0 = time.perf_counter()
         self.model.eval()
@@ -280,17 +280,10 @@ class Peer:
         reward = self.self_critical_reward(greedy_res, g, gen_result)
         reward = torch.from_numpy(reward).to(sample_logprobs)
         t2 = time.perf_counter()
-        loss = self.lw.rl_crit(sample_logprobs, gen_result.data, reward, reduction="mean").mean()
-        return loss, t1 - t0, t2 - t1, gen_result
-
-    def scst_step(self, fc, att, gts, sync=lambda: None) -> dict[str, float]:
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad()
-        loss, dec, rew, gen = self.scst_parts(fc, att, gts, sync)
-        self._clip_and_step(loss)
+        self.optimizer.zero_grad()  # (no gradient since the last step: the sampling pass only builds the graph)
+        self._clip_and_step(self.lw.rl_crit(sample_logprobs, gen_result.data, reward, reduction="mean").mean())
         sync()
-        t3 = time.perf_counter()
-        return {"decode": dec, "reward": rew, "backward": t3 - t0 - dec - rew, "words": mean_words(gen)}
+        return {"decode": t1 - t0, "reward": t2 - t1, "backward": time.perf_counter() - t2, "words": mean_words(gen_result)}
 
     # -- the published R-DPP step ----------------------------------------------------------------------
 
