@@ -9,11 +9,8 @@ copy of the rdpp model's weights under the peer's names (``NAMES``); ``Peer`` ad
 ``prepro_ngrams.get_doc_freq``) and the published R-DPP step composed from its parts
 (benchmarks/README.md, "The reference is the peer's own code").
 
-Where the checkout is: ``--peer-repo PATH``, else ``$SCP_REPO``, else a copy of commit 4c48a33
-beside this repository (``../shared/peers/self-critical.pytorch-4c48a33``, or ``.peer/`` inside it,
-where benchmarks/cuda_check.sh puts one for a GPU machine); a clone needs its ``cider`` submodule
-(``git submodule update --init``). The checkout is only read: the document-frequency pickle goes to
-a temporary folder. Its imports need ``yacs`` and ``six`` beside torch and numpy.
+Where the checkout is: ``find_repo`` (benchmarks/README.md, "Pointing at your own checkout"). The
+checkout is only read: the document-frequency pickle goes to a temporary folder.
 """
 
 from __future__ import annotations
@@ -95,7 +92,7 @@ def find_repo(path: str | os.PathLike | None = None) -> Path:
     candidates = [Path(given)] if given else [p for p in DEFAULT_PLACES if p.is_dir()]
     if not candidates:
         raise SystemExit(f"no self-critical.pytorch checkout found (looked at $SCP_REPO, "
-                         f"{', '.join(map(str, DEFAULT_PLACES))}); {HOW}, or pass --no-reference")
+                         f"{', '.join(map(str, DEFAULT_PLACES))}); {HOW}, or pass --no-peer")
     repo = candidates[0].resolve()
     need = [repo / "captioning" / "models" / "AttModel.py", repo / "captioning" / "modules" / "loss_wrapper.py",
             repo / "cider" / "pyciderevalcap" / "ciderD" / "ciderD_scorer.py", repo / "scripts" / "prepro_ngrams.py"]

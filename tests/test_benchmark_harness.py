@@ -62,6 +62,20 @@ def test_model_hf_takes_only_its_own_steps(models_speed, capsys):
 
 
 @pytest.mark.unit
+def test_no_peer_checkout_names_the_option_that_times_rdpp_alone(models_speed, monkeypatch):
+    import peer
+
+    monkeypatch.delenv("SCP_REPO", raising=False)
+    monkeypatch.setattr(peer, "DEFAULT_PLACES", ())
+    with pytest.raises(SystemExit, match="no self-critical.pytorch checkout found") as e:
+        peer.find_repo()
+    assert "--no-peer" in str(e.value)  # models_speed.py's option (there is no --no-reference)
+    with pytest.raises(SystemExit) as e:
+        models_speed.main(["--model", "att2in", "--quick", "--what", "xe", "--no-reference"])
+    assert e.value.code == 2
+
+
+@pytest.mark.unit
 def test_the_summary_reads_the_harness_lines(models_speed, tmp_path, capsys):
     log = tmp_path / "models_att2in.log"
     log.write_text(json.dumps({"benchmark": "models_speed", "title": "Att2in", "ratios": {"xe fp32": 2.0},
