@@ -7,14 +7,10 @@ greedy MAP step against a per-image numpy loop, checked to choose the same items
 ``decode._draw`` against ``torch.multinomial`` (checked to draw alike) and nucleus sampling's two paths.
 ``--model hf``: ``decode,score,replay`` against the same steps written with ``transformers``.
 
-Rows (``--what``): ``xe`` against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (timed in
-their parts: decode / reward / backward) against the peer's SCST step and, for Att2in, the published
-R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` / ``_sample_beam``. Checked
-first, a failed check stops the script: log-probs (1e-4) and greedy captions equal the peer's, XE in
-float64 (loss 1e-9, gradients 1e-6), the reward's q, kernel, weights and advantages (1e-9), each
-fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak memory,
-``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each
-row runs on each side.
+Rows (``--what``): ``xe``, ``scst`` and ``dpp`` (timed in their parts), ``decode`` (``--methods``).
+Checked first, a failed check stops the script; then ``timing.steps`` (warm-up, FLOPs, peak memory,
+``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each row
+runs on each side and what is checked to which tolerance.
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
         [--precision fp32,bf16] [--fast fast,fast-default] [--batch 50] [--repeat 3] [--device cpu|cuda] ...   # --help
