@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +23,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from rdpp_cli.artifacts import finish, prepare_output, write_manifest
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved, machine  # noqa: E402
+
+from rdpp_cli.artifacts import finish, prepare_output, write_manifest  # noqa: E402
 
 WORDS = 2000
 
@@ -118,17 +120,13 @@ def main() -> None:
     else:
         samples = sorted((ws / "samples").iterdir())
     env = {**os.environ, "RDPP_NO_PROGRESS": "1"}
-    times = []
-    for k in range(args.repeat):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rdpp_cli", "compare", *map(str, samples), "--workspace", str(ws),
-                        "--out", str(ws / "compare" / "bench"), "--force"], check=True, env=env, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - t0)
-        print(f"run {k + 1}: {times[-1]:.1f} s")
     page = ws / "compare" / "bench"
+    t = interleaved({"compare": lambda: subprocess.run(
+        [sys.executable, "-m", "rdpp_cli", "compare", *map(str, samples), "--workspace", str(ws), "--out", str(page),
+         "--force"], check=True, env=env, stdout=subprocess.DEVNULL)}, args.repeat)["compare"]
     size = sum(f.stat().st_size for f in page.rglob("*") if f.is_file())
     print(f"rdpp compare, {args.images:,} images x {args.models} models x {args.n} captions: median "
-          f"{statistics.median(times):.1f} s (best {min(times):.1f} s) on {os.cpu_count()} cores; page folder "
+          f"{t.median:.1f} s (best {t.best:.1f} s, runs {', '.join(f'{x:.1f}' for x in t.times)}) on {machine()}; page folder "
           f"{size / 1e6:.1f} MB, index.html {(page / 'index.html').stat().st_size / 1e6:.2f} MB, "
           f"{len(list((page / 'data').iterdir()))} data files")
 

@@ -7,13 +7,7 @@ numbers first; passes interleaved, medians of ``--rounds``; *cold*: the files dr
 cache before every pass. ``recipe`` projects the paper recipe's GPU-hours from the epochs' JSON
 line. benchmarks/README.md ("the data path at COCO's scale", "data.py recipe") says what each does.
 
-    python benchmarks/data.py loader [--rows 10000] [--workers 0,1,2] [--images 2500] [--old-batches 4] [--json]
-    python benchmarks/data.py epochs --device cuda --rows 10000 --workers 0,1,2,4 [--xe-configs 128:fp32,128:fp32:ss]
-                                     [--val 500] [--caches warm,cold] [--rl-epoch dpp,scst] [--m 5] [--json]
-    python benchmarks/data.py write --rows 1000 [--rounds 3] [--json]
-    python benchmarks/data.py check --rows 10000 [--check-threads 8] [--rounds 3] [--json]
-    python benchmarks/data.py recipe epochs.log [--json]     # the epochs' JSON line in epochs.log, or - for stdin
-    python benchmarks/data.py loader --rows 300 --images 200 --workers 0 --rounds 1 --old-batches 2   # quick
+    python benchmarks/data.py loader|epochs|write|check|recipe [--json] ...   # each one's --help says its options
     python benchmarks/data.py epochs --device cpu --preset small --rows 300 --rl-epoch dpp          # the code path
 """
 

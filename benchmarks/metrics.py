@@ -18,7 +18,6 @@ import random
 import re
 import resource
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -133,18 +132,18 @@ def _as_str(a: np.ndarray) -> str:
     return " ".join(str(t) for t in a[a > 0])
 
 
-def pyco_reward(samples: np.ndarray, ref_ids: np.ndarray, pdf: dict, ref_len: float) -> np.ndarray:
-    """q (each sample vs its references) and the upper triangles of the sample kernels, per image."""
+def pyco_cider(samples: np.ndarray, ref_ids: np.ndarray | None, pdf: dict, ref_len: float) -> np.ndarray:
+    """Per image: each sample vs its references (``ref_ids``, unless None), then the upper triangle of
+    the sample kernel (sample i vs sample j, i <= j), all in one pycocoevalcap scorer: its scores, flat."""
     B, M, _ = samples.shape
-    hs = [[_as_str(s) for s in samples[b]] for b in range(B)]
-    rs = [[_as_str(r) for r in ref_ids[b]] for b in range(B)]
     sc = FixedDfScorer(pdf, ref_len)
     for b in range(B):
-        for j in range(M):
-            sc.cook_append(hs[b][j], rs[b])
+        hs = [_as_str(s) for s in samples[b]]
+        for j in range(M if ref_ids is not None else 0):
+            sc.cook_append(hs[j], [_as_str(r) for r in ref_ids[b]])
         for i in range(M):
             for j in range(i, M):
-                sc.cook_append(hs[b][i], [hs[b][j]])
+                sc.cook_append(hs[i], [hs[j]])
     return np.array(sc.compute_cider())
 
 
@@ -152,13 +151,7 @@ def pyco_self_cider(caps: np.ndarray, pdf: dict, ref_len: float) -> np.ndarray:
     """Self-CIDEr as the authors' code computes it: CIDEr-D of c_i vs {c_j} pair by pair (i <= j,
     mirrored), then ``-log(sqrt(max sv) / sum sqrt(sv)) / log(m)`` of ``np.linalg.svd``."""
     B, M, _ = caps.shape
-    strs = [[_as_str(c) for c in caps[b]] for b in range(B)]
-    sc = FixedDfScorer(pdf, ref_len)
-    for b in range(B):
-        for i in range(M):
-            for j in range(i, M):
-                sc.cook_append(strs[b][i], [strs[b][j]])
-    flat = np.array(sc.compute_cider())
+    flat = pyco_cider(caps, None, pdf, ref_len)
     iu = np.triu_indices(M)
     out = np.zeros(B)
     per = len(iu[0])
@@ -212,10 +205,10 @@ class Shapes:
         def two_calls():
             return cd.score(s.reshape(-1, T), r, idx).reshape(s.shape[:2]), cd.pairwise(s)
 
-        self.theirs = pyco_reward(s, r, self.pdf, df.ref_len)
+        self.theirs = pyco_cider(s, r, self.pdf, df.ref_len)
         self.agree("b", self.theirs, self._flat(*cd.score_and_pairwise(s, r)))  # also builds the df hash table
         self.agree("b two calls", self.theirs, self._flat(*two_calls()))
-        t = interleaved({"pycocoevalcap": lambda: pyco_reward(s, r, self.pdf, df.ref_len),
+        t = interleaved({"pycocoevalcap": lambda: pyco_cider(s, r, self.pdf, df.ref_len),
                          "rdpp": lambda: cd.score_and_pairwise(s, r), "rdpp two calls": two_calls}, self.repeat)
         self.rows["b"] = ("(b) reward call: 250 vs 5 refs + 50 5x5, ids (score_and_pairwise)", t["pycocoevalcap"],
                           t["rdpp"])
@@ -234,14 +227,9 @@ class Shapes:
                          "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, self.repeat)
         self.rows["c"] = (f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            sc = self_cider_from_kernel(cd.pairwise(x.caps))
-            times.append(time.perf_counter() - t0)
-        assert np.isfinite(sc).all()
-        self.rows["c 5000"] = (f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None,
-                               SimpleNamespace(median=float(np.median(times)), best=min(times), times=times))
+        big = interleaved({"rdpp": lambda: self_cider_from_kernel(cd.pairwise(x.caps))}, 3)["rdpp"]
+        assert np.isfinite(big.result).all()
+        self.rows["c 5000"] = (f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None, big)
         return rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def coco_df(self) -> None:
@@ -282,20 +270,13 @@ def main() -> None:
     two_calls_vs_one = sh.reward()
     rss0, peak = sh.self_cider(args.self_images)
     sh.coco_df()
-    out = {
-        "repeat": args.repeat,
-        "corpus_ratio": round(sh.ratio("a"), 2),
-        "reward_call_ms": round(sh.rows["b"][2].median * 1e3, 3),
-        "reward_ratio": round(sh.ratio("b"), 1),
-        "two_calls_vs_one": round(two_calls_vs_one, 2),
-        "reward_call_ms_coco_sized_df": round(sh.rows["b'"][2].median * 1e3, 3),
-        "self_cider_ratio": round(sh.ratio("c"), 1),
-        "self_cider_images": args.self_images,
-        "self_cider_5000_s": round(sh.rows["c 5000"][2].median, 3),
-        "max_abs_diff": max(sh.diffs.values()),
-        "peak_rss_mb": round(peak, 1),
-        "machine": machine(),
-    }
+    out = {"repeat": args.repeat, "corpus_ratio": round(sh.ratio("a"), 2),
+           "reward_call_ms": round(sh.rows["b"][2].median * 1e3, 3), "reward_ratio": round(sh.ratio("b"), 1),
+           "two_calls_vs_one": round(two_calls_vs_one, 2),
+           "reward_call_ms_coco_sized_df": round(sh.rows["b'"][2].median * 1e3, 3),
+           "self_cider_ratio": round(sh.ratio("c"), 1), "self_cider_images": args.self_images,
+           "self_cider_5000_s": round(sh.rows["c 5000"][2].median, 3), "max_abs_diff": max(sh.diffs.values()),
+           "peak_rss_mb": round(peak, 1), "machine": machine()}
     if not args.json:
         show(sh, out, rss0)
     print(json.dumps(out))

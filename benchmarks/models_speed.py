@@ -5,21 +5,16 @@ inputs, same process; rdpp's fast path (``--fast``) against its eager step. Also
 "Precision"); ``select``, ``rdpp sample --select`` against drawing the candidates and the batched
 greedy MAP step against a per-image numpy loop, checked to choose the same items; ``draw``,
 ``decode._draw`` against ``torch.multinomial`` (checked to draw alike) and nucleus sampling's two paths.
+``--model hf``: ``decode,score,replay`` against the same steps written with ``transformers``.
 
-Rows (``--what``): ``xe`` against the peer's ``LossWrapper`` XE step; ``scst``, ``dpp`` (timed in
-their parts: decode / reward / backward) against the peer's SCST step and, for Att2in, the published
-R-DPP way; ``decode`` (``--methods``) against the peer's ``_sample`` / ``_sample_beam``. Checked
-first, a failed check stops the script: log-probs (1e-4) and greedy captions equal the peer's, XE in
-float64 (loss 1e-9, gradients 1e-6), the reward's q, kernel, weights and advantages (1e-9), each
-fast side against the eager step. Timing: ``timing.steps`` (warm-up, FLOPs, peak memory,
-``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each
-row runs on each side.
+Rows (``--what``): ``xe``, ``scst`` and ``dpp`` (timed in their parts), ``decode`` (``--methods``).
+Checked first, a failed check stops the script; then ``timing.steps`` (warm-up, FLOPs, peak memory,
+``--repeat`` interleaved calls, medians). benchmarks/README.md ("models_speed.py") says what each row
+runs on each side and what is checked to which tolerance.
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
-        [--precision fp32,bf16] [--fast fast,fast-default] [--ss 0.25] [--methods random,greedy,beam] [--n 5]
-        [--xe-words 8-16] [--ms 5] [--batch 50] [--repeat 3] [--words 9] [--threads 2] [--device cpu|cuda]
-        [--matmul-size 4096] [--peer-repo PATH | --no-peer] [--profile] [--quick] [--json]
-        [--select-images 5000] [--candidates 50] [--keep 5] [--df cider_df.h5] [--clock wall|cpu]
+        [--precision fp32,bf16] [--fast fast,fast-default] [--batch 50] [--repeat 3] [--device cpu|cuda] ...   # --help
+    python benchmarks/models_speed.py --model hf [--what decode,score,replay] [--batch 16] [--repeat 3] [--threads 1]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
 Memory: the peer's Transformer repeats the features per caption before its encoder (``--batch`` smaller on a small card).
@@ -143,19 +138,14 @@ def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     ours = copy.deepcopy(base).double().eval()
     small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
                      "labels": batch.labels[:images], "index": batch.index[:images]})
-    a = xe_loss(ours, small)
-    a.backward()
+    ga = grads_of(ours, a := xe_loss(ours, small))
     theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
-    c = theirs.xe_loss(*peer_inputs(small))
-    c.backward()
-    named, to_peer, worst = dict(theirs.model.named_parameters()), peer.NAMES[b.model], 0.0
-    top = max(float(p.grad.abs().max()) for p in ours.parameters() if p.grad is not None)
-    for name, p in ours.named_parameters():
-        q = named[to_peer(name)].grad
-        if q is None or not q.abs().max() > 1e-9 * top:
-            continue  # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding
-        worst = max(worst, float((p.grad - q).abs().max() / q.abs().max()))
+    gc = grads_of(theirs.model, c := theirs.xe_loss(*peer_inputs(small)))
+    to_peer, top = peer.NAMES[b.model], max(float(g.abs().max()) for g in ga.values())
+    # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding (left out)
+    worst = max([float((g - gc[to_peer(k)]).abs().max() / gc[to_peer(k)].abs().max()) for k, g in ga.items()
+                 if to_peer(k) in gc and gc[to_peer(k)].abs().max() > 1e-9 * top], default=0.0)
     out = {"loss_abs_diff": abs(float(a.detach()) - float(c.detach())), "grad_rel_diff": worst}
     if not (out["loss_abs_diff"] <= 1e-9 and out["grad_rel_diff"] <= 1e-6):
         raise SystemExit(f"rdpp's {b.title} XE step and the peer's disagree in float64: {out}")
@@ -640,7 +630,7 @@ def draw_costs(repeat: int, threads: int) -> None:
     z = same_distribution()
     if z > 4:
         raise SystemExit(f"_draw and torch.multinomial draw from different distributions ({z:.1f} standard errors)")
-    g, ms = torch.Generator().manual_seed(0), lambda t: f"{t.median * 1e3:.2f} ms (best {t.best * 1e3:.2f})"
+    g, ms = torch.Generator().manual_seed(0), lambda t: t.ms(2)
     print(f"{DRAW_ROWS} rows x {DRAW_WORDS:,} words + EOS, CPU, {threads} thread(s), {repeat} interleaved runs each; "
           f"distributions agree ({z:.1f} standard errors at most)")
     for name, peaked in (("peaked", True), ("flat", False)):
@@ -658,6 +648,102 @@ def draw_costs(repeat: int, threads: int) -> None:
     print(f"machine: {machine()}")
 
 
+# -- --model hf: rdpp's HFCaptioner against the same steps written with transformers ---------------------
+
+HF_WHAT = ("decode", "score", "replay")
+HF_SIZES = {False: dict(regions=50, width=256, layers=4, vocab=5000), True: dict(regions=5, width=32, layers=1, vocab=100)}
+HF_LEN = 20  # at most this many tokens a caption
+
+
+def hf_pair(quick: bool, folder: Path, eos_scale: float = 3.0):
+    """A random ViT + GPT-2 (cross-attention) ``VisionEncoderDecoderModel``, the end token's logit
+    raised through its tied embedding row (captions of ~18 tokens), and rdpp's ``HFCaptioner`` of it."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models
+
+    from rdpp_cli.models.hf import HFCaptioner
+
+    torch.manual_seed(0)
+    z = HF_SIZES[quick]
+    W, V = z["width"], z["vocab"]
+    enc = tf.ViTConfig(hidden_size=W, num_hidden_layers=1, num_attention_heads=4, intermediate_size=2 * W,
+                       image_size=32, patch_size=8)
+    dec = tf.GPT2Config(vocab_size=V, n_positions=128, n_embd=W, n_layer=z["layers"], n_head=4,
+                        add_cross_attention=True, is_decoder=True, bos_token_id=V - 1, eos_token_id=V - 1)
+    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    cfg.decoder_start_token_id = cfg.pad_token_id = cfg.eos_token_id = V - 1
+    hf = tf.VisionEncoderDecoderModel(config=cfg)
+    with torch.no_grad():
+        hf.decoder.transformer.wte.weight[V - 1] *= eos_scale
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {f"w{i}": i for i in range(V - 1)} | {"<|endoftext|>": V - 1}, unk_token="<|endoftext|>")),
+        eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return HFCaptioner.from_folder(folder, seq_length=HF_LEN), hf.eval()
+
+
+def hf_sides(ours, hf, B: int, regions: int) -> tuple[dict, dict]:
+    """Each ``--what`` step as (rdpp, transformers) over the same inputs, after the check that rdpp's
+    eval-mode log-probs are within 1e-4 of the model's forward (SystemExit otherwise)."""
+    from transformers.modeling_outputs import BaseModelOutput as Out
+
+    att = torch.randn(B, regions, hf.config.encoder.hidden_size, generator=torch.Generator().manual_seed(1))
+    start, cfg = ours.config.decoder_start_token_id, DecodeConfig(method="random", n=M, max_len=HF_LEN)
+    with torch.no_grad():
+        seqs = decode(ours, att, cfg, generator=torch.Generator().manual_seed(2)).tokens.reshape(B * M, -1)
+    ids, rows = torch.cat([torch.full((B * M, 1), start), ours.hf_of[seqs]], 1), Out(att.repeat_interleave(M, 0))
+    target = torch.cat([ids[:, 1:], torch.full((B * M, 1), start)], 1)
+
+    def theirs_logp(grad: bool):
+        with torch.set_grad_enabled(grad):
+            logits = hf(encoder_outputs=rows, decoder_input_ids=ids).logits
+            return torch.log_softmax(logits.float(), -1).gather(2, target.unsqueeze(2)).squeeze(2)
+
+    with torch.no_grad():
+        ours_target = torch.cat([seqs, seqs.new_zeros(B * M, 1)], 1)
+        diff = (ours(att, seqs).gather(2, ours_target.unsqueeze(2)).squeeze(2) - theirs_logp(False)).abs()
+        diff = float(diff[(ours_target == 0).cumsum(1) - (ours_target == 0).int() == 0].max())
+    if not diff < 1e-4:
+        raise SystemExit(f"rdpp --model hf and transformers' log-probs differ by {diff:.1e}; not timed")
+    drop = ours.draw_dropout(B, B * M, HF_LEN + 1, regions, generator=torch.Generator().manual_seed(3))
+
+    def replay(model, loss):
+        model.train()
+        loss().sum().neg().backward()
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+    gen = dict(do_sample=True, top_k=0, num_return_sequences=M, max_new_tokens=HF_LEN + 1, decoder_start_token_id=start,
+               eos_token_id=start, pad_token_id=start)
+    no_grad = torch.no_grad()
+    sides = {"decode": (no_grad(lambda: decode(ours, att, cfg)), no_grad(lambda: hf.generate(encoder_outputs=Out(att), **gen))),
+             "score": (no_grad(lambda: ours.token_logprobs(att, seqs)), lambda: theirs_logp(False)),
+             "replay": (lambda: replay(ours, lambda: ours.token_logprobs(att, seqs, drop=drop)[0]),
+                        lambda: replay(hf, lambda: theirs_logp(True)))}
+    return sides, {"logprob": diff, "tokens": float((seqs > 0).sum(1).float().mean())}
+
+
+def hf_rows(a: argparse.Namespace) -> None:
+    """``--model hf``: each asked step once untimed, then ``--repeat`` interleaved runs a side; medians."""
+    z = HF_SIZES[a.quick]
+    with tempfile.TemporaryDirectory(prefix="rdpp-bench-hf-") as tmp:
+        ours, hf = hf_pair(a.quick, Path(tmp))
+    sides, check = hf_sides(ours, hf, a.batch, z["regions"])
+    rows = []
+    for name in a.what:
+        fns = dict(zip(("rdpp", "transformers"), sides[name]))
+        [f() for f in fns.values()]  # warm-up
+        r, h = interleaved(fns, a.repeat).values()
+        rows.append([name, r.ms(), h.ms(), f"{h.median / r.median:.2f}x"])
+    print_table(f"{machine()}; torch threads {torch.get_num_threads()}; {a.batch} images x {M} captions (mean "
+                f"{check['tokens']:.1f} tokens), {z['regions']} x {z['width']} encoder states, GPT-2 {z['layers']} "
+                f"layers x {z['width']}, vocabulary {z['vocab']}; log-probs within {check['logprob']:.1e}; medians of "
+                f"{a.repeat} interleaved runs", ["step", "rdpp --model hf", "transformers", "ratio"], rows)
+    if a.json:
+        print(json.dumps({"benchmark": "models_speed hf", "machine": machine_info(), "checks": check, "rows": rows}))
+
+
 # -- the command line, the report ----------------------------------------------------------------------
 
 def split(s: str) -> list[str]:
@@ -666,8 +752,9 @@ def split(s: str) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=sorted(peer.PEER_CLASS), help="the rdpp model timed against the peer's")
-    ap.add_argument("--what", default=",".join(ALL), help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+    ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
+                    "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
+    ap.add_argument("--what", default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
                     "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
                     "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
     ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
@@ -700,9 +787,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.summary:
         return args
+    args.what = args.what or ",".join(HF_WHAT if args.model == "hf" else ALL)
     args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
     args.ms = [int(m) for m in split(args.ms)]
-    bad = [w for w in args.what if w not in (*ALL, "numerics", "select", "draw")] + [v for v in args.fast if v not in VARIANTS]
+    known = HF_WHAT if args.model == "hf" else (*ALL, "numerics", "select", "draw")
+    bad = [w for w in args.what if w not in known] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]
     if args.model is None or bad or not args.what or not args.precision:
         ap.error(f"give --model and known --what/--fast/--methods (unknown: {', '.join(bad) or '-'})")
@@ -720,6 +809,8 @@ def main(argv=None) -> None:
     if args.summary:
         return summary(args.summary)
     torch.set_num_threads(args.threads)
+    if args.model == "hf":
+        return hf_rows(args)
     device = torch.device(args.device)
     s = QUICK[args.model] if args.quick else PAPER
     timing = [w for w in args.what if w in ALL]

@@ -9,11 +9,8 @@ copy of the rdpp model's weights under the peer's names (``NAMES``); ``Peer`` ad
 ``prepro_ngrams.get_doc_freq``) and the published R-DPP step composed from its parts
 (benchmarks/README.md, "The reference is the peer's own code").
 
-Where the checkout is: ``--peer-repo PATH``, else ``$SCP_REPO``, else a copy of commit 4c48a33
-beside this repository (``../shared/peers/self-critical.pytorch-4c48a33``, or ``.peer/`` inside it,
-where benchmarks/cuda_check.sh puts one for a GPU machine); a clone needs its ``cider`` submodule
-(``git submodule update --init``). The checkout is only read: the document-frequency pickle goes to
-a temporary folder. Its imports need ``yacs`` and ``six`` beside torch and numpy.
+Where the checkout is: ``find_repo`` (benchmarks/README.md, "Pointing at your own checkout"). The
+checkout is only read: the document-frequency pickle goes to a temporary folder.
 """
 
 from __future__ import annotations
@@ -95,7 +92,7 @@ def find_repo(path: str | os.PathLike | None = None) -> Path:
     candidates = [Path(given)] if given else [p for p in DEFAULT_PLACES if p.is_dir()]
     if not candidates:
         raise SystemExit(f"no self-critical.pytorch checkout found (looked at $SCP_REPO, "
-                         f"{', '.join(map(str, DEFAULT_PLACES))}); {HOW}, or pass --no-reference")
+                         f"{', '.join(map(str, DEFAULT_PLACES))}); {HOW}, or pass --no-peer")
     repo = candidates[0].resolve()
     need = [repo / "captioning" / "models" / "AttModel.py", repo / "captioning" / "modules" / "loss_wrapper.py",
             repo / "cider" / "pyciderevalcap" / "ciderD" / "ciderD_scorer.py", repo / "scripts" / "prepro_ngrams.py"]
@@ -261,9 +258,9 @@ class Peer:
 
     # -- SCST ------------------------------------------------------------------------------------------
 
-    def scst_parts(self, fc, att, gts, sync=lambda: None):
+    def scst_step(self, fc, att, gts, sync=lambda: None) -> dict[str, float]:
         """``LossWrapper.forward``'s ``sc_flag`` branch, call for call, with a clock between the
-        calls: (loss, seconds of decoding and of the reward, the samples)."""
+        calls, then the peer's update: seconds of decoding, of the reward and of the backward."""
         opt = self.opt
         t0 = time.perf_counter()
         self.model.eval()
@@ -280,17 +277,10 @@ class Peer:
         reward = self.self_critical_reward(greedy_res, g, gen_result)
         reward = torch.from_numpy(reward).to(sample_logprobs)
         t2 = time.perf_counter()
-        loss = self.lw.rl_crit(sample_logprobs, gen_result.data, reward, reduction="mean").mean()
-        return loss, t1 - t0, t2 - t1, gen_result
-
-    def scst_step(self, fc, att, gts, sync=lambda: None) -> dict[str, float]:
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad()
-        loss, dec, rew, gen = self.scst_parts(fc, att, gts, sync)
-        self._clip_and_step(loss)
+        self.optimizer.zero_grad()  # (no gradient since the last step: the sampling pass only builds the graph)
+        self._clip_and_step(self.lw.rl_crit(sample_logprobs, gen_result.data, reward, reduction="mean").mean())
         sync()
-        t3 = time.perf_counter()
-        return {"decode": dec, "reward": rew, "backward": t3 - t0 - dec - rew, "words": mean_words(gen)}
+        return {"decode": t1 - t0, "reward": t2 - t1, "backward": time.perf_counter() - t2, "words": mean_words(gen_result)}
 
     # -- the published R-DPP step ----------------------------------------------------------------------
 

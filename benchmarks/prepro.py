@@ -9,10 +9,7 @@ child processes, checked first to write the same captions and different features
 real captions; each step's seconds and the peak RSS. Interleaved, medians (bests beside);
 benchmarks/README.md says more.
 
-    python benchmarks/prepro.py extract [--images 48] [--image-size 448] [--repeats 3] [--workers 0,1,default]
-                                        [--batches 8,32] [--threads N] [--json]
-    python benchmarks/prepro.py toy [--images 3000] [--repeats 3] [--threads N] [--json]
-    python benchmarks/prepro.py text [--repeats 1] [--images 2000] [--dir DIR] [--keep] [--json]
+    python benchmarks/prepro.py extract|toy|text [--repeats N] [--threads N] [--json]   # each one's --help: the rest
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ class Timing:
     def best(self) -> float:
         return min(self.times)
 
+    def ms(self, digits: int = 1) -> str:
+        """``"12.3 ms (best 11.9)"``: the median in milliseconds, the best run beside it."""
+        return f"{self.median * 1e3:.{digits}f} ms (best {self.best * 1e3:.{digits}f})"
+
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[[], float] = time.perf_counter,
                 before: Callable[[str], Any] | None = None) -> dict[str, Timing]:

@@ -45,6 +45,36 @@ def test_a_model_without_a_fast_path_is_reported_refused(models_speed, capsys):
     assert list(line["steps"]) == ["rdpp UpDown xe fp32"]
 
 
+@pytest.mark.slow
+def test_model_hf_is_checked_against_transformers_then_timed(models_speed, capsys):
+    pytest.importorskip("transformers")
+    models_speed.main(["--model", "hf", "--quick", "--threads", "1", "--json"])
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert line["benchmark"] == "models_speed hf" and line["checks"]["logprob"] <= 1e-4 and line["checks"]["tokens"] > 1
+    assert [r[0] for r in line["rows"]] == ["decode", "score", "replay"]
+
+
+@pytest.mark.unit
+def test_model_hf_takes_only_its_own_steps(models_speed, capsys):
+    with pytest.raises(SystemExit) as e:
+        models_speed.main(["--model", "hf", "--what", "decode,xe"])
+    assert e.value.code == 2 and "unknown: xe" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_no_peer_checkout_names_the_option_that_times_rdpp_alone(models_speed, monkeypatch):
+    import peer
+
+    monkeypatch.delenv("SCP_REPO", raising=False)
+    monkeypatch.setattr(peer, "DEFAULT_PLACES", ())
+    with pytest.raises(SystemExit, match="no self-critical.pytorch checkout found") as e:
+        peer.find_repo()
+    assert "--no-peer" in str(e.value)  # models_speed.py's option (there is no --no-reference)
+    with pytest.raises(SystemExit) as e:
+        models_speed.main(["--model", "att2in", "--quick", "--what", "xe", "--no-reference"])
+    assert e.value.code == 2
+
+
 @pytest.mark.unit
 def test_the_summary_reads_the_harness_lines(models_speed, tmp_path, capsys):
     log = tmp_path / "models_att2in.log"
