@@ -193,11 +193,11 @@ def fast_xe_check(base, fast: F.FastPath, batch: Batch) -> dict:
     """The fast XE pass against the eager one on the same dropout masks (the first call compiles)."""
     m = copy.deepcopy(base).train()
     drop = fast.xe_dropout(m, batch.labels, batch.att.shape[1])
-    tok, mask = m.token_logprobs(batch.att, batch.labels, drop=drop)
+    tok, mask = m.token_logprobs(batch.att, batch.labels, drop=drop, fc=batch.fc)
     want = -tok.sum() / mask.sum()
     g_want, t = grads_of(m, want), time.perf_counter()
     fast.begin_step()
-    tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop)
+    tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop, batch.fc)
     got = -tok.sum() / mask.sum()
     g_got = grads_of(m, got)
     sync(batch.att.device)

@@ -24,6 +24,7 @@ def models_speed():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_the_harness_checks_against_the_peer_then_times_every_side(models_speed, capsys):
     peer_modules()  # the peer's checkout, or a skip saying what is missing
     models_speed.main(["--model", "att2in", "--quick", "--what", "xe", "--precision", "fp32,bf16", "--json"])
@@ -38,14 +39,17 @@ def test_the_harness_checks_against_the_peer_then_times_every_side(models_speed,
 
 
 @pytest.mark.slow
-def test_a_model_without_a_fast_path_is_reported_refused(models_speed, capsys):
+@pytest.mark.integration
+def test_updowns_fast_path_is_checked_equal_to_its_eager_step_then_timed(models_speed, capsys):
+    """UpDown reads fc: the harness's fast-path check passes it to both sides (it was refused before
+    UpDown had a fast path)."""
     models_speed.main(["--model", "updown", "--quick", "--what", "xe", "--no-peer", "--fast", "fast", "--json"])
     line = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert line["checks"]["xe"]["fast"]["error"].startswith("refused")
-    assert list(line["steps"]) == ["rdpp UpDown xe fp32"]
+    assert line["checks"]["xe"]["fast"]["equal"], line["checks"]["xe"]["fast"]
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_model_hf_is_checked_against_transformers_then_timed(models_speed, capsys):
     pytest.importorskip("transformers")
     models_speed.main(["--model", "hf", "--quick", "--threads", "1", "--json"])

@@ -208,7 +208,6 @@ def test_the_figure_never_prints_minus_zero():
     assert (_num(-1e-16), _num(0.004), _num(-0.5), _num(0.653)) == ("0.00", "0.00", "-0.50", "0.65")
 
 
-@pytest.mark.unit
 def test_format_without_a_figure_is_refused_and_the_format_is_recorded_only_with_one(tmp_path):
     """Issue 36: --format sets the --figure drawing's format; alone it cannot act: one line, exit 2."""
     from rdpp_cli.errors import RdppError

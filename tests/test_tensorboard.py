@@ -211,7 +211,6 @@ def test_a_resumed_runs_event_files_sort_after_the_interrupted_runs(tmp_path):
     assert int(time.time()) > now
 
 
-@pytest.mark.unit
 def test_steps_are_flushed_every_few_seconds_and_before_a_resume_state(tmp_path, monkeypatch):
     """Issue 34: no flush per step (a GPU run logs tens of steps a second); the writers flush every
     FLUSH_SECONDS on their own and always before a resume state is written, so the events up to it are
