@@ -176,6 +176,7 @@ TrainingRecipe(stage="xe", model=model, data=d, out_dir=Path(out), opts=cfg, ste
 """
 
 
+@pytest.mark.slow  # ~25 s each on 2 cores; tests/test_train_ddp.py runs two processes in the default run
 @pytest.mark.parametrize("name", OTHERS)
 def test_two_processes_train_the_same_weights_as_one(tmp_path, name):
     """torchrun with two gloo processes: each takes half of every global batch of 6 images, and the

@@ -45,6 +45,7 @@ def test_subprocess_prepro_toy_then_ls_in_an_empty_folder(default_toy):
     assert "data/toy-v1" in listed.stdout and "images=3000" in listed.stdout
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: the default run's budget; the other tests here check the default toy data
 @pytest.mark.integration
 def test_default_toy_files_have_the_documented_shapes(default_toy):
     path = default_toy[0] / "runs" / "data" / "toy-v1"
