@@ -5,8 +5,6 @@ not part of the first image id."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 

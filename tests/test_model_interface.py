@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models import MODELS, CaptionModel, DropoutMasks, model_spec, select_rows, sequence_logprobs
-from rdpp_cli.models.att2in import Att2in
 from rdpp_cli.models.base import stepwise_logprobs
 from rdpp_cli.training.loop import noam_factor
 from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
