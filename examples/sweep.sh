@@ -51,6 +51,7 @@ case $SWEEP in
 esac
 RDPP=${RDPP:-rdpp}
 GIVEN_XE_EPOCHS=${XE_EPOCHS:-}  # models: given, it wins over the per-model defaults
+GIVEN_RL_EPOCHS=${RL_EPOCHS:-}  # models: given, it wins over the fine-tuning recipe's
 IMAGES=${IMAGES:-3000}          # training images of the bundled data
 XE_EPOCHS=${XE_EPOCHS:-8}
 RL_EPOCHS=${RL_EPOCHS:-6}
@@ -210,7 +211,8 @@ WEIGHTS=${WEIGHTS:-../shared/weights/mobilenet_v2-imagenet-features.pth}
 # Each model's XE epochs and learning rate; XE_EPOCHS_<model>, XE_LR_<model> win (XE_EPOCHS for every model),
 # set but empty XE_LR_<model>= means the preset's (train-xe --preset small: lr 4e-4 x0.8 every 3 epochs;
 # the transformer's Noam schedule, lr factor 1.0, 400 warm-up steps). XE_OPTS_<model>: more train-xe options;
-# RL_EPOCHS_<model>, RL_LR_<model>: finetune's (default $RL_EPOCHS, 1e-4).
+# RL_EPOCHS_<model>, RL_LR_<model>: finetune's (default: the model's `finetune --preset small` recipe, RL_EPOCHS when
+# given).
 #   bundled data, 48 steps of 50 images per epoch: att2in as the toy sweep's xe (8 epochs, lr 1e-3); updown at
 #   the same settings (same sizes as att2in's small preset); the transformer 15 epochs of its Noam schedule,
 #   whose 400 warm-up steps take 8 of them.
@@ -246,7 +248,10 @@ model_chain() {  # model, data artifact, XE epochs and lr by default ("": the pr
   read -r -a more <<< "$(setting XE_OPTS "$m" "")"
   done_ "$WS/xe/xe-$m" || $RDPP train-xe --data "$data" "${common[@]}" "${xe_opts[@]}" "$@" "${more[@]}" \
     --out "$WS/xe/xe-$m"
-  local rl_opts=(--epochs "$(setting RL_EPOCHS "$m" "$RL_EPOCHS")" --lr "$(setting RL_LR "$m" 1e-4)" "$@")
+  local rl_epochs rl_lr
+  rl_epochs=$(setting RL_EPOCHS "$m" "$GIVEN_RL_EPOCHS")
+  rl_lr=$(setting RL_LR "$m" "")
+  local rl_opts=(--preset small ${rl_epochs:+--epochs "$rl_epochs"} ${rl_lr:+--lr "$rl_lr"} "$@")
   for spec in "scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5"; do
     read -r -a parts <<< "$spec"
     name=${parts[0]}-$m
