@@ -23,7 +23,9 @@
 #   bash examples/sweep.sh models      docs/experiments.md "Across models": for each model of MODELS (default
 #                                      "att2in updown transformer"), XE (`train-xe --model M --preset small`) and
 #                                      SCST and R-DPP m = 5 from it, each sampled with 10 random captions per test
-#                                      image and scored: xe/xe-M, finetune/scst-M, finetune/dpp-m5-M. Workspace
+#                                      image and scored: xe/xe-M, finetune/scst-M, finetune/dpp-m5-M; the three
+#                                      sets side by side (rdpp compare: compare/models-M, its figure.png of the
+#                                      first 4 test images). Workspace
 #                                      ./runs-models by default. Per-model settings below (XE_EPOCHS_<model>, ...);
 #                                      DEVICE=cuda for a GPU. Att2in's three trainings: ~50 min on 2 shared cores.
 #   bash examples/sweep.sh models-real the same on the 390 real COCO photos of examples/real_photos.sh (REAL=
@@ -263,6 +265,16 @@ model_chain() {  # model, data artifact, XE epochs and lr by default ("": the pr
     run "$model" "$name-random10" --split test --method random --n 10 -- --oracle --self-cider --diversity \
       --metrics CIDEr
   done
+  compare_figure "$m"
+}
+
+compare_figure() {  # model: its three sets side by side (compare/models-M), and a figure of the first 4 test images
+  local m=$1 s=$WS/samples out=$WS/compare/models-$1
+  done_ "$out" && return
+  python3 -c 'import json, sys; print(*(r["image_id"] for r in json.load(open(sys.argv[1]))[:4]), sep="\n")' \
+    "$s/xe-$m-random10/samples.json" > "$WS/figure-ids-$m.txt"
+  $RDPP compare "$s/xe-$m-random10" "$s/scst-$m-random10" "$s/dpp-m5-$m-random10" --labels "XE,SCST,R-DPP m=5" \
+    --figure "$WS/figure-ids-$m.txt" --format png --figure-captions 4 --workspace "$WS" --out "$out"
 }
 
 models() {
