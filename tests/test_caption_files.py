@@ -330,6 +330,7 @@ def test_csv_of_the_six_real_photos_equals_the_karpathy_route(tmp_path):
     assert_same_artifact(want, got)
 
 
+@pytest.mark.slow  # ~65 s on 2 idle cores; the six real photos above check the same route in the default run
 @pytest.mark.skipif(not (REAL390 / "dataset_coco390.json").is_file(),
                     reason=f"the 390 real COCO photos are not here ({REAL390}; set RDPP_SHARED)")
 @pytest.mark.skipif(not MOBILENET.is_file(), reason=f"the MobileNetV2 weights are not here ({MOBILENET})")

@@ -89,6 +89,7 @@ def test_score_equals_coco_eval_cap_on_the_six_photos(tmp_path, monkeypatch):
     assert 0 < ours["CIDEr"] < 3 and 0 < ours["Bleu_1"] < 1
 
 
+@pytest.mark.slow  # ~30 s (5,000 images); the six photos above check the same route in the default run
 @pytest.mark.skipif(not VAL2017.is_file(), reason=f"the official COCO val2017 captions are not here ({VAL2017})")
 def test_score_equals_coco_eval_cap_against_the_official_val2017_file(tmp_path, monkeypatch):
     """Results for 100 of the 5,000 images (those of coco-real-390), scored against the whole file,

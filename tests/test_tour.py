@@ -112,6 +112,7 @@ score:
 """
 
 
+@pytest.mark.slow  # ~35 s on 2 idle cores; the own-data routes are checked in test_caption_files.py
 def test_the_own_dataset_commands_verbatim(tmp_path):
     """A CSV of image,caption rows (no split column: the hash rule splits it) beside a folder of
     photos, then the README's commands as typed; `rdpp caption` on new photos of several sizes and

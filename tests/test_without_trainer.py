@@ -115,6 +115,7 @@ def test_a_trainer_command_says_how_to_install_the_trainer(no_trainer, tmp_path,
     assert "Traceback" not in r.stdout + r.stderr and not (tmp_path / "ws").exists()
 
 
+@pytest.mark.slow  # ~55 s (a fresh venv); the tests above run the same commands with torch hidden
 def test_core_install_in_a_fresh_venv_scores_without_torch(tmp_path):
     """`pip install .` (core only, from the package index or pip's cache) into a new virtual
     environment: no torch is installed, and `rdpp score` scores a results file."""
