@@ -416,7 +416,7 @@ def run(b: Bench) -> tuple[dict, list, dict, dict]:
         pairs += [x for x in p if x[1] in t and x[2] in t]
         if b.args.profile:
             profile(sides, b.device, 12)
-        del sides
+        sides.clear(), warm.clear()  # the group's models go before the next group's are built
     return timed, pairs, checks, rates
 
 
