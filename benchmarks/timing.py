@@ -6,6 +6,8 @@ stretches of load; ratios are taken between medians, the best run may be shown b
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import shutil
@@ -65,13 +67,50 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
 
 
-def parser(doc: str):
+def parser(doc: str, json: bool = True, **kw) -> argparse.ArgumentParser:
     """The options every script shares: its description (the docstring's first line) and --json."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0], **kw)
+    if json:
+        ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     return ap
+
+
+def subcommands(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, Callable]:
+    """A script of subcommands: (its parser, ``shared``: the options that ``add(name, help)``'s
+    subcommands all take, --json first; add them before the subcommands, ``add(..., shared=False)``:
+    a subcommand with --json alone)."""
+    ap, common, alone = parser(doc, json=False), parser(doc, add_help=False), parser(doc, add_help=False)
+    sub = ap.add_subparsers(dest="what", required=True)
+    return ap, common, lambda name, help, shared=True: sub.add_parser(name, parents=[common if shared else alone],
+                                                                   help=help)
+
+
+def run_bench(name: str, bench: Callable[[], dict], show: Callable, args, work: Path | None = None,
+              key: str | None = None, **extra) -> None:
+    """``show(bench(), args)``, then the load average at the start and the machine; ``work``: a folder
+    removed at the end unless ``args.keep``; ``--json``: one line, ``{"benchmark": name, ...}`` with
+    ``extra`` and the result's fields (under ``key``, if given)."""
+    load0 = os.getloadavg()
+    try:
+        res = bench()
+    finally:
+        if work is not None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    show(res, args)
+    print(f"load average {load0[0]:.1f} at the start; {machine()}")
+    if args.json:
+        print(json.dumps({"benchmark": name, "cpus": os.cpu_count(), "machine": machine(),
+                          "load_average_start_end": [load0, os.getloadavg()], **extra, **({key: res} if key else res)}))
+
+
+def reused(spec: Path, want: dict, make: Callable[[], dict]) -> dict:
+    """``make()``'s record (and ``build_s``, its seconds), kept in ``spec`` beside what it made: a
+    rerun with the same ``want`` (files kept with ``--keep``) reuses them."""
+    if not (spec.is_file() and json.loads(spec.read_text()).get("want") == want):
+        t0 = time.perf_counter()
+        made = make()
+        spec.write_text(json.dumps({**made, "build_s": time.perf_counter() - t0, "want": want}))
+    return json.loads(spec.read_text())
 
 
 def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> None:
