@@ -133,8 +133,8 @@ def same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images: int 
 
 def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     """rdpp's XE loss and gradients against the peer's in float64 with dropout off (rounding cannot
-    hide a difference): |loss difference| and the largest gradient difference relative to each
-    parameter's largest gradient (parameters whose gradient is rounding noise around 0 left out)."""
+    hide a difference): |loss difference| and ``grad_diff`` (parameters whose gradient is at most 1e-9
+    of the largest, rounding noise around 0, left out)."""
     ours = copy.deepcopy(base).double().eval()
     small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
                      "labels": batch.labels[:images], "index": batch.index[:images]})
@@ -142,10 +142,7 @@ def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
     gc = grads_of(theirs.model, c := theirs.xe_loss(*peer_inputs(small)))
-    to_peer, top = peer.NAMES[b.model], max(float(g.abs().max()) for g in ga.values())
-    # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding (left out)
-    worst = max([float((g - gc[to_peer(k)]).abs().max() / gc[to_peer(k)].abs().max()) for k, g in ga.items()
-                 if to_peer(k) in gc and gc[to_peer(k)].abs().max() > 1e-9 * top], default=0.0)
+    worst, _ = grad_diff(gc, {peer.NAMES[b.model](k): g for k, g in ga.items()}, floor=1e-9)
     out = {"loss_abs_diff": abs(float(a.detach()) - float(c.detach())), "grad_rel_diff": worst}
     if not (out["loss_abs_diff"] <= 1e-9 and out["grad_rel_diff"] <= 1e-6):
         raise SystemExit(f"rdpp's {b.title} XE step and the peer's disagree in float64: {out}")
@@ -179,13 +176,23 @@ def grads_of(model, loss) -> dict[str, torch.Tensor]:
     return g
 
 
+def grad_diff(want: dict, got: dict, floor: float = 0.0, norm: bool = False) -> tuple[float, str]:
+    """The largest difference of two sets of gradients relative to the parameter's largest ``want``
+    entry (``norm``: ‖Δg‖ / ‖g‖), and that parameter, so that a miss says where it is. Left out: the
+    parameters whose gradient is under ``floor`` of the largest, and the attention's ``alpha_net.bias``
+    (a softmax ignores a shift: its gradient is rounding noise around 0)."""
+    size = (lambda g: g.norm()) if norm else (lambda g: g.abs().max())
+    top = max(float(size(g)) for g in want.values())
+    return max(((float(size(got[k] - g) / size(g).clamp_min(1e-30)), k) for k, g in want.items()
+                if k in got and not k.endswith("alpha_net.bias") and float(size(g)) >= floor * top), default=(0.0, "-"))
+
+
 def compare(want, got, ga: dict, gb: dict) -> dict:
-    """Loss relative difference and the largest gradient difference relative to each parameter's
-    largest gradient; equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
+    """Loss relative difference and ``grad_diff``; equal within 1e-5 (loss) and 1e-3 (gradients:
+    float32 through two kernel sets)."""
     a, b = float(want.detach()), float(got.detach())
     rel = abs(a - b) / max(abs(a), 1e-30)
-    worst, name = max((float((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp_min(1e-30)), k) for k in ga
-                      if not k.endswith("alpha_net.bias"))  # the parameter, so a miss says where it is
+    worst, name = grad_diff(ga, gb)
     return {"loss_rel_diff": rel, "grad_rel_diff": worst, "worst_param": name, "equal": rel <= 1e-5 and worst <= 1e-3}
 
 
@@ -454,24 +461,18 @@ def peaked_model(b: Bench):
 def xe_numerics(model, batch: Batch) -> dict[str, float]:
     """The XE loss and gradients on 5 captions per image the model itself samples (a trained model's
     loss, not that of random words), bf16 against fp32, dropout off; gradients: the largest over the
-    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖."""
+    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖ (``grad_diff``)."""
     with torch.no_grad():
         d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=batch.labels.shape[-1]),
                    generator=torch.Generator(device=batch.att.device).manual_seed(1))
     batch, out = Batch(**{**batch.__dict__, "labels": d.tokens}), {}
     for prec in ("fp32", "bf16"):
-        model.zero_grad(set_to_none=True)
         loss = autocast_loss(xe_loss, model, batch, prec)
-        loss.backward()
-        out[prec] = float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
+        out[prec] = float(loss.detach()), grads_of(model, loss)
     model.train()
     (l32, g32), (l16, g16) = out["fp32"], out["bf16"]
-    top = max(float(g.norm()) for g in g32.values())  # a softmax ignores a shift: such a bias's gradient is rounding noise
-    keys = [k for k in g32 if not k.endswith("alpha_net.bias") and float(g32[k].norm()) > 1e-6 * top]
     return {"xe_loss_fp32": l32, "xe_loss_bf16": l16, "xe_loss_rel": abs(l16 - l32) / l32,
-            "xe_grad_rel": max(float((g16[k] - g32[k]).norm() / g32[k].norm()) for k in keys),
-            "xe_grad_entry_rel": max(float((g16[k] - g32[k]).abs().max() / g32[k].abs().max()) for k in keys)}
+            "xe_grad_rel": grad_diff(g32, g16, 1e-6, norm=True)[0], "xe_grad_entry_rel": grad_diff(g32, g16, 1e-6)[0]}
 
 
 def replay(model, batch: Batch, precision: str) -> dict[str, float]:
