@@ -183,18 +183,17 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
             f.attrs["num_docs"] = rows
     w = FeatureWriter(path / "features.h5", ids, fc_dim=ATT_DIM, regions=REGIONS, block=block,
                       attrs={"backbone": "synthetic", "att_size": 14})
-    mm_att = mm_fc = None
+    maps = {}
     if npy_dir is not None:
         npy_dir.mkdir(parents=True, exist_ok=True)
-        mm_att = np.lib.format.open_memmap(npy_dir / "att.npy", "w+", np.float16, (rows, REGIONS, ATT_DIM))
-        mm_fc = np.lib.format.open_memmap(npy_dir / "fc.npy", "w+", np.float16, (rows, ATT_DIM))
+        maps = {k: np.lib.format.open_memmap(npy_dir / f"{k}.npy", "w+", np.float16, (rows, *shape))
+                for k, shape in (("fc", (ATT_DIM,)), ("att", (REGIONS, ATT_DIM)))}
     for s, fc, att in feature_blocks(rows, block, seed):
         w.write(fc, att)
-        if mm_att is not None:
-            mm_att[s:s + len(att)], mm_fc[s:s + len(fc)] = att, fc
-    if mm_att is not None:
-        mm_att.flush(), mm_fc.flush()
-        del mm_att, mm_fc
+        for k, x in zip(maps, (fc, att)):
+            maps[k][s:s + len(x)] = x
+    for m in maps.values():
+        m.flush()
     write_manifest(path, "rdpp.data", {"source": "benchmarks/common.py", "rows": rows},
                    precomputed={"features.h5": w.finish()})
     with h5py.File(path / "features.h5") as f:

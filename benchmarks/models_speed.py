@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
 from common import (BATCH, PAPER, QUICK, Shapes, features, make_batch, make_model, make_refs, output_bias,  # noqa: E402
                     parse_words, zipf_p)
-from timing import interleaved, machine, machine_info, on_roofline, print_table, steps, sync  # noqa: E402
+from timing import interleaved, machine, machine_info, on_roofline, parser, print_table, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
@@ -288,13 +288,10 @@ def xe_sides(b: Bench) -> tuple[dict, list, dict]:
         check["fast"] = {"error": f"refused: the {b.title} model has no fast path (--fast on is an error)"}
     sides, pairs, mine = {}, [], f"rdpp {b.title} xe"
     for prec in b.args.precision:
-        m = copy.deepcopy(ours)
-        opt = torch.optim.Adam(m.parameters(), lr=4e-4)  # the peer's default
-        sides[f"{mine} {prec}"] = lambda m=m, opt=opt, p=prec: update(m, opt, autocast_loss(xe_loss, m, batch, p))
+        sides[f"{mine} {prec}"] = stepper(ours, 4e-4, lambda m, p=prec: autocast_loss(xe_loss, m, batch, p))
     if b.args.ss:
-        m, ss = copy.deepcopy(ours), XELoss(ss_prob=lambda epoch: b.args.ss)
-        opt = torch.optim.Adam(m.parameters(), lr=4e-4)
-        sides[f"{mine} ss={b.args.ss:g}"] = lambda: update(m, opt, ss(m, batch)[0])
+        ss = XELoss(ss_prob=lambda epoch: b.args.ss)
+        sides[f"{mine} ss={b.args.ss:g}"] = stepper(ours, 4e-4, lambda m: ss(m, batch)[0])
     if theirs is not None:
         inputs, ref = peer_inputs(batch), f"{b.peer_title} xe"
         sides[ref] = lambda: theirs.xe_step(*inputs)
@@ -302,11 +299,17 @@ def xe_sides(b: Bench) -> tuple[dict, list, dict]:
     for v, fast in b.fast_paths().items():
         check[v] = guarded(fast_xe_check, ours, fast, batch)
         if "error" not in check[v]:
-            m, loss_fn = copy.deepcopy(ours), fast_xe_loss(fast)
-            opt = fast.optimizer(m.parameters(), 4e-4)
-            sides[f"{mine} {v}"] = lambda m=m, opt=opt, f=fast, s=loss_fn: (f.begin_step(), update(m, opt, s(m, batch)))
+            sides[f"{mine} {v}"] = stepper(ours, 4e-4, lambda m, s=fast_xe_loss(fast): s(m, batch), fast)
             pairs.append((f"xe {v} vs eager", f"{mine} {v}", f"{mine} fp32"))
     return sides, pairs, check
+
+
+def stepper(ours, lr: float, loss, fast: F.FastPath | None = None):
+    """A side that trains its own copy of ``ours``: ``loss(model)``, then ``update`` with Adam at
+    ``lr`` (the peer's optimizer), or the fast path's optimizer and its ``begin_step`` first."""
+    m = copy.deepcopy(ours)
+    opt = fast.optimizer(m.parameters(), lr) if fast else torch.optim.Adam(m.parameters(), lr=lr)
+    return lambda: (fast and fast.begin_step(), update(m, opt, loss(m)))[1]
 
 
 def autocast_loss(fn, model, batch: Batch, precision: str):
@@ -355,9 +358,7 @@ def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, che
             check[name] = guarded(fast_rl_check, ours, RewardStep(**kw), step, batch, refs)
             if "error" in check[name]:
                 continue
-            m = copy.deepcopy(ours)
-            opt = fast.optimizer(m.parameters(), 1e-6)
-            sides[name] = lambda m=m, opt=opt, st=step, f=fast: (f.begin_step(), update(m, opt, st(m, batch)[0]))
+            sides[name] = stepper(ours, 1e-6, lambda m, st=step: st(m, batch)[0], fast)
             pairs.append((f"{reward} m={M} {v} vs eager", name, f"rdpp {b.title} {reward} m={M} fp32"))
 
 
@@ -383,7 +384,6 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
     ours.eval()
     if theirs is not None:
         theirs.model.eval()
-        theirs.model.repeat_tensor = peer.repeat_tensors(b.mods)  # its DBS calls a method no model defines
     for method in b.args.methods:
         kw = {**METHODS[method], **({"n": b.args.n} if METHODS[method]["n"] == M else {})}
         kw.update({"n": b.args.n, "groups": b.args.n} if method == "dbs" else {})
@@ -586,8 +586,7 @@ def selection(b: Bench) -> None:
         for name, fn in fns.items():
             if name != "draw":
                 fn()  # warm-up (draw's was the captions' draw)
-        clock = time.process_time if a.clock == "cpu" else time.perf_counter
-        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3), clock=clock).items()}
+        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3)).items()}
     row = lambda what, key, **kw: {"device": b.device.type, "what": what, "images": images,  # noqa: E731
                                    "seconds": round(med[key], 4), "ms_per_image": round(1e3 * med[key] / images, 4),
                                    "vs_draw": round(med[key] / med["draw"], 5), **kw}
@@ -597,13 +596,13 @@ def selection(b: Bench) -> None:
     rows.append(row(f"greedy MAP step alone, batched ({a.keep} of {a.candidates})", "greedy", speedup=round(
         med["ref"] / med["greedy"], 2), reference="per-image numpy loop (Chen et al.)", ref_seconds=round(med["ref"], 4)))
     print_table(f"rdpp sample --select, {b.title}: {a.keep} of {a.candidates} per image, {images} images (random weights; "
-                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}, {a.clock} clock)",
+                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads})",
                 ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
                 [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
                   f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
                   f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
     if a.json:
-        print(json.dumps({"benchmark": "selection", "threads": a.threads, "clock": a.clock, "machine": machine_info(),
+        print(json.dumps({"benchmark": "selection", "threads": a.threads, "machine": machine_info(),
                           "select_rows": rows}))
 
 
@@ -752,7 +751,7 @@ def split(s: str) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
                     "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
     ap.add_argument("--what", default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
@@ -775,7 +774,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--candidates", type=int, default=50, help="select: C, samples drawn per image")
     ap.add_argument("--keep", type=int, default=5, help="select: K, captions selected per image")
     ap.add_argument("--df", type=Path, default=None, help="select: a cider_df.h5 (default: a synthetic COCO-sized one)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="select: cpu counts this process's CPU time")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--matmul-size", type=int, default=0, help="n of the n×n torch.mm roofline (0: not measured)")
     ap.add_argument("--peer-repo", default=None, help="self-critical.pytorch checkout (default: $SCP_REPO, then "
@@ -783,7 +781,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-peer", action="store_true", help="time rdpp alone (no peer, no check against it)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler's top ops of one call of each side")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, at most 4 images, one repeat: check that it runs")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     ap.add_argument("--summary", nargs="+", metavar="LOG", help="print the summary table of these logs' JSON lines")
     args = ap.parse_args(argv)
     if args.summary:

@@ -34,22 +34,18 @@ DEFAULT_PLACES = (ROOT.parent / "shared" / "peers" / PEER_DIR, ROOT / ".peer" / 
 HOW = ("point --peer-repo (or $SCP_REPO) at a checkout of ruotianluo/self-critical.pytorch with its cider "
        "submodule (git clone --recursive ...; benchmarks/README.md), and pip install yacs six")
 
-# rdpp's Att2in parameter names -> the peer's Att2in2Model's (``embed.0``, ``att_embed.0``, ``core.*``)
-RDPP_TO_PEER = {
-    "embed.weight": "embed.0.weight", "att_embed.weight": "att_embed.0.weight", "att_embed.bias": "att_embed.0.bias",
-    "ctx2att.weight": "ctx2att.weight", "ctx2att.bias": "ctx2att.bias", "logit.weight": "logit.weight",
-    "logit.bias": "logit.bias",
-    **{f"{k}.{p}": f"core.{k}.{p}" for k in ("a2c", "i2h", "h2h") for p in ("weight", "bias")},
-    **{f"{k}.{p}": f"core.attention.{k}.{p}" for k in ("h2att", "alpha_net") for p in ("weight", "bias")},
-}
-# rdpp's UpDown parameter names -> the peer's UpDownModel's (its Sequential and core prefixes; ctx2att, logit keep theirs)
-UPDOWN_PREFIX = {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
-                 "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.",
-                 "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}
+# rdpp's parameter names -> the peer's, by prefix: Att2in2Model's and UpDownModel's Sequential (``embed.0``) and
+# core prefixes (``core.*``, ``core.attention.*``); ctx2att and logit keep their names
+PREFIXES = {"att2in": {"embed.": "embed.0.", "att_embed.": "att_embed.0.", "a2c.": "core.a2c.", "i2h.": "core.i2h.",
+                       "h2h.": "core.h2h.", "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."},
+            "updown": {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
+                       "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.",
+                       "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}}
 
 
-def updown_name(name: str) -> str:
-    return next((theirs + name[len(ours):] for ours, theirs in UPDOWN_PREFIX.items() if name.startswith(ours)), name)
+def prefixed(kind: str):
+    table = PREFIXES[kind]
+    return lambda name: next((theirs + name[len(ours):] for ours, theirs in table.items() if name.startswith(ours)), name)
 
 
 def transformer_name(name: str) -> str:
@@ -70,7 +66,7 @@ def transformer_name(name: str) -> str:
 
 # per rdpp model: the peer's class and the peer's name of each rdpp parameter
 PEER_CLASS = {"att2in": "Att2in2Model", "updown": "UpDownModel", "transformer": "TransformerModel"}
-NAMES = {"att2in": RDPP_TO_PEER.__getitem__, "updown": updown_name, "transformer": transformer_name}
+NAMES = {"att2in": prefixed("att2in"), "updown": prefixed("updown"), "transformer": transformer_name}
 BUFFERS = {"model.tgt_embed.1.pe"}  # the peer Transformer's positional table: not a parameter of rdpp's
 
 
@@ -198,6 +194,8 @@ def build(mods: Modules, model, opt=None, *, max_length: int | None = None) -> t
                        f"the peer's {sorted(left)} are not set")
     state.update(ours)
     ref.load_state_dict(state)
+    # its DBS calls self.repeat_tensor, a method no model defines: the peer's utils.repeat_tensors, which it means
+    ref.repeat_tensor = importlib.import_module("captioning.models.utils").repeat_tensors
     return ref.train(model.training)
 
 
@@ -335,10 +333,3 @@ def mean_words(seqs) -> float:
     s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
     return float((s > 0).cumprod(-1).sum(-1).mean())
 
-
-def repeat_tensors(mods: Modules):
-    """The peer's ``utils.repeat_tensors``: what its DBS's ``self.repeat_tensor`` (a method no model
-    defines, so its DBS stops at the second group) means; set on a peer model instance only."""
-    import importlib
-
-    return importlib.import_module("captioning.models.utils").repeat_tensors

@@ -23,7 +23,11 @@ from typing import Any
 @dataclass
 class Timing:
     times: list[float]  # seconds, one per run
-    result: Any  # the last run's return value
+    results: list  # the runs' return values (interleaved: the last run's alone, unless keep)
+
+    @property
+    def result(self) -> Any:
+        return self.results[-1]
 
     @property
     def median(self) -> float:
@@ -38,23 +42,23 @@ class Timing:
         return f"{self.median * 1e3:.{digits}f} ms (best {self.best * 1e3:.{digits}f})"
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[[], float] = time.perf_counter,
-                before: Callable[[str], Any] | None = None) -> dict[str, Timing]:
-    """Each function ``repeat`` times, one run of each per round: in the order given, then reversed.
-    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time.
-    ``before(name)``: called untimed before each run (e.g. dropping a file from the page cache)."""
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, before: Callable[[str], Any] | None = None,
+                keep: bool = False) -> dict[str, Timing]:
+    """Each function ``repeat`` times, one run of each per round, wall time: in the order given, then
+    reversed. ``before(name)``: called untimed before each run (e.g. dropping a file from the page
+    cache). ``keep``: every run's return value in ``results`` (else the last run's alone)."""
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
-    out = {name: Timing([], None) for name in fns}
+    out = {name: Timing([], []) for name in fns}
     items = list(fns.items())
     for k in range(repeat):
         for name, fn in (items if k % 2 == 0 else items[::-1]):
             if before is not None:
                 before(name)
-            t = clock()
+            t = time.perf_counter()
             res = fn()
-            out[name].times.append(clock() - t)
-            out[name].result = res
+            out[name].times.append(time.perf_counter() - t)
+            out[name].results = [*out[name].results, res] if keep else [res]
     return out
 
 
@@ -212,19 +216,9 @@ def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) 
     gflop = {name: count_gflop(fn) if flops is None or name in flops else (fn(), float("nan"))[1]
              for name, fn in sides.items()}
     peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
-    results: dict[str, list] = {name: [] for name in sides}
-
-    def synced(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-        def run():
-            res = fn()
-            sync(device)
-            results[name].append(res)
-            return res
-        return run
-
-    t = interleaved({name: synced(name, fn) for name, fn in sides.items()}, repeat)
+    t = interleaved({name: (lambda fn=fn: (fn(), sync(device))[0]) for name, fn in sides.items()}, repeat, keep=True)
     return {name: {"times": t[name].times, "median": t[name].median, "best": t[name].best, "gflop": gflop[name],
-                   "peak_mib": peak[name], "results": results[name]} for name in sides}
+                   "peak_mib": peak[name], "results": t[name].results} for name in sides}
 
 
 def on_roofline(run: Callable[[], Any], precisions, device, matmul_size: int = 4096) -> tuple[Any, dict]:
