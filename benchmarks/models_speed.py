@@ -223,7 +223,7 @@ def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs:
     T = d_e.samples.shape[-1]
     same = (d.samples[..., :T] == d_e.samples).all(-1).float().mean().item()
     w_np, _ = eager.weights(d.samples.cpu().numpy(), d.greedy, refs)
-    w_t, _ = fast.device_weights(d, *references_tensor(refs, batch.att.device))
+    w_t, _ = fast.device_weights(d.samples, d.greedy, *references_tensor(refs, batch.att.device))
     w = torch.linspace(-1.0, 1.0, w_np.numel()).view(w_np.shape)
     want, got = eager.loss(m, batch, d, w)[0], None
     g_want = grads_of(m, want)
@@ -346,10 +346,11 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
 
 def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, check) -> None:
     """The fast path's RL steps, each checked against the eager step first."""
-    class Refs:  # RewardStep's data: the batch's references
-        @staticmethod
-        def references_ids(index):
-            return [refs[i] for i in index]
+    class Refs:  # RewardStep's data: the batch's references, laid out as a DataArtifact's (the fast path's table)
+        label_end = np.cumsum([len(r) for r in refs])
+        label_start = label_end - [len(r) for r in refs]
+        _all_labels = staticmethod(lambda: np.concatenate(refs))
+        references_ids = staticmethod(lambda index: [refs[i] for i in index])
 
     for v, fast in b.fast_paths().items():
         for reward in rewards:
