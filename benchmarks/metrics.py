@@ -174,6 +174,12 @@ class Shapes:
         self.rows: dict = {}
         self.diffs: dict[str, float] = {}
 
+    def versus(self, shape: str, label: str, theirs, ours, tol: float = 1e-9) -> None:
+        """``theirs()`` and ``ours()`` checked to ``agree``, then timed: the shape's row."""
+        self.agree(shape, theirs(), ours(), tol)
+        t = interleaved({"pycocoevalcap": theirs, "rdpp": ours}, self.repeat)
+        self.rows[shape] = (label, t["pycocoevalcap"], t["rdpp"])
+
     def agree(self, shape: str, theirs, ours, tol: float = 1e-9) -> None:
         """Both sides compute the same numbers (checked on an untimed run, before timing)."""
         self.diffs[shape] = float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
@@ -188,10 +194,8 @@ class Shapes:
         """(a) corpus mode, strings."""
         x = self.x
         gts, res = {k: x.R[k] for k in range(2000)}, {k: [x.H[k]] for k in range(2000)}
-        self.agree("a", Cider().compute_score(gts, res)[1], CiderD().score(x.H, x.R))
-        t = interleaved({"pycocoevalcap": lambda: Cider().compute_score(gts, res)[1],
-                         "rdpp": lambda: CiderD().score(x.H, x.R)}, self.repeat)
-        self.rows["a"] = ("(a) corpus mode, 2,000 x 5 refs, strings", t["pycocoevalcap"], t["rdpp"])
+        self.versus("a", "(a) corpus mode, 2,000 x 5 refs, strings", lambda: Cider().compute_score(gts, res)[1],
+                    lambda: CiderD().score(x.H, x.R))
 
     def _flat(self, q, K):
         iu5 = np.triu_indices(self.x.samples.shape[1])
@@ -222,10 +226,8 @@ class Shapes:
         few = x.caps[:nb]
         # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
         # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
-        self.agree("c", pyco_self_cider(few, pdf, x.df.ref_len), self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
-        t = interleaved({"pycocoevalcap": lambda: pyco_self_cider(few, pdf, x.df.ref_len),
-                         "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, self.repeat)
-        self.rows["c"] = (f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
+        self.versus("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)",
+                    lambda: pyco_self_cider(few, pdf, x.df.ref_len), lambda: self_cider_from_kernel(cd.pairwise(few)), 1e-6)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         big = interleaved({"rdpp": lambda: self_cider_from_kernel(cd.pairwise(x.caps))}, 3)["rdpp"]
         assert np.isfinite(big.result).all()
@@ -244,14 +246,11 @@ class Shapes:
 
 
 def show(sh: Shapes, out: dict, rss0: float) -> None:
-    def ms(tm) -> str:
-        return "-" if tm is None else f"{tm.median * 1e3:,.1f} ({tm.best * 1e3:,.1f})"
-
-    rows = [[name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
-             "-" if ref is None else f"{ref.best / ours.best:,.1f}x"]
+    rows = [[name, ref.ms(), ours.ms(), f"{ref.median / ours.median:,.1f}x", f"{ref.best / ours.best:,.1f}x"] if ref
+            else [name, "-", ours.ms(), "-", "-"]
             for name, ref, ours in (sh.rows[k] for k in ("a", "b", "b two calls", "b'", "c", "c 5000"))]
-    print_table(f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians (best in brackets)",
-                ["shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"], rows, width=150)
+    print_table(f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians (best beside)",
+                ["shape", "pycocoevalcap", "rdpp", "speed-up (medians)", "(bests)"], rows, width=150)
     print(f"score() + pairwise() take {out['two_calls_vs_one']:.2f}x the time of score_and_pairwise() (medians)")
     print(f"max |rdpp - pycocoevalcap| = {out['max_abs_diff']:.2e} "
           f"({', '.join(f'{k}: {v:.1e}' for k, v in sh.diffs.items())}); "
