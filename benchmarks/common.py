@@ -145,6 +145,14 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
         yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
 
 
+def feature_writer(path: Path, rows: int, block: int, cls=None):
+    """A ``FeatureWriter`` (or its subclass ``cls``) of ``rows`` COCO-shaped images, ids 1..rows."""
+    from rdpp_cli.data.features import FeatureWriter
+
+    return (cls or FeatureWriter)(path, np.arange(1, rows + 1), fc_dim=ATT_DIM, regions=REGIONS, block=block,
+                                  attrs={"backbone": "synthetic", "att_size": 14})
+
+
 def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
                    block: int = 500, val: int = 0) -> dict:
     """A data artifact of ``rows`` COCO-shaped images (the last ``val`` in the val split, the others
@@ -155,7 +163,6 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
     import h5py
 
     from rdpp_cli.artifacts import write_manifest
-    from rdpp_cli.data.features import FeatureWriter
 
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -181,8 +188,7 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         with h5py.File(path / "cider_df.h5", "w") as f:
             f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
             f.attrs["num_docs"] = rows
-    w = FeatureWriter(path / "features.h5", ids, fc_dim=ATT_DIM, regions=REGIONS, block=block,
-                      attrs={"backbone": "synthetic", "att_size": 14})
+    w = feature_writer(path / "features.h5", rows, block)
     maps = {}
     if npy_dir is not None:
         npy_dir.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ATT_DIM, BATCH, COCO_TRAIN_IMAGES, COCO_VAL_IMAGES, REGIONS, ROW_BYTES, feature_blocks,  # noqa: E402
-                    recipe, write_artifact)
+                    feature_writer, recipe, write_artifact)
 from timing import (cached_fraction, drop_cache, interleaved, machine, print_table, reused, run_bench,  # noqa: E402
                     subcommands)
 
@@ -334,11 +334,6 @@ def writers():
     return {"read back": FeatureWriter, "no fsync": NoSync, "from memory": FromMemory}
 
 
-def feature_writer(cls, path: Path, rows: int):
-    return cls(path, np.arange(1, rows + 1), fc_dim=ATT_DIM, regions=REGIONS, block=BLOCK,
-               attrs={"backbone": "synthetic", "att_size": 14})
-
-
 def bench_write(work: Path, args) -> dict:
     """The three writers interleaved, checked to give the manifest's hash; then the resume check, warm and cold."""
     from rdpp_cli.artifacts import content_hash
@@ -347,7 +342,7 @@ def bench_write(work: Path, args) -> dict:
 
     def write(cls, path):
         path.unlink(missing_ok=True)
-        w = feature_writer(cls, path, rows)
+        w = feature_writer(path, rows, BLOCK, cls)
         for _, fc, att in blocks:
             w.write(fc, att)
         return w.finish()["sha256"]
@@ -360,7 +355,7 @@ def bench_write(work: Path, args) -> dict:
     with h5py.File(f, "r+") as h:
         h.attrs["_done"] = rows  # finished rows, no manifest yet: what a rerun after a failed manifest opens
     def reopen():  # a rerun opening the finished file: every block read back and its digest compared
-        w = feature_writer(ways["read back"], f, rows)
+        w = feature_writer(f, rows, BLOCK)
         assert w.done == rows
         w.close()
 

@@ -588,23 +588,20 @@ def selection(b: Bench) -> None:
             if name != "draw":
                 fn()  # warm-up (draw's was the captions' draw)
         med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3)).items()}
-    row = lambda what, key, **kw: {"device": b.device.type, "what": what, "images": images,  # noqa: E731
-                                   "seconds": round(med[key], 4), "ms_per_image": round(1e3 * med[key] / images, 4),
-                                   "vs_draw": round(med[key] / med["draw"], 5), **kw}
-    rows = [row(f"draw {a.candidates} random samples per image (decode)", "draw")]
-    rows += [row(f"select {a.keep} of {a.candidates}: {name} (kernel + choice, CPU)", name)
+    C, K, dev = a.candidates, a.keep, b.device.type
+    cost = lambda key: [f"{med[key]:.3f}", f"{1e3 * med[key] / images:.3f}", f"{med[key] / med['draw']:.4f}"]  # noqa: E731
+    rows = [[dev, f"draw {C} random samples per image (decode)", *cost("draw"), "-", "-"]]
+    rows += [[dev, f"select {K} of {C}: {name} (kernel + choice, CPU)", *cost(name), "-", "-"]
              for name in fns if name not in ("draw", "greedy", "ref")]
-    rows.append(row(f"greedy MAP step alone, batched ({a.keep} of {a.candidates})", "greedy", speedup=round(
-        med["ref"] / med["greedy"], 2), reference="per-image numpy loop (Chen et al.)", ref_seconds=round(med["ref"], 4)))
-    print_table(f"rdpp sample --select, {b.title}: {a.keep} of {a.candidates} per image, {images} images (random weights; "
-                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads})",
-                ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
-                [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
-                  f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
-                  f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
+    rows.append([dev, f"greedy MAP step alone, batched ({K} of {C})", *cost("greedy"), f"{med['ref']:.3f}",
+                 f"{med['ref'] / med['greedy']:.1f}x"])
+    print_table(f"rdpp sample --select, {b.title}: {K} of {C} per image, {images} images (random weights; medians of "
+                f"{max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}; reference: a per-image numpy loop, "
+                "Chen et al.)", ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"], rows,
+                width=170, left=2)
     if a.json:
-        print(json.dumps({"benchmark": "selection", "threads": a.threads, "machine": machine_info(),
-                          "select_rows": rows}))
+        print(json.dumps({"benchmark": "selection", "threads": a.threads, "machine": machine_info(), "images": images,
+                          "seconds": med}))
 
 
 DRAW_ROWS, DRAW_WORDS = 200, 9488
@@ -755,17 +752,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
                     "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
-    ap.add_argument("--what", default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+    ap.add_argument("--what", type=split, default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
                     "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
                     "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
-    ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
-    ap.add_argument("--fast", default="", help=f"also rdpp's fast path, comma-separated variants: {', '.join(VARIANTS)}")
+    ap.add_argument("--precision", type=split, default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
+    ap.add_argument("--fast", type=split, default="", help=f"also rdpp's fast path, comma-separated variants: "
+                    f"{', '.join(VARIANTS)}")
     ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each fast side first")
     ap.add_argument("--ss", type=float, default=0.0, help="also the XE step with scheduled sampling at this probability")
-    ap.add_argument("--methods", default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
+    ap.add_argument("--methods", type=split, default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
     ap.add_argument("--xe-words", default="8-16", help="words of the XE captions: N, or MIN-MAX drawn uniformly")
-    ap.add_argument("--ms", default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
+    ap.add_argument("--ms", type=lambda s: [int(m) for m in split(s)], default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
     ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per side, interleaved (3; draw alone: 21)")
@@ -786,9 +784,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.summary:
         return args
-    args.what = args.what or ",".join(HF_WHAT if args.model == "hf" else ALL)
-    args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
-    args.ms = [int(m) for m in split(args.ms)]
+    args.what = args.what or list(HF_WHAT if args.model == "hf" else ALL)
     known = HF_WHAT if args.model == "hf" else (*ALL, "numerics", "select", "draw")
     bad = [w for w in args.what if w not in known] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]

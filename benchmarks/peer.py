@@ -128,15 +128,6 @@ class Modules:
         self.prepro_ngrams = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.prepro_ngrams)
 
-    def parse_opt(self, argv: list[str]):
-        """The peer's ``opts.parse_opt()`` on ``argv`` (its defaults for everything else)."""
-        saved = sys.argv
-        sys.argv = ["train.py", *argv]
-        try:
-            return self.opts.parse_opt()
-        finally:
-            sys.argv = saved
-
 
 _LOADED: dict[Path, Modules] = {}
 
@@ -166,7 +157,11 @@ def options(mods: Modules, model, *, max_length: int | None = None, seq_per_img:
         sizes = {"caption_model": {"att2in": "att2in2"}.get(kind, kind), "rnn_size": c.rnn_size,
                  "input_encoding_size": c.input_encoding_size, "att_hid_size": c.att_hid_size,
                  "fc_feat_size": c.fc_feat_size if kind == "updown" else c.att_feat_size}  # fc: unused by Att2in2
-    opt = mods.parse_opt(argv + [x for k, v in sizes.items() for x in (f"--{k}", str(v))])
+    saved, sys.argv = sys.argv, ["train.py", *argv, *(x for k, v in sizes.items() for x in (f"--{k}", str(v)))]
+    try:
+        opt = mods.opts.parse_opt()  # the peer's option parser reads sys.argv
+    finally:
+        sys.argv = saved
     if kind == "transformer":
         opt.N_enc, opt.N_dec, opt.d_model, opt.d_ff = c.N_enc, c.N_dec, c.d_model, c.d_ff
         opt.num_att_heads, opt.dropout = c.num_att_heads, c.dropout
