@@ -121,15 +121,10 @@ def zipf_p(exponent: float = 1.1, vocab: int = VOCAB) -> np.ndarray:
 
 def make_refs(rng: np.random.Generator, n_images: int, s: Shapes = PAPER) -> list[np.ndarray]:
     """REFS references per image, (REFS, max_len) word ids each: 8–12 Zipf-distributed words, 0-padded."""
-    p, L = zipf_p(vocab=s.vocab), s.max_len
-    out = []
-    for _ in range(n_images):
-        r = np.zeros((REFS, L), np.int64)
-        for k in range(REFS):
-            n = rng.integers(min(8, L), min(12, L) + 1)
-            r[k, :n] = rng.choice(s.vocab, size=n, p=p) + 1
-        out.append(r)
-    return out
+    L = s.max_len
+    refs = rng.choice(s.vocab, size=(n_images, REFS, L), p=zipf_p(vocab=s.vocab)) + 1
+    refs[np.arange(L) >= rng.integers(min(8, L), min(12, L) + 1, (n_images, REFS, 1))] = 0
+    return list(refs)
 
 
 # -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
@@ -163,6 +158,8 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
     import h5py
 
     from rdpp_cli.artifacts import write_manifest
+    from rdpp_cli.metrics.cider import DocFreq
+    from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
 
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -180,14 +177,10 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         f["split"] = np.array([b"train"] * (rows - val) + [b"val"] * val, dtype="S5")
         f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
     if real_df:
-        from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
-
         caps = [[c[c > 0].tolist() for c in labels[5 * i:5 * i + 5]] for i in range(rows)]
-        doc_freq_with_eos(caps, eos_id(VOCAB)).save_h5(path / "cider_df.h5")
-    else:
-        with h5py.File(path / "cider_df.h5", "w") as f:
-            f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
-            f.attrs["num_docs"] = rows
+        df = doc_freq_with_eos(caps, eos_id(VOCAB))
+    df = df if real_df else DocFreq(np.zeros((0, 4), np.int32), np.zeros(0), rows)
+    df.save_h5(path / "cider_df.h5")
     w = feature_writer(path / "features.h5", rows, block)
     maps = {}
     if npy_dir is not None:

@@ -177,10 +177,9 @@ def grads_of(model, loss) -> dict[str, torch.Tensor]:
 
 
 def grad_diff(want: dict, got: dict, floor: float = 0.0, norm: bool = False) -> tuple[float, str]:
-    """The largest difference of two sets of gradients relative to the parameter's largest ``want``
-    entry (``norm``: ‖Δg‖ / ‖g‖), and that parameter, so that a miss says where it is. Left out: the
-    parameters whose gradient is under ``floor`` of the largest, and the attention's ``alpha_net.bias``
-    (a softmax ignores a shift: its gradient is rounding noise around 0)."""
+    """The largest gradient difference relative to the parameter's largest ``want`` entry (``norm``:
+    ‖Δg‖ / ‖g‖) and that parameter (a miss says where), leaving out gradients under ``floor`` of the
+    largest and ``alpha_net.bias``'s (a softmax ignores a shift: it is rounding noise around 0)."""
     size = (lambda g: g.norm()) if norm else (lambda g: g.abs().max())
     top = max(float(size(g)) for g in want.values())
     return max(((float(size(got[k] - g) / size(g).clamp_min(1e-30)), k) for k, g in want.items()
@@ -305,8 +304,8 @@ def xe_sides(b: Bench) -> tuple[dict, list, dict]:
 
 
 def stepper(ours, lr: float, loss, fast: F.FastPath | None = None):
-    """A side that trains its own copy of ``ours``: ``loss(model)``, then ``update`` with Adam at
-    ``lr`` (the peer's optimizer), or the fast path's optimizer and its ``begin_step`` first."""
+    """A side training its own copy of ``ours``: ``loss(model)``, ``update`` with Adam at ``lr`` (the
+    peer's optimizer) or with the fast path's optimizer (its ``begin_step`` first)."""
     m = copy.deepcopy(ours)
     opt = fast.optimizer(m.parameters(), lr) if fast else torch.optim.Adam(m.parameters(), lr=lr)
     return lambda: (fast and fast.begin_step(), update(m, opt, loss(m)))[1]
@@ -583,7 +582,7 @@ def selection(b: Bench) -> None:
     """``--what select``: every side once untimed, then ``--repeat`` (at least 3) interleaved; medians, a table."""
     a, images = b.args, b.args.select_images
     with tempfile.TemporaryDirectory(prefix="rdpp-bench-df-") as tmp:
-        fns = select_sides(b, a.df or zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
+        fns = select_sides(b, zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
         for name, fn in fns.items():
             if name != "draw":
                 fn()  # warm-up (draw's was the captions' draw)
@@ -772,7 +771,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--select-images", type=int, default=5000, help="select: images to draw for and select on")
     ap.add_argument("--candidates", type=int, default=50, help="select: C, samples drawn per image")
     ap.add_argument("--keep", type=int, default=5, help="select: K, captions selected per image")
-    ap.add_argument("--df", type=Path, default=None, help="select: a cider_df.h5 (default: a synthetic COCO-sized one)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--matmul-size", type=int, default=0, help="n of the n×n torch.mm roofline (0: not measured)")
     ap.add_argument("--peer-repo", default=None, help="self-critical.pytorch checkout (default: $SCP_REPO, then "

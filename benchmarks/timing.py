@@ -26,10 +26,6 @@ class Timing:
     results: list  # the runs' return values (interleaved: the last run's alone, unless keep)
 
     @property
-    def result(self) -> Any:
-        return self.results[-1]
-
-    @property
     def median(self) -> float:
         return statistics.median(self.times)
 
@@ -80,9 +76,8 @@ def parser(doc: str, json: bool = True, **kw) -> argparse.ArgumentParser:
 
 
 def subcommands(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, Callable]:
-    """A script of subcommands: (its parser, ``shared``: the options that ``add(name, help)``'s
-    subcommands all take, --json first; add them before the subcommands, ``add(..., shared=False)``:
-    a subcommand with --json alone)."""
+    """(parser, ``shared``: the options, --json first, of each ``add(name, help)`` subcommand added after
+    them; ``add(..., shared=False)``: --json alone) of a script of subcommands."""
     ap, common, alone = parser(doc, json=False), parser(doc, add_help=False), parser(doc, add_help=False)
     sub = ap.add_subparsers(dest="what", required=True)
     return ap, common, lambda name, help, shared=True: sub.add_parser(name, parents=[common if shared else alone],
@@ -91,9 +86,8 @@ def subcommands(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentPar
 
 def run_bench(name: str, bench: Callable[[], dict], show: Callable, args, work: Path | None = None,
               key: str | None = None, **extra) -> None:
-    """``show(bench(), args)``, then the load average at the start and the machine; ``work``: a folder
-    removed at the end unless ``args.keep``; ``--json``: one line, ``{"benchmark": name, ...}`` with
-    ``extra`` and the result's fields (under ``key``, if given)."""
+    """``show(bench(), args)``, the start's load average, the machine; ``work`` removed unless ``args.keep``;
+    ``--json``: the line ``{"benchmark": name, ..., **extra}`` with the result's fields (or as ``key``)."""
     load0 = os.getloadavg()
     try:
         res = bench()
@@ -131,9 +125,7 @@ def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> N
     Console(width=width).print(t)
 
 
-# ----------------------------------------------------------------------------------------------
-# Training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline
-# ----------------------------------------------------------------------------------------------
+# -- training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline ----------------------------
 
 def sync(device) -> None:
     """Wait for a CUDA device's queued work (nothing on a CPU)."""
@@ -238,9 +230,7 @@ def machine_info() -> dict:
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-# ----------------------------------------------------------------------------------------------
-# Cold reads (benchmarks/data.py): files out of the page cache
-# ----------------------------------------------------------------------------------------------
+# -- cold reads (benchmarks/data.py): files out of the page cache -----------------------------------------------
 
 def drop_cache(paths) -> str:
     """Drop ``paths`` from the page cache: ``posix_fadvise(DONTNEED)`` per file (clean pages of
