@@ -162,8 +162,7 @@ class Shapes:
     def __init__(self, repeat: int):
         self.repeat, self.x = repeat, make_inputs()
         self.pdf, self.cd = pyco_df(self.x.df), CiderD(self.x.df)
-        self.rows: dict = {}
-        self.diffs: dict[str, float] = {}
+        self.rows, self.diffs = {}, {}  # shape -> row; shape -> largest difference
 
     def versus(self, shape: str, label: str, theirs, ours, tol: float = 1e-9) -> None:
         """``theirs()`` and ``ours()`` checked to ``agree``, then timed: the shape's row."""

@@ -96,8 +96,8 @@ def bench_extract(args) -> dict:
 def show_extract(res: dict, args) -> None:
     print_table(f"feature extraction, mobilenet_v2 {res['image_size']}px -> {res['att_size']}x{res['att_size']}x"
                 f"{res['dim']}, {res['images']} real COCO photos, CPU, {res['threads']} torch threads, {res['cores']} "
-                f"cores (default workers {res['default_workers']}), median of {args.repeats}", ["loop", "images/s",
-                                                                                               "vs reference"],
+                f"cores (default workers {res['default_workers']}), median of {args.repeats}",
+                ["loop", "images/s", "vs reference"],
                 [[k, f"{r['images_per_s']:.2f}", f"{r['speedup']:.2f}x"] for k, r in res["rows"].items()])
 
 
@@ -237,20 +237,18 @@ def write_karpathy_json(path: Path, seed: int = 0, images: int | None = None) ->
 
 def _timed(obj, name: str, label: str, phases: dict) -> None:
     """Wrap ``obj.name`` so that its wall time adds to ``phases[label]`` (skipped if absent)."""
-    fn = getattr(obj, name, None)
+    fn = getattr(obj, name, None)  # a classmethod comes bound to its class: set back as a staticmethod
     if fn is None:
         return
-    is_cm = isinstance(obj, type) and isinstance(obj.__dict__.get(name), classmethod)
-    raw = fn.__func__ if is_cm else fn
 
     def wrapper(*a, **k):
         t = time.perf_counter()
         try:
-            return raw(*a, **k)
+            return fn(*a, **k)
         finally:
             phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
 
-    setattr(obj, name, classmethod(wrapper) if is_cm else wrapper)
+    setattr(obj, name, staticmethod(wrapper) if isinstance(vars(obj).get(name), classmethod) else wrapper)
 
 
 def text_child(json_path: Path, out: Path, feats: Path) -> None:

@@ -7,6 +7,7 @@ stretches of load; ratios are taken between medians, the best run may be shown b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -151,10 +152,8 @@ def peak_mib(fn: Callable[[], Any], device) -> float:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    try:
+    with contextlib.suppress(OSError):  # not glibc: nothing to hand back
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     rss = lambda: int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # noqa: E731
     base = peak = rss()
     done = threading.Event()
