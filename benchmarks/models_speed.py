@@ -186,9 +186,14 @@ def grad_diff(want: dict, got: dict, floor: float = 0.0, norm: bool = False) -> 
                 if k in got and not k.endswith("alpha_net.bias") and float(size(g)) >= floor * top), default=(0.0, "-"))
 
 
-def compare(want, got, ga: dict, gb: dict) -> dict:
-    """Loss relative difference and ``grad_diff``; equal within 1e-5 (loss) and 1e-3 (gradients:
-    float32 through two kernel sets)."""
+def compare(m, want, got) -> dict:
+    """``want``, a loss of ``m``, against ``got()``, the same loss computed the other way (after
+    ``want``'s gradients are taken; the device waited for): the loss relative difference and
+    ``grad_diff``, equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
+    ga = grads_of(m, want)
+    got = got()
+    gb = grads_of(m, got)
+    sync(want.device)
     a, b = float(want.detach()), float(got.detach())
     rel = abs(a - b) / max(abs(a), 1e-30)
     worst, name = grad_diff(ga, gb)
@@ -200,14 +205,14 @@ def fast_xe_check(base, fast: F.FastPath, batch: Batch) -> dict:
     m = copy.deepcopy(base).train()
     drop = fast.xe_dropout(m, batch.labels, batch.att.shape[1])
     tok, mask = m.token_logprobs(batch.att, batch.labels, drop=drop, fc=batch.fc)
-    want = -tok.sum() / mask.sum()
-    g_want, t = grads_of(m, want), time.perf_counter()
-    fast.begin_step()
-    tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop, batch.fc)
-    got = -tok.sum() / mask.sum()
-    g_got = grads_of(m, got)
-    sync(batch.att.device)
-    return {**compare(want, got, g_want, g_got), "compile_s": time.perf_counter() - t}
+    t = time.perf_counter()
+
+    def fast_loss():
+        fast.begin_step()
+        tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop, batch.fc)
+        return -tok.sum() / mask.sum()
+
+    return {**compare(m, -tok.sum() / mask.sum(), fast_loss), "compile_s": time.perf_counter() - t}
 
 
 def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs: list) -> dict:
@@ -224,12 +229,8 @@ def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs:
     w_np, _ = eager.weights(d.samples.cpu().numpy(), d.greedy, refs)
     w_t, _ = fast.device_weights(d.samples, d.greedy, *references_tensor(refs, batch.att.device))
     w = torch.linspace(-1.0, 1.0, w_np.numel()).view(w_np.shape)
-    want, got = eager.loss(m, batch, d, w)[0], None
-    g_want = grads_of(m, want)
-    got = fast.loss(m, batch, d, w)[0]
-    g_got = grads_of(m, got)
-    sync(batch.att.device)
-    return {**compare(want, got, g_want, g_got), "weights_abs_diff": float((w_t.cpu() - w_np).abs().max()),
+    out = compare(m, eager.loss(m, batch, d, w)[0], lambda: fast.loss(m, batch, d, w)[0])
+    return {**out, "weights_abs_diff": float((w_t.cpu() - w_np).abs().max()),
             "same_captions": same, "compile_s": time.perf_counter() - t}
 
 
@@ -317,8 +318,8 @@ def autocast_loss(fn, model, batch: Batch, precision: str):
 
 
 def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
-    """rdpp's ``RewardStep`` for each of ``rewards`` at m = 5 (per precision, and fast) against the
-    peer's SCST step (and, for Att2in, the published R-DPP step)."""
+    """rdpp's ``RewardStep`` for each of ``rewards`` at m = 5 (per precision) against the peer's SCST
+    step (and, for Att2in, the published R-DPP step); the fast path's, each checked against eager first."""
     rng, L = np.random.default_rng(0), b.s.max_len
     train_refs, refs = make_refs(rng, 400, b.s), make_refs(rng, b.args.batch, b.s)
     E = eos_id(b.s.vocab)
@@ -339,12 +340,7 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
             pub = f"published dpp m={M}"
             sides[pub] = lambda: theirs.dpp_step(batch.fc, batch.att, refs, M, lambda: sync(b.device))
             pairs.append((f"dpp m={M} vs published", f"rdpp {b.title} dpp m={M} fp32", pub))
-    fast_rl_sides(b, rewards, ours, cider, batch, refs, sides, pairs, check)
-    return sides, pairs, check
 
-
-def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, check) -> None:
-    """The fast path's RL steps, each checked against the eager step first."""
     class Refs:  # RewardStep's data: the batch's references, laid out as a DataArtifact's (the fast path's table)
         label_end = np.cumsum([len(r) for r in refs])
         label_start = label_end - [len(r) for r in refs]
@@ -360,6 +356,7 @@ def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, che
                 continue
             sides[name] = stepper(ours, 1e-6, lambda m, st=step: st(m, batch)[0], fast)
             pairs.append((f"{reward} m={M} {v} vs eager", name, f"rdpp {b.title} {reward} m={M} fp32"))
+    return sides, pairs, check
 
 
 def peer_decode_opt(cfg: DecodeConfig) -> dict:
@@ -397,19 +394,14 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
     return sides, pairs, check
 
 
-def groups(b: Bench):
-    """(group name, builder) of each asked row group, in the order of ``ALL``."""
-    rewards = [w for w in ("scst", "dpp") if w in b.args.what]
-    out = [("xe", lambda: xe_sides(b))] if "xe" in b.args.what else []
-    out += [("rl", lambda: rl_sides(b, rewards))] if rewards else []
-    return out + ([("decode", lambda: decode_sides(b))] if "decode" in b.args.what else [])
-
-
 def run(b: Bench) -> tuple[dict, list, dict, dict]:
-    """Each group built, checked (SystemExit when rdpp and the peer disagree), timed, dropped."""
+    """Each asked row group (in the order of ``ALL``) built, checked (SystemExit when rdpp and the
+    peer disagree), timed, dropped."""
+    rewards = [w for w in ("scst", "dpp") if w in b.args.what]
+    build = {"xe": lambda: xe_sides(b), "rl": lambda: rl_sides(b, rewards), "decode": lambda: decode_sides(b)}
     timed, pairs, checks, rates = {}, [], {}, {}
-    for name, build in groups(b):
-        sides, p, checks[name] = build()
+    for name in [g for g in build if g in b.args.what or g == "rl" and rewards]:
+        sides, p, checks[name] = build[name]()
         warm = {k: f for k, f in sides.items() if any(v in k.split() for v in VARIANTS)}
         for k, fn in warm.items():  # the fast sides' extra warm-ups (CUDA graphs record here)
             err = guarded(lambda fn=fn: [fn() for _ in range(b.args.warmup)] and {})

@@ -131,9 +131,9 @@ def bench_toy(args) -> dict:
         for b in backbones:
             prepro_toy(outs[b], b, args.check_images, env)
         same_captions(*outs.values())
-        cpu: dict[str, list[float]] = {b: [] for b in backbones}
-        wall = interleaved({b: (lambda b=b: cpu[b].append(prepro_toy(outs[b], b, args.images, env))) for b in backbones},
-                           args.repeats)
+        wall = interleaved({b: (lambda b=b: prepro_toy(outs[b], b, args.images, env)) for b in backbones}, args.repeats,
+                           keep=True)  # each run's CPU seconds
+        cpu = {b: wall[b].results for b in backbones}
     rows = {b: {"wall_s": round(wall[b].median, 2), "wall_best_s": round(wall[b].best, 2),
                 "cpu_s": round(float(np.median(cpu[b])), 2), "cpu_best_s": round(min(cpu[b]), 2)} for b in backbones}
     return {"images": args.images, "repeat": args.repeats, "threads": args.threads, "rows": rows,
