@@ -796,11 +796,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if args.model == "hf":
         return hf_rows(args)
-    device = torch.device(args.device)
-    s = QUICK[args.model] if args.quick else PAPER
     timing = [w for w in args.what if w in ALL]
     mods = None if args.no_peer or not timing else peer.modules(peer.find_repo(args.peer_repo))
-    b = Bench(args.model, s, mods, device, args)
+    b = Bench(args.model, QUICK[args.model] if args.quick else PAPER, mods, torch.device(args.device), args)
     ok = numerics(b) if "numerics" in args.what else True
     if "draw" in args.what:
         draw_costs(args.repeat, args.threads)
