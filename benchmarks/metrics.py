@@ -216,8 +216,8 @@ class Shapes:
         few = x.caps[:nb]
         # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
         # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
-        self.versus("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)",
-                    lambda: pyco_self_cider(few, pdf, x.df.ref_len), lambda: self_cider_from_kernel(cd.pairwise(few)), 1e-6)
+        self.versus("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", lambda: pyco_self_cider(
+            few, pdf, x.df.ref_len), lambda: self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         big = interleaved({"rdpp": lambda: self_cider_from_kernel(cd.pairwise(x.caps))}, 3)["rdpp"]
         assert np.isfinite(big.results[-1]).all()

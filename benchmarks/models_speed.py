@@ -136,8 +136,8 @@ def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     hide a difference): |loss difference| and ``grad_diff`` (parameters whose gradient is at most 1e-9
     of the largest, rounding noise around 0, left out)."""
     ours = copy.deepcopy(base).double().eval()
-    small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
-                     "labels": batch.labels[:images], "index": batch.index[:images]})
+    small = replace(batch, fc=batch.fc[:images].double(), att=batch.att[:images].double(), labels=batch.labels[:images],
+                    index=batch.index[:images])
     ga = grads_of(ours, a := xe_loss(ours, small))
     theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
@@ -457,7 +457,7 @@ def xe_numerics(model, batch: Batch) -> dict[str, float]:
     with torch.no_grad():
         d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=batch.labels.shape[-1]),
                    generator=torch.Generator(device=batch.att.device).manual_seed(1))
-    batch, out = Batch(**{**batch.__dict__, "labels": d.tokens}), {}
+    batch, out = replace(batch, labels=d.tokens), {}
     for prec in ("fp32", "bf16"):
         loss = autocast_loss(xe_loss, model, batch, prec)
         out[prec] = float(loss.detach()), grads_of(model, loss)
@@ -471,7 +471,7 @@ def replay(model, batch: Batch, precision: str) -> dict[str, float]:
     """M = 5 captions per image sampled step by step with pre-drawn dropout masks, then the batched
     teacher-forced pass that replays the masks: the differences of the two log-probabilities."""
     step = RewardStep(data=None, cider=None, reward="dpp", m=M, max_len=batch.labels.shape[-1], seed=0)
-    img = Batch(**{**batch.__dict__, "labels": batch.labels[:, :1]})
+    img = replace(batch, labels=batch.labels[:, :1])
     with torch.no_grad(), autocast(precision, batch.att.device):
         d = step.sample(model, img)
         tf, mask = step.policy_logprobs(model, img, d)
@@ -580,7 +580,7 @@ def selection(b: Bench) -> None:
                 fn()  # warm-up (draw's was the captions' draw)
         med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3)).items()}
     C, K, dev = a.candidates, a.keep, b.device.type
-    cost = lambda key: [f"{med[key]:.3f}", f"{1e3 * med[key] / images:.3f}", f"{med[key] / med['draw']:.4f}"]  # noqa: E731
+    cost = lambda k: [f"{med[k]:.3f}", f"{1e3 * med[k] / images:.3f}", f"{med[k] / med['draw']:.4f}"]  # noqa: E731
     rows = [[dev, f"draw {C} random samples per image (decode)", *cost("draw"), "-", "-"]]
     rows += [[dev, f"select {K} of {C}: {name} (kernel + choice, CPU)", *cost(name), "-", "-"]
              for name in fns if name not in ("draw", "greedy", "ref")]
@@ -743,18 +743,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
                     "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
-    ap.add_argument("--what", type=split, default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+    ap.add_argument("--what", type=split, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
                     "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
                     "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
-    ap.add_argument("--precision", type=split, default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
+    ap.add_argument("--precision", type=split, default="fp32",
+                    help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
     ap.add_argument("--fast", type=split, default="", help=f"also rdpp's fast path, comma-separated variants: "
                     f"{', '.join(VARIANTS)}")
     ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each fast side first")
     ap.add_argument("--ss", type=float, default=0.0, help="also the XE step with scheduled sampling at this probability")
-    ap.add_argument("--methods", type=split, default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
+    ap.add_argument("--methods", type=split, default="random", help=f"--what decode's methods: {', '.join(METHODS)}")
     ap.add_argument("--xe-words", default="8-16", help="words of the XE captions: N, or MIN-MAX drawn uniformly")
-    ap.add_argument("--ms", type=lambda s: [int(m) for m in split(s)], default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
+    ap.add_argument("--ms", type=lambda s: [int(m) for m in split(s)], default="5",
+                    help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
     ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per side, interleaved (3; draw alone: 21)")
@@ -818,8 +820,8 @@ def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:
           f"interleaved runs per side")
     print(f"{'step':<58}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}  decode / reward / backward")
     for name, o in t.items():
-        res = o["results"][-1] if o["results"] and isinstance(o["results"][-1], dict) else None
-        parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if res else ""
+        timed_in_parts = o["results"] and isinstance(o["results"][-1], dict)  # the RL steps
+        parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if timed_in_parts else ""
         print(f"{name:<58}{o['median']:>9.4f}{o['best']:>9.4f}{args.batch / o['median']:>10.1f}"
               f"{o['gflop']:>8.0f}{o['peak_mib']:>10,.0f}  {parts}")
     if rates:

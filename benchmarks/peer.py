@@ -36,16 +36,18 @@ HOW = ("point --peer-repo (or $SCP_REPO) at a checkout of ruotianluo/self-critic
 
 # rdpp's parameter names -> the peer's, by prefix: Att2in2Model's and UpDownModel's Sequential (``embed.0``) and
 # core prefixes (``core.*``, ``core.attention.*``); ctx2att and logit keep their names
+ATTENTION = {"h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}
 PREFIXES = {"att2in": {"embed.": "embed.0.", "att_embed.": "att_embed.0.", "a2c.": "core.a2c.", "i2h.": "core.i2h.",
-                       "h2h.": "core.h2h.", "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."},
+                       "h2h.": "core.h2h.", **ATTENTION},
             "updown": {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
-                       "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.",
-                       "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}}
+                       "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.", **ATTENTION}}
 
 
 def prefixed(kind: str):
+    """rdpp's parameter name -> the peer's, for ``kind``'s prefixes."""
     table = PREFIXES[kind]
-    return lambda name: next((theirs + name[len(ours):] for ours, theirs in table.items() if name.startswith(ours)), name)
+    return lambda name: next((theirs + name[len(ours):] for ours, theirs in table.items() if name.startswith(ours)),
+                             name)
 
 
 def transformer_name(name: str) -> str:
