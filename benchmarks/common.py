@@ -121,15 +121,10 @@ def zipf_p(exponent: float = 1.1, vocab: int = VOCAB) -> np.ndarray:
 
 def make_refs(rng: np.random.Generator, n_images: int, s: Shapes = PAPER) -> list[np.ndarray]:
     """REFS references per image, (REFS, max_len) word ids each: 8–12 Zipf-distributed words, 0-padded."""
-    p, L = zipf_p(vocab=s.vocab), s.max_len
-    out = []
-    for _ in range(n_images):
-        r = np.zeros((REFS, L), np.int64)
-        for k in range(REFS):
-            n = rng.integers(min(8, L), min(12, L) + 1)
-            r[k, :n] = rng.choice(s.vocab, size=n, p=p) + 1
-        out.append(r)
-    return out
+    L = s.max_len
+    refs = rng.choice(s.vocab, size=(n_images, REFS, L), p=zipf_p(vocab=s.vocab)) + 1
+    refs[np.arange(L) >= rng.integers(min(8, L), min(12, L) + 1, (n_images, REFS, 1))] = 0
+    return list(refs)
 
 
 # -- COCO-shaped data artifacts on disk ---------------------------------------------------------------
@@ -145,6 +140,14 @@ def feature_blocks(rows: int, block: int, seed: int = 0):
         yield s, att.mean(1, dtype=np.float32).astype(np.float16), att
 
 
+def feature_writer(path: Path, rows: int, block: int, cls=None):
+    """A ``FeatureWriter`` (or its subclass ``cls``) of ``rows`` COCO-shaped images, ids 1..rows."""
+    from rdpp_cli.data.features import FeatureWriter
+
+    return (cls or FeatureWriter)(path, np.arange(1, rows + 1), fc_dim=ATT_DIM, regions=REGIONS, block=block,
+                                  attrs={"backbone": "synthetic", "att_size": 14})
+
+
 def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int = 0, real_df: bool = False,
                    block: int = 500, val: int = 0) -> dict:
     """A data artifact of ``rows`` COCO-shaped images (the last ``val`` in the val split, the others
@@ -155,7 +158,8 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
     import h5py
 
     from rdpp_cli.artifacts import write_manifest
-    from rdpp_cli.data.features import FeatureWriter
+    from rdpp_cli.metrics.cider import DocFreq
+    from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
 
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -173,28 +177,22 @@ def write_artifact(path: Path, rows: int, npy_dir: Path | None = None, seed: int
         f["split"] = np.array([b"train"] * (rows - val) + [b"val"] * val, dtype="S5")
         f.create_dataset("raw", data=np.array(["x"] * n_cap, dtype=object), dtype=h5py.string_dtype())
     if real_df:
-        from rdpp_cli.metrics.train_cider import doc_freq_with_eos, eos_id
-
         caps = [[c[c > 0].tolist() for c in labels[5 * i:5 * i + 5]] for i in range(rows)]
-        doc_freq_with_eos(caps, eos_id(VOCAB)).save_h5(path / "cider_df.h5")
-    else:
-        with h5py.File(path / "cider_df.h5", "w") as f:
-            f["ngrams"], f["df"] = np.zeros((0, 4), dtype=np.int32), np.zeros(0)
-            f.attrs["num_docs"] = rows
-    w = FeatureWriter(path / "features.h5", ids, fc_dim=ATT_DIM, regions=REGIONS, block=block,
-                      attrs={"backbone": "synthetic", "att_size": 14})
-    mm_att = mm_fc = None
+        df = doc_freq_with_eos(caps, eos_id(VOCAB))
+    df = df if real_df else DocFreq(np.zeros((0, 4), np.int32), np.zeros(0), rows)
+    df.save_h5(path / "cider_df.h5")
+    w = feature_writer(path / "features.h5", rows, block)
+    maps = {}
     if npy_dir is not None:
         npy_dir.mkdir(parents=True, exist_ok=True)
-        mm_att = np.lib.format.open_memmap(npy_dir / "att.npy", "w+", np.float16, (rows, REGIONS, ATT_DIM))
-        mm_fc = np.lib.format.open_memmap(npy_dir / "fc.npy", "w+", np.float16, (rows, ATT_DIM))
+        maps = {k: np.lib.format.open_memmap(npy_dir / f"{k}.npy", "w+", np.float16, (rows, *shape))
+                for k, shape in (("fc", (ATT_DIM,)), ("att", (REGIONS, ATT_DIM)))}
     for s, fc, att in feature_blocks(rows, block, seed):
         w.write(fc, att)
-        if mm_att is not None:
-            mm_att[s:s + len(att)], mm_fc[s:s + len(fc)] = att, fc
-    if mm_att is not None:
-        mm_att.flush(), mm_fc.flush()
-        del mm_att, mm_fc
+        for k, x in zip(maps, (fc, att)):
+            maps[k][s:s + len(x)] = x
+    for m in maps.values():
+        m.flush()
     write_manifest(path, "rdpp.data", {"source": "benchmarks/common.py", "rows": rows},
                    precomputed={"features.h5": w.finish()})
     with h5py.File(path / "features.h5") as f:

@@ -11,20 +11,18 @@ times. No tool makes such a page, so there is no reference and no ratio.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved, machine  # noqa: E402
+from timing import interleaved, machine, parser, reused  # noqa: E402
 
 from rdpp_cli.artifacts import finish, prepare_output, write_manifest  # noqa: E402
 
@@ -104,7 +102,7 @@ def build(ws: Path, images: int, models: int, n: int) -> list[Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, json=False)
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--models", type=int, default=4)
     ap.add_argument("--n", type=int, default=20)
@@ -112,17 +110,16 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=Path("/tmp/rdpp-bench-compare"))
     args = ap.parse_args()
     ws = args.root / f"ws-{args.images}-{args.models}-{args.n}"
-    if not (ws / "samples").is_dir():
+
+    def make() -> dict:  # untimed, kept in --root for the next run
         shutil.rmtree(ws, ignore_errors=True)
-        t0 = time.perf_counter()
-        samples = build(ws, args.images, args.models, args.n)
-        print(f"built {ws} in {time.perf_counter() - t0:.0f} s")
-    else:
-        samples = sorted((ws / "samples").iterdir())
+        return {"samples": [str(p) for p in build(ws, args.images, args.models, args.n)]}
+
+    samples = reused(args.root / f"{ws.name}.json", {}, make)["samples"]
     env = {**os.environ, "RDPP_NO_PROGRESS": "1"}
     page = ws / "compare" / "bench"
     t = interleaved({"compare": lambda: subprocess.run(
-        [sys.executable, "-m", "rdpp_cli", "compare", *map(str, samples), "--workspace", str(ws), "--out", str(page),
+        [sys.executable, "-m", "rdpp_cli", "compare", *samples, "--workspace", str(ws), "--out", str(page),
          "--force"], check=True, env=env, stdout=subprocess.DEVNULL)}, args.repeat)["compare"]
     size = sum(f.stat().st_size for f in page.rglob("*") if f.is_file())
     print(f"rdpp compare, {args.images:,} images x {args.models} models x {args.n} captions: median "

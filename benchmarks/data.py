@@ -30,24 +30,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ATT_DIM, BATCH, COCO_TRAIN_IMAGES, COCO_VAL_IMAGES, REGIONS, ROW_BYTES, feature_blocks,  # noqa: E402
-                    recipe, write_artifact)
-from timing import cached_fraction, drop_cache, interleaved, machine, print_table  # noqa: E402
+                    feature_writer, recipe, write_artifact)
+from timing import (cached_fraction, drop_cache, interleaved, machine, print_table, reused, run_bench,  # noqa: E402
+                    subcommands)
 
 COCO_IMAGES, BLOCK = 123_287, 32  # all of COCO's images; prepro coco's default batch
 
 
-def built(work: Path, name: str, rows: int, **kw) -> tuple[Path, dict]:
-    """``write_artifact(work / name, rows, **kw)``, reused when a kept run made it with the same settings
-    (its ``.npy`` twins in ``work / f"{name}-npy"`` with ``npy=True``)."""
-    art, spec = work / name, work / f"{name}-spec.json"
-    want = {"rows": rows, **kw}
-    if not (spec.is_file() and json.loads(spec.read_text()).get("want") == want):
+def built(work: Path, name: str, rows: int, npy: bool = False, **kw) -> tuple[Path, dict]:
+    """``write_artifact(work / name, rows, **kw)`` (its ``.npy`` twins in ``work / f"{name}-npy"`` with
+    ``npy=True``), reused when a kept run made it with the same settings."""
+    art = work / name
+
+    def make() -> dict:
         shutil.rmtree(art, ignore_errors=True)
-        npy = kw.pop("npy", False)
-        t0 = time.perf_counter()
-        made = write_artifact(art, rows, work / f"{name}-npy" if npy else None, **kw)
-        spec.write_text(json.dumps({**made, "build_s": time.perf_counter() - t0, "want": want}))
-    return art, json.loads(spec.read_text())
+        return write_artifact(art, rows, work / f"{name}-npy" if npy else None, **kw)
+
+    return art, reused(work / f"{name}-spec.json", {"rows": rows, "npy": npy, **kw}, make)
 
 
 # -- loader --------------------------------------------------------------------------------------------
@@ -199,7 +198,8 @@ def bench_bounds(art: Path, batches: int = 20, rounds: int = 3, seed: int = 1) -
 
     t = interleaved({name: per_batch(fn, sets if "h5py" not in name else sets[:2]) for name, fn in ways.items()}, rounds)
     f.close(), data.close()
-    return {k: {"ms_per_batch": 1e3 * v.median / v.result, "images_per_s": BATCH * v.result / v.median} for k, v in t.items()}
+    return {k: {"ms_per_batch": 1e3 * v.median / v.results[-1], "images_per_s": BATCH * v.results[-1] / v.median}
+            for k, v in t.items()}
 
 
 def show_loader(res: dict, args) -> None:
@@ -335,11 +335,6 @@ def writers():
     return {"read back": FeatureWriter, "no fsync": NoSync, "from memory": FromMemory}
 
 
-def feature_writer(cls, path: Path, rows: int):
-    return cls(path, np.arange(1, rows + 1), fc_dim=ATT_DIM, regions=REGIONS, block=BLOCK,
-               attrs={"backbone": "synthetic", "att_size": 14})
-
-
 def bench_write(work: Path, args) -> dict:
     """The three writers interleaved, checked to give the manifest's hash; then the resume check, warm and cold."""
     from rdpp_cli.artifacts import content_hash
@@ -348,7 +343,7 @@ def bench_write(work: Path, args) -> dict:
 
     def write(cls, path):
         path.unlink(missing_ok=True)
-        w = feature_writer(cls, path, rows)
+        w = feature_writer(path, rows, BLOCK, cls)
         for _, fc, att in blocks:
             w.write(fc, att)
         return w.finish()["sha256"]
@@ -356,12 +351,12 @@ def bench_write(work: Path, args) -> dict:
     t = interleaved({name: (lambda cls=cls, p=work / f"{k}.h5": write(cls, p)) for k, (name, cls) in enumerate(ways.items())},
                     args.rounds)
     f = work / "0.h5"
-    hashes = {v.result for v in t.values()}
+    hashes = {v.results[-1] for v in t.values()}
     assert hashes == {content_hash.recompute(f, f"h5rows:fc,att,image_ids;block={BLOCK}")}, hashes
     with h5py.File(f, "r+") as h:
         h.attrs["_done"] = rows  # finished rows, no manifest yet: what a rerun after a failed manifest opens
     def reopen():  # a rerun opening the finished file: every block read back and its digest compared
-        w = feature_writer(ways["read back"], f, rows)
+        w = feature_writer(f, rows, BLOCK)
         assert w.done == rows
         w.close()
 
@@ -526,25 +521,23 @@ def show_recipe(args) -> None:
 
 # -- the command ---------------------------------------------------------------------------------------
 
+# each subcommand: measure, show, the key of its JSON line's result (`data.py recipe` reads "xe_epoch")
 BENCH = {"loader": (bench_loader, show_loader, "loader"), "epochs": (bench_epochs, show_epochs, "xe_epoch"),
          "write": (bench_write, show_write, "write"), "check": (bench_check, show_check, "content_check")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap, shared, add = subcommands(__doc__)
     shared.add_argument("--rows", type=int, default=10_000, help="images in the synthetic features.h5 (0.81 MB each)")
     shared.add_argument("--dir", type=Path, default=None, help="where the big files go (default: under $TMPDIR)")
     shared.add_argument("--keep", action="store_true", help="keep the files (a rerun with the same settings reuses them)")
     shared.add_argument("--rounds", type=int, default=3, help="interleaved passes of each way (median)")
     shared.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     shared.add_argument("--workers", default="0,1,2", help="DataLoader worker counts, comma-separated")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("loader", parents=[shared], help="the training loader, warm and cold")
+    p = add("loader", "the training loader, warm and cold")
     p.add_argument("--images", type=int, default=2_500, help="images per timed pass (50 a batch)")
     p.add_argument("--old-batches", type=int, default=4, help="batches per pass of rdpp 0.1.0's loader (≥ 2)")
-    p = sub.add_parser("epochs", parents=[shared], help="whole train-xe / finetune epochs (a GPU)")
+    p = add("epochs", "whole train-xe / finetune epochs (a GPU)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="paper", help="the XE epochs' model (small: a CPU check of the code path)")
     b = recipe("att2in", "xe", "paper")["batch_size"]
@@ -553,18 +546,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--caches", default="warm,cold", help="warm, cold or both")
     p.add_argument("--rl-epoch", default="", help="also RL epochs of these rewards (dpp,scst) from the first XE epoch's model")
     p.add_argument("--m", type=int, default=5, help="samples per image of --rl-epoch")
-    sub.add_parser("write", parents=[shared], help="writing features.h5 and the resume check").set_defaults(rows=1000)
-    p = sub.add_parser("check", parents=[shared], help="the content check on read of features.h5")
+    add("write", "writing features.h5 and the resume check").set_defaults(rows=1000)
+    p = add("check", "the content check on read of features.h5")
     p.add_argument("--check-threads", type=int, default=None, help="hashing threads (default: rdpp's)")
     p.add_argument("--cpu-step-s", type=float, default=2.4, help="CPU XE seconds per 50-image step")
     p.add_argument("--gpu-epoch-s", type=float, default=80.0, help="GPU XE epoch seconds")
-    p = sub.add_parser("recipe", help="the paper recipe's GPU-hours from the epochs' JSON line (arithmetic only)")
+    p = add("recipe", "the paper recipe's GPU-hours from the epochs' JSON line (arithmetic only)", shared=False)
     p.add_argument("results", help="a file holding `data.py epochs --json`'s output, or - for stdin")
-    p.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
-    if args.what == "recipe":
-        return args
-    args.workers = [int(w) for w in args.workers.split(",") if w != ""]
+    if args.what != "recipe":
+        args.workers = [int(w) for w in args.workers.split(",") if w != ""]
     return args
 
 
@@ -578,17 +569,7 @@ def main(argv=None) -> None:
     bench, show, key = BENCH[args.what]
     work = args.dir or Path(tempfile.gettempdir()) / f"rdpp-bench-data-{args.what}"
     work.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()
-    try:
-        res = bench(work, args)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    show(res, args)
-    print(f"load average {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {machine()}")
-    if args.json:  # `data.py recipe` reads the epochs' line
-        print(json.dumps({"benchmark": f"data_{args.what}", "rows": args.rows, "cpus": os.cpu_count(),
-                          "load_average_start_end": [load0, os.getloadavg()], key: res}))
+    run_bench(f"data_{args.what}", lambda: bench(work, args), show, args, work, key, rows=args.rows)
 
 
 if __name__ == "__main__":

@@ -91,21 +91,12 @@ def make_inputs(self_images: int = 5000, seed: int = 0) -> SimpleNamespace:
     # (b) the reward call: df of an 800-image "training set", 50 other images x 5 samples
     train_ids = [[ids(c) for c in rs] for rs in refs[:800]]
     df = DocFreq.from_references(train_ids)
-    samples = np.zeros((50, 5, T), np.int64)
-    ref_ids = np.zeros((50, 5, T), np.int64)
-    for b, i in enumerate(range(800, 850)):
-        for j in range(5):
-            s = ids(perturb(rng, rng.choice(refs[i]), vocab))
-            samples[b, j, : len(s)] = s
-            r = ids(refs[i][j])
-            ref_ids[b, j, : len(r)] = r
-    # (c) self-CIDEr: images x 20 sample-like captions
-    caps = np.zeros((self_images, M_SELF, T), np.int64)
-    for b in range(self_images):
-        base = refs[rng.randrange(len(refs))]
-        for j in range(M_SELF):
-            s = ids(perturb(rng, base[j % len(base)], vocab))
-            caps[b, j, : len(s)] = s
+    padded = lambda caps: np.array([(ids(c) + [0] * T)[:T] for c in caps], np.int64)  # noqa: E731 -- (n, T)
+    samples = np.stack([padded([perturb(rng, rng.choice(refs[i]), vocab) for _ in range(5)]) for i in range(800, 850)])
+    ref_ids = np.stack([padded(refs[i][:5]) for i in range(800, 850)])
+    # (c) self-CIDEr: images x 20 sample-like captions, each image's from one reference image's
+    caps = np.stack([padded([perturb(rng, base[j % len(base)], vocab) for j in range(M_SELF)])
+                     for base in (refs[rng.randrange(len(refs))] for _ in range(self_images))])
     return SimpleNamespace(refs=refs, vocab=vocab, R=R, H=H, train_ids=train_ids, df=df, samples=samples,
                            ref_ids=ref_ids, caps=caps)
 
@@ -171,8 +162,13 @@ class Shapes:
     def __init__(self, repeat: int):
         self.repeat, self.x = repeat, make_inputs()
         self.pdf, self.cd = pyco_df(self.x.df), CiderD(self.x.df)
-        self.rows: dict = {}
-        self.diffs: dict[str, float] = {}
+        self.rows, self.diffs = {}, {}  # shape -> row; shape -> largest difference
+
+    def versus(self, shape: str, label: str, theirs, ours, tol: float = 1e-9) -> None:
+        """``theirs()`` and ``ours()`` checked to ``agree``, then timed: the shape's row."""
+        self.agree(shape, theirs(), ours(), tol)
+        t = interleaved({"pycocoevalcap": theirs, "rdpp": ours}, self.repeat)
+        self.rows[shape] = (label, t["pycocoevalcap"], t["rdpp"])
 
     def agree(self, shape: str, theirs, ours, tol: float = 1e-9) -> None:
         """Both sides compute the same numbers (checked on an untimed run, before timing)."""
@@ -188,10 +184,8 @@ class Shapes:
         """(a) corpus mode, strings."""
         x = self.x
         gts, res = {k: x.R[k] for k in range(2000)}, {k: [x.H[k]] for k in range(2000)}
-        self.agree("a", Cider().compute_score(gts, res)[1], CiderD().score(x.H, x.R))
-        t = interleaved({"pycocoevalcap": lambda: Cider().compute_score(gts, res)[1],
-                         "rdpp": lambda: CiderD().score(x.H, x.R)}, self.repeat)
-        self.rows["a"] = ("(a) corpus mode, 2,000 x 5 refs, strings", t["pycocoevalcap"], t["rdpp"])
+        self.versus("a", "(a) corpus mode, 2,000 x 5 refs, strings", lambda: Cider().compute_score(gts, res)[1],
+                    lambda: CiderD().score(x.H, x.R))
 
     def _flat(self, q, K):
         iu5 = np.triu_indices(self.x.samples.shape[1])
@@ -222,13 +216,11 @@ class Shapes:
         few = x.caps[:nb]
         # tolerance 1e-6: the authors' formula adds the square roots of round-off singular values
         # (~1e-15 -> ~3e-8) that rdpp counts as 0 (docs/metrics.md); kernels agree to ~1e-14
-        self.agree("c", pyco_self_cider(few, pdf, x.df.ref_len), self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
-        t = interleaved({"pycocoevalcap": lambda: pyco_self_cider(few, pdf, x.df.ref_len),
-                         "rdpp": lambda: self_cider_from_kernel(cd.pairwise(few))}, self.repeat)
-        self.rows["c"] = (f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", t["pycocoevalcap"], t["rdpp"])
+        self.versus("c", f"(c) self-CIDEr {nb:,} x {M_SELF} (kernel + spectrum)", lambda: pyco_self_cider(
+            few, pdf, x.df.ref_len), lambda: self_cider_from_kernel(cd.pairwise(few)), tol=1e-6)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         big = interleaved({"rdpp": lambda: self_cider_from_kernel(cd.pairwise(x.caps))}, 3)["rdpp"]
-        assert np.isfinite(big.result).all()
+        assert np.isfinite(big.results[-1]).all()
         self.rows["c 5000"] = (f"    self-CIDEr {len(x.caps):,} x {M_SELF}, rdpp only (3 runs)", None, big)
         return rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -244,14 +236,11 @@ class Shapes:
 
 
 def show(sh: Shapes, out: dict, rss0: float) -> None:
-    def ms(tm) -> str:
-        return "-" if tm is None else f"{tm.median * 1e3:,.1f} ({tm.best * 1e3:,.1f})"
-
-    rows = [[name, ms(ref), ms(ours), "-" if ref is None else f"{ref.median / ours.median:,.1f}x",
-             "-" if ref is None else f"{ref.best / ours.best:,.1f}x"]
+    rows = [[name, ref.ms(), ours.ms(), f"{ref.median / ours.median:,.1f}x", f"{ref.best / ours.best:,.1f}x"] if ref
+            else [name, "-", ours.ms(), "-", "-"]
             for name, ref, ours in (sh.rows[k] for k in ("a", "b", "b two calls", "b'", "c", "c 5000"))]
-    print_table(f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians (best in brackets)",
-                ["shape", "pycocoevalcap ms", "rdpp ms", "speed-up (medians)", "(bests)"], rows, width=150)
+    print_table(f"CIDEr-D: rdpp vs pycocoevalcap, {sh.repeat} interleaved runs each, medians (best beside)",
+                ["shape", "pycocoevalcap", "rdpp", "speed-up (medians)", "(bests)"], rows, width=150)
     print(f"score() + pairwise() take {out['two_calls_vs_one']:.2f}x the time of score_and_pairwise() (medians)")
     print(f"max |rdpp - pycocoevalcap| = {out['max_abs_diff']:.2e} "
           f"({', '.join(f'{k}: {v:.1e}' for k, v in sh.diffs.items())}); "

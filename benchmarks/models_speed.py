@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer  # noqa: E402
 from common import (BATCH, PAPER, QUICK, Shapes, features, make_batch, make_model, make_refs, output_bias,  # noqa: E402
                     parse_words, zipf_p)
-from timing import interleaved, machine, machine_info, on_roofline, print_table, steps, sync  # noqa: E402
+from timing import interleaved, machine, machine_info, on_roofline, parser, print_table, steps, sync  # noqa: E402
 
 from rdpp_cli.data.loader import Batch  # noqa: E402
 from rdpp_cli.decoding.decode import DecodeConfig, _draw, _nucleus, decode  # noqa: E402
@@ -133,19 +133,16 @@ def same_numbers(model, ref: peer.Peer, batch: Batch, max_len: int, images: int 
 
 def xe_float64(b: Bench, base, batch: Batch, images: int = 4) -> dict:
     """rdpp's XE loss and gradients against the peer's in float64 with dropout off (rounding cannot
-    hide a difference): |loss difference| and the largest gradient difference relative to each
-    parameter's largest gradient (parameters whose gradient is rounding noise around 0 left out)."""
+    hide a difference): |loss difference| and ``grad_diff`` (parameters whose gradient is at most 1e-9
+    of the largest, rounding noise around 0, left out)."""
     ours = copy.deepcopy(base).double().eval()
-    small = Batch(**{**batch.__dict__, "fc": batch.fc[:images].double(), "att": batch.att[:images].double(),
-                     "labels": batch.labels[:images], "index": batch.index[:images]})
+    small = replace(batch, fc=batch.fc[:images].double(), att=batch.att[:images].double(), labels=batch.labels[:images],
+                    index=batch.index[:images])
     ga = grads_of(ours, a := xe_loss(ours, small))
     theirs = peer.Peer(b.mods, ours)
     theirs.lw.eval()
     gc = grads_of(theirs.model, c := theirs.xe_loss(*peer_inputs(small)))
-    to_peer, top = peer.NAMES[b.model], max(float(g.abs().max()) for g in ga.values())
-    # a softmax ignores a shift: an attention bias's gradient is 0 up to rounding (left out)
-    worst = max([float((g - gc[to_peer(k)]).abs().max() / gc[to_peer(k)].abs().max()) for k, g in ga.items()
-                 if to_peer(k) in gc and gc[to_peer(k)].abs().max() > 1e-9 * top], default=0.0)
+    worst, _ = grad_diff(gc, {peer.NAMES[b.model](k): g for k, g in ga.items()}, floor=1e-9)
     out = {"loss_abs_diff": abs(float(a.detach()) - float(c.detach())), "grad_rel_diff": worst}
     if not (out["loss_abs_diff"] <= 1e-9 and out["grad_rel_diff"] <= 1e-6):
         raise SystemExit(f"rdpp's {b.title} XE step and the peer's disagree in float64: {out}")
@@ -179,13 +176,27 @@ def grads_of(model, loss) -> dict[str, torch.Tensor]:
     return g
 
 
-def compare(want, got, ga: dict, gb: dict) -> dict:
-    """Loss relative difference and the largest gradient difference relative to each parameter's
-    largest gradient; equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
+def grad_diff(want: dict, got: dict, floor: float = 0.0, norm: bool = False) -> tuple[float, str]:
+    """The largest gradient difference relative to the parameter's largest ``want`` entry (``norm``:
+    ‖Δg‖ / ‖g‖) and that parameter (a miss says where), leaving out gradients under ``floor`` of the
+    largest and ``alpha_net.bias``'s (a softmax ignores a shift: it is rounding noise around 0)."""
+    size = (lambda g: g.norm()) if norm else (lambda g: g.abs().max())
+    top = max(float(size(g)) for g in want.values())
+    return max(((float(size(got[k] - g) / size(g).clamp_min(1e-30)), k) for k, g in want.items()
+                if k in got and not k.endswith("alpha_net.bias") and float(size(g)) >= floor * top), default=(0.0, "-"))
+
+
+def compare(m, want, got) -> dict:
+    """``want``, a loss of ``m``, against ``got()``, the same loss computed the other way (after
+    ``want``'s gradients are taken; the device waited for): the loss relative difference and
+    ``grad_diff``, equal within 1e-5 (loss) and 1e-3 (gradients: float32 through two kernel sets)."""
+    ga = grads_of(m, want)
+    got = got()
+    gb = grads_of(m, got)
+    sync(want.device)
     a, b = float(want.detach()), float(got.detach())
     rel = abs(a - b) / max(abs(a), 1e-30)
-    worst, name = max((float((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp_min(1e-30)), k) for k in ga
-                      if not k.endswith("alpha_net.bias"))  # the parameter, so a miss says where it is
+    worst, name = grad_diff(ga, gb)
     return {"loss_rel_diff": rel, "grad_rel_diff": worst, "worst_param": name, "equal": rel <= 1e-5 and worst <= 1e-3}
 
 
@@ -194,14 +205,14 @@ def fast_xe_check(base, fast: F.FastPath, batch: Batch) -> dict:
     m = copy.deepcopy(base).train()
     drop = fast.xe_dropout(m, batch.labels, batch.att.shape[1])
     tok, mask = m.token_logprobs(batch.att, batch.labels, drop=drop, fc=batch.fc)
-    want = -tok.sum() / mask.sum()
-    g_want, t = grads_of(m, want), time.perf_counter()
-    fast.begin_step()
-    tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop, batch.fc)
-    got = -tok.sum() / mask.sum()
-    g_got = grads_of(m, got)
-    sync(batch.att.device)
-    return {**compare(want, got, g_want, g_got), "compile_s": time.perf_counter() - t}
+    t = time.perf_counter()
+
+    def fast_loss():
+        fast.begin_step()
+        tok, mask = fast.token_logprobs(m, batch.att, batch.labels, None, drop, batch.fc)
+        return -tok.sum() / mask.sum()
+
+    return {**compare(m, -tok.sum() / mask.sum(), fast_loss), "compile_s": time.perf_counter() - t}
 
 
 def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs: list) -> dict:
@@ -216,14 +227,10 @@ def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs:
     T = d_e.samples.shape[-1]
     same = (d.samples[..., :T] == d_e.samples).all(-1).float().mean().item()
     w_np, _ = eager.weights(d.samples.cpu().numpy(), d.greedy, refs)
-    w_t, _ = fast.device_weights(d, *references_tensor(refs, batch.att.device))
+    w_t, _ = fast.device_weights(d.samples, d.greedy, *references_tensor(refs, batch.att.device))
     w = torch.linspace(-1.0, 1.0, w_np.numel()).view(w_np.shape)
-    want, got = eager.loss(m, batch, d, w)[0], None
-    g_want = grads_of(m, want)
-    got = fast.loss(m, batch, d, w)[0]
-    g_got = grads_of(m, got)
-    sync(batch.att.device)
-    return {**compare(want, got, g_want, g_got), "weights_abs_diff": float((w_t.cpu() - w_np).abs().max()),
+    out = compare(m, eager.loss(m, batch, d, w)[0], lambda: fast.loss(m, batch, d, w)[0])
+    return {**out, "weights_abs_diff": float((w_t.cpu() - w_np).abs().max()),
             "same_captions": same, "compile_s": time.perf_counter() - t}
 
 
@@ -281,13 +288,10 @@ def xe_sides(b: Bench) -> tuple[dict, list, dict]:
         check["fast"] = {"error": f"refused: the {b.title} model has no fast path (--fast on is an error)"}
     sides, pairs, mine = {}, [], f"rdpp {b.title} xe"
     for prec in b.args.precision:
-        m = copy.deepcopy(ours)
-        opt = torch.optim.Adam(m.parameters(), lr=4e-4)  # the peer's default
-        sides[f"{mine} {prec}"] = lambda m=m, opt=opt, p=prec: update(m, opt, autocast_loss(xe_loss, m, batch, p))
+        sides[f"{mine} {prec}"] = stepper(ours, 4e-4, lambda m, p=prec: autocast_loss(xe_loss, m, batch, p))
     if b.args.ss:
-        m, ss = copy.deepcopy(ours), XELoss(ss_prob=lambda epoch: b.args.ss)
-        opt = torch.optim.Adam(m.parameters(), lr=4e-4)
-        sides[f"{mine} ss={b.args.ss:g}"] = lambda: update(m, opt, ss(m, batch)[0])
+        ss = XELoss(ss_prob=lambda epoch: b.args.ss)
+        sides[f"{mine} ss={b.args.ss:g}"] = stepper(ours, 4e-4, lambda m: ss(m, batch)[0])
     if theirs is not None:
         inputs, ref = peer_inputs(batch), f"{b.peer_title} xe"
         sides[ref] = lambda: theirs.xe_step(*inputs)
@@ -295,11 +299,17 @@ def xe_sides(b: Bench) -> tuple[dict, list, dict]:
     for v, fast in b.fast_paths().items():
         check[v] = guarded(fast_xe_check, ours, fast, batch)
         if "error" not in check[v]:
-            m, loss_fn = copy.deepcopy(ours), fast_xe_loss(fast)
-            opt = fast.optimizer(m.parameters(), 4e-4)
-            sides[f"{mine} {v}"] = lambda m=m, opt=opt, f=fast, s=loss_fn: (f.begin_step(), update(m, opt, s(m, batch)))
+            sides[f"{mine} {v}"] = stepper(ours, 4e-4, lambda m, s=fast_xe_loss(fast): s(m, batch), fast)
             pairs.append((f"xe {v} vs eager", f"{mine} {v}", f"{mine} fp32"))
     return sides, pairs, check
+
+
+def stepper(ours, lr: float, loss, fast: F.FastPath | None = None):
+    """A side training its own copy of ``ours``: ``loss(model)``, ``update`` with Adam at ``lr`` (the
+    peer's optimizer) or with the fast path's optimizer (its ``begin_step`` first)."""
+    m = copy.deepcopy(ours)
+    opt = fast.optimizer(m.parameters(), lr) if fast else torch.optim.Adam(m.parameters(), lr=lr)
+    return lambda: (fast and fast.begin_step(), update(m, opt, loss(m)))[1]
 
 
 def autocast_loss(fn, model, batch: Batch, precision: str):
@@ -308,8 +318,8 @@ def autocast_loss(fn, model, batch: Batch, precision: str):
 
 
 def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
-    """rdpp's ``RewardStep`` for each of ``rewards`` at m = 5 (per precision, and fast) against the
-    peer's SCST step (and, for Att2in, the published R-DPP step)."""
+    """rdpp's ``RewardStep`` for each of ``rewards`` at m = 5 (per precision) against the peer's SCST
+    step (and, for Att2in, the published R-DPP step); the fast path's, each checked against eager first."""
     rng, L = np.random.default_rng(0), b.s.max_len
     train_refs, refs = make_refs(rng, 400, b.s), make_refs(rng, b.args.batch, b.s)
     E = eos_id(b.s.vocab)
@@ -330,16 +340,12 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
             pub = f"published dpp m={M}"
             sides[pub] = lambda: theirs.dpp_step(batch.fc, batch.att, refs, M, lambda: sync(b.device))
             pairs.append((f"dpp m={M} vs published", f"rdpp {b.title} dpp m={M} fp32", pub))
-    fast_rl_sides(b, rewards, ours, cider, batch, refs, sides, pairs, check)
-    return sides, pairs, check
 
-
-def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, check) -> None:
-    """The fast path's RL steps, each checked against the eager step first."""
-    class Refs:  # RewardStep's data: the batch's references
-        @staticmethod
-        def references_ids(index):
-            return [refs[i] for i in index]
+    class Refs:  # RewardStep's data: the batch's references, laid out as a DataArtifact's (the fast path's table)
+        label_end = np.cumsum([len(r) for r in refs])
+        label_start = label_end - [len(r) for r in refs]
+        _all_labels = staticmethod(lambda: np.concatenate(refs))
+        references_ids = staticmethod(lambda index: [refs[i] for i in index])
 
     for v, fast in b.fast_paths().items():
         for reward in rewards:
@@ -348,10 +354,9 @@ def fast_rl_sides(b: Bench, rewards, ours, cider, batch, refs, sides, pairs, che
             check[name] = guarded(fast_rl_check, ours, RewardStep(**kw), step, batch, refs)
             if "error" in check[name]:
                 continue
-            m = copy.deepcopy(ours)
-            opt = fast.optimizer(m.parameters(), 1e-6)
-            sides[name] = lambda m=m, opt=opt, st=step, f=fast: (f.begin_step(), update(m, opt, st(m, batch)[0]))
+            sides[name] = stepper(ours, 1e-6, lambda m, st=step: st(m, batch)[0], fast)
             pairs.append((f"{reward} m={M} {v} vs eager", name, f"rdpp {b.title} {reward} m={M} fp32"))
+    return sides, pairs, check
 
 
 def peer_decode_opt(cfg: DecodeConfig) -> dict:
@@ -376,7 +381,6 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
     ours.eval()
     if theirs is not None:
         theirs.model.eval()
-        theirs.model.repeat_tensor = peer.repeat_tensors(b.mods)  # its DBS calls a method no model defines
     for method in b.args.methods:
         kw = {**METHODS[method], **({"n": b.args.n} if METHODS[method]["n"] == M else {})}
         kw.update({"n": b.args.n, "groups": b.args.n} if method == "dbs" else {})
@@ -390,19 +394,14 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
     return sides, pairs, check
 
 
-def groups(b: Bench):
-    """(group name, builder) of each asked row group, in the order of ``ALL``."""
-    rewards = [w for w in ("scst", "dpp") if w in b.args.what]
-    out = [("xe", lambda: xe_sides(b))] if "xe" in b.args.what else []
-    out += [("rl", lambda: rl_sides(b, rewards))] if rewards else []
-    return out + ([("decode", lambda: decode_sides(b))] if "decode" in b.args.what else [])
-
-
 def run(b: Bench) -> tuple[dict, list, dict, dict]:
-    """Each group built, checked (SystemExit when rdpp and the peer disagree), timed, dropped."""
+    """Each asked row group (in the order of ``ALL``) built, checked (SystemExit when rdpp and the
+    peer disagree), timed, dropped."""
+    rewards = [w for w in ("scst", "dpp") if w in b.args.what]
+    build = {"xe": lambda: xe_sides(b), "rl": lambda: rl_sides(b, rewards), "decode": lambda: decode_sides(b)}
     timed, pairs, checks, rates = {}, [], {}, {}
-    for name, build in groups(b):
-        sides, p, checks[name] = build()
+    for name in [g for g in build if g in b.args.what or g == "rl" and rewards]:
+        sides, p, checks[name] = build[name]()
         warm = {k: f for k, f in sides.items() if any(v in k.split() for v in VARIANTS)}
         for k, fn in warm.items():  # the fast sides' extra warm-ups (CUDA graphs record here)
             err = guarded(lambda fn=fn: [fn() for _ in range(b.args.warmup)] and {})
@@ -416,7 +415,7 @@ def run(b: Bench) -> tuple[dict, list, dict, dict]:
         pairs += [x for x in p if x[1] in t and x[2] in t]
         if b.args.profile:
             profile(sides, b.device, 12)
-        del sides
+        sides.clear(), warm.clear()  # the group's models go before the next group's are built
     return timed, pairs, checks, rates
 
 
@@ -454,31 +453,25 @@ def peaked_model(b: Bench):
 def xe_numerics(model, batch: Batch) -> dict[str, float]:
     """The XE loss and gradients on 5 captions per image the model itself samples (a trained model's
     loss, not that of random words), bf16 against fp32, dropout off; gradients: the largest over the
-    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖."""
+    parameters of ‖g_bf16 − g_fp32‖ / ‖g_fp32‖ (``grad_diff``)."""
     with torch.no_grad():
         d = decode(model.eval(), batch.att, DecodeConfig(method="random", n=5, max_len=batch.labels.shape[-1]),
                    generator=torch.Generator(device=batch.att.device).manual_seed(1))
-    batch, out = Batch(**{**batch.__dict__, "labels": d.tokens}), {}
+    batch, out = replace(batch, labels=d.tokens), {}
     for prec in ("fp32", "bf16"):
-        model.zero_grad(set_to_none=True)
         loss = autocast_loss(xe_loss, model, batch, prec)
-        loss.backward()
-        out[prec] = float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
+        out[prec] = float(loss.detach()), grads_of(model, loss)
     model.train()
     (l32, g32), (l16, g16) = out["fp32"], out["bf16"]
-    top = max(float(g.norm()) for g in g32.values())  # a softmax ignores a shift: such a bias's gradient is rounding noise
-    keys = [k for k in g32 if not k.endswith("alpha_net.bias") and float(g32[k].norm()) > 1e-6 * top]
     return {"xe_loss_fp32": l32, "xe_loss_bf16": l16, "xe_loss_rel": abs(l16 - l32) / l32,
-            "xe_grad_rel": max(float((g16[k] - g32[k]).norm() / g32[k].norm()) for k in keys),
-            "xe_grad_entry_rel": max(float((g16[k] - g32[k]).abs().max() / g32[k].abs().max()) for k in keys)}
+            "xe_grad_rel": grad_diff(g32, g16, 1e-6, norm=True)[0], "xe_grad_entry_rel": grad_diff(g32, g16, 1e-6)[0]}
 
 
 def replay(model, batch: Batch, precision: str) -> dict[str, float]:
     """M = 5 captions per image sampled step by step with pre-drawn dropout masks, then the batched
     teacher-forced pass that replays the masks: the differences of the two log-probabilities."""
     step = RewardStep(data=None, cider=None, reward="dpp", m=M, max_len=batch.labels.shape[-1], seed=0)
-    img = Batch(**{**batch.__dict__, "labels": batch.labels[:, :1]})
+    img = replace(batch, labels=batch.labels[:, :1])
     with torch.no_grad(), autocast(precision, batch.att.device):
         d = step.sample(model, img)
         tf, mask = step.policy_logprobs(model, img, d)
@@ -581,29 +574,25 @@ def selection(b: Bench) -> None:
     """``--what select``: every side once untimed, then ``--repeat`` (at least 3) interleaved; medians, a table."""
     a, images = b.args, b.args.select_images
     with tempfile.TemporaryDirectory(prefix="rdpp-bench-df-") as tmp:
-        fns = select_sides(b, a.df or zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
+        fns = select_sides(b, zipf_df(Path(tmp) / "cider_df.h5", b.s.vocab, 200 if a.quick else 20000))
         for name, fn in fns.items():
             if name != "draw":
                 fn()  # warm-up (draw's was the captions' draw)
-        clock = time.process_time if a.clock == "cpu" else time.perf_counter
-        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3), clock=clock).items()}
-    row = lambda what, key, **kw: {"device": b.device.type, "what": what, "images": images,  # noqa: E731
-                                   "seconds": round(med[key], 4), "ms_per_image": round(1e3 * med[key] / images, 4),
-                                   "vs_draw": round(med[key] / med["draw"], 5), **kw}
-    rows = [row(f"draw {a.candidates} random samples per image (decode)", "draw")]
-    rows += [row(f"select {a.keep} of {a.candidates}: {name} (kernel + choice, CPU)", name)
+        med = {k: t.median for k, t in interleaved(fns, max(a.repeat, 3)).items()}
+    C, K, dev = a.candidates, a.keep, b.device.type
+    cost = lambda k: [f"{med[k]:.3f}", f"{1e3 * med[k] / images:.3f}", f"{med[k] / med['draw']:.4f}"]  # noqa: E731
+    rows = [[dev, f"draw {C} random samples per image (decode)", *cost("draw"), "-", "-"]]
+    rows += [[dev, f"select {K} of {C}: {name} (kernel + choice, CPU)", *cost(name), "-", "-"]
              for name in fns if name not in ("draw", "greedy", "ref")]
-    rows.append(row(f"greedy MAP step alone, batched ({a.keep} of {a.candidates})", "greedy", speedup=round(
-        med["ref"] / med["greedy"], 2), reference="per-image numpy loop (Chen et al.)", ref_seconds=round(med["ref"], 4)))
-    print_table(f"rdpp sample --select, {b.title}: {a.keep} of {a.candidates} per image, {images} images (random weights; "
-                f"medians of {max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}, {a.clock} clock)",
-                ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"],
-                [[r["device"], r["what"], f"{r['seconds']:.3f}", f"{r['ms_per_image']:.3f}", f"{r['vs_draw']:.4f}",
-                  f"{r['ref_seconds']:.3f}" if "reference" in r else "-",
-                  f"{r['speedup']:.1f}x" if "reference" in r else "-"] for r in rows], width=170, left=2)
+    rows.append([dev, f"greedy MAP step alone, batched ({K} of {C})", *cost("greedy"), f"{med['ref']:.3f}",
+                 f"{med['ref'] / med['greedy']:.1f}x"])
+    print_table(f"rdpp sample --select, {b.title}: {K} of {C} per image, {images} images (random weights; medians of "
+                f"{max(a.repeat, 3)} interleaved runs, CPU threads {a.threads}; reference: a per-image numpy loop, "
+                "Chen et al.)", ["device", "what", "s", "ms/image", "x draw", "reference s", "speedup"], rows,
+                width=170, left=2)
     if a.json:
-        print(json.dumps({"benchmark": "selection", "threads": a.threads, "clock": a.clock, "machine": machine_info(),
-                          "select_rows": rows}))
+        print(json.dumps({"benchmark": "selection", "threads": a.threads, "machine": machine_info(), "images": images,
+                          "seconds": med}))
 
 
 DRAW_ROWS, DRAW_WORDS = 200, 9488
@@ -751,20 +740,23 @@ def split(s: str) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
                     "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
-    ap.add_argument("--what", default=None, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
+    ap.add_argument("--what", type=split, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
                     "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
                     "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")
-    ap.add_argument("--precision", default="fp32", help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
-    ap.add_argument("--fast", default="", help=f"also rdpp's fast path, comma-separated variants: {', '.join(VARIANTS)}")
+    ap.add_argument("--precision", type=split, default="fp32",
+                    help="rdpp's precisions, comma-separated (fp32, bf16, fp16)")
+    ap.add_argument("--fast", type=split, default="", help=f"also rdpp's fast path, comma-separated variants: "
+                    f"{', '.join(VARIANTS)}")
     ap.add_argument("--backend", default="inductor", help="the fast path's torch.compile backend (aot_eager: quick)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each fast side first")
     ap.add_argument("--ss", type=float, default=0.0, help="also the XE step with scheduled sampling at this probability")
-    ap.add_argument("--methods", default="random", help=f"decoding methods of --what decode: {', '.join(METHODS)}")
+    ap.add_argument("--methods", type=split, default="random", help=f"--what decode's methods: {', '.join(METHODS)}")
     ap.add_argument("--xe-words", default="8-16", help="words of the XE captions: N, or MIN-MAX drawn uniformly")
-    ap.add_argument("--ms", default="5", help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
+    ap.add_argument("--ms", type=lambda s: [int(m) for m in split(s)], default="5",
+                    help="samples per image of rdpp's RL steps, comma-separated (the peer: 5)")
     ap.add_argument("--n", type=int, default=M, help="captions per image of the sampling methods and DBS")
     ap.add_argument("--batch", type=int, default=50, help="images per step in every row")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per side, interleaved (3; draw alone: 21)")
@@ -773,8 +765,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--select-images", type=int, default=5000, help="select: images to draw for and select on")
     ap.add_argument("--candidates", type=int, default=50, help="select: C, samples drawn per image")
     ap.add_argument("--keep", type=int, default=5, help="select: K, captions selected per image")
-    ap.add_argument("--df", type=Path, default=None, help="select: a cider_df.h5 (default: a synthetic COCO-sized one)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="select: cpu counts this process's CPU time")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--matmul-size", type=int, default=0, help="n of the n×n torch.mm roofline (0: not measured)")
     ap.add_argument("--peer-repo", default=None, help="self-critical.pytorch checkout (default: $SCP_REPO, then "
@@ -782,14 +772,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-peer", action="store_true", help="time rdpp alone (no peer, no check against it)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler's top ops of one call of each side")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, at most 4 images, one repeat: check that it runs")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     ap.add_argument("--summary", nargs="+", metavar="LOG", help="print the summary table of these logs' JSON lines")
     args = ap.parse_args(argv)
     if args.summary:
         return args
-    args.what = args.what or ",".join(HF_WHAT if args.model == "hf" else ALL)
-    args.what, args.precision, args.fast, args.methods = map(split, (args.what, args.precision, args.fast, args.methods))
-    args.ms = [int(m) for m in split(args.ms)]
+    args.what = args.what or list(HF_WHAT if args.model == "hf" else ALL)
     known = HF_WHAT if args.model == "hf" else (*ALL, "numerics", "select", "draw")
     bad = [w for w in args.what if w not in known] + [v for v in args.fast if v not in VARIANTS]
     bad += [m for m in args.methods if m not in METHODS]
@@ -811,11 +798,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if args.model == "hf":
         return hf_rows(args)
-    device = torch.device(args.device)
-    s = QUICK[args.model] if args.quick else PAPER
     timing = [w for w in args.what if w in ALL]
     mods = None if args.no_peer or not timing else peer.modules(peer.find_repo(args.peer_repo))
-    b = Bench(args.model, s, mods, device, args)
+    b = Bench(args.model, QUICK[args.model] if args.quick else PAPER, mods, torch.device(args.device), args)
     ok = numerics(b) if "numerics" in args.what else True
     if "draw" in args.what:
         draw_costs(args.repeat, args.threads)
@@ -835,8 +820,8 @@ def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:
           f"interleaved runs per side")
     print(f"{'step':<58}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}  decode / reward / backward")
     for name, o in t.items():
-        res = o["results"][-1] if o["results"] and isinstance(o["results"][-1], dict) else None
-        parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if res else ""
+        timed_in_parts = o["results"] and isinstance(o["results"][-1], dict)  # the RL steps
+        parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if timed_in_parts else ""
         print(f"{name:<58}{o['median']:>9.4f}{o['best']:>9.4f}{args.batch / o['median']:>10.1f}"
               f"{o['gflop']:>8.0f}{o['peak_mib']:>10,.0f}  {parts}")
     if rates:

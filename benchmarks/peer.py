@@ -34,22 +34,20 @@ DEFAULT_PLACES = (ROOT.parent / "shared" / "peers" / PEER_DIR, ROOT / ".peer" / 
 HOW = ("point --peer-repo (or $SCP_REPO) at a checkout of ruotianluo/self-critical.pytorch with its cider "
        "submodule (git clone --recursive ...; benchmarks/README.md), and pip install yacs six")
 
-# rdpp's Att2in parameter names -> the peer's Att2in2Model's (``embed.0``, ``att_embed.0``, ``core.*``)
-RDPP_TO_PEER = {
-    "embed.weight": "embed.0.weight", "att_embed.weight": "att_embed.0.weight", "att_embed.bias": "att_embed.0.bias",
-    "ctx2att.weight": "ctx2att.weight", "ctx2att.bias": "ctx2att.bias", "logit.weight": "logit.weight",
-    "logit.bias": "logit.bias",
-    **{f"{k}.{p}": f"core.{k}.{p}" for k in ("a2c", "i2h", "h2h") for p in ("weight", "bias")},
-    **{f"{k}.{p}": f"core.attention.{k}.{p}" for k in ("h2att", "alpha_net") for p in ("weight", "bias")},
-}
-# rdpp's UpDown parameter names -> the peer's UpDownModel's (its Sequential and core prefixes; ctx2att, logit keep theirs)
-UPDOWN_PREFIX = {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
-                 "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.",
-                 "h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}
+# rdpp's parameter names -> the peer's, by prefix: Att2in2Model's and UpDownModel's Sequential (``embed.0``) and
+# core prefixes (``core.*``, ``core.attention.*``); ctx2att and logit keep their names
+ATTENTION = {"h2att.": "core.attention.h2att.", "alpha_net.": "core.attention.alpha_net."}
+PREFIXES = {"att2in": {"embed.": "embed.0.", "att_embed.": "att_embed.0.", "a2c.": "core.a2c.", "i2h.": "core.i2h.",
+                       "h2h.": "core.h2h.", **ATTENTION},
+            "updown": {"embed.": "embed.0.", "fc_embed.": "fc_embed.0.", "att_embed.": "att_embed.0.",
+                       "att_lstm.": "core.att_lstm.", "lang_lstm.": "core.lang_lstm.", **ATTENTION}}
 
 
-def updown_name(name: str) -> str:
-    return next((theirs + name[len(ours):] for ours, theirs in UPDOWN_PREFIX.items() if name.startswith(ours)), name)
+def prefixed(kind: str):
+    """rdpp's parameter name -> the peer's, for ``kind``'s prefixes."""
+    table = PREFIXES[kind]
+    return lambda name: next((theirs + name[len(ours):] for ours, theirs in table.items() if name.startswith(ours)),
+                             name)
 
 
 def transformer_name(name: str) -> str:
@@ -70,7 +68,7 @@ def transformer_name(name: str) -> str:
 
 # per rdpp model: the peer's class and the peer's name of each rdpp parameter
 PEER_CLASS = {"att2in": "Att2in2Model", "updown": "UpDownModel", "transformer": "TransformerModel"}
-NAMES = {"att2in": RDPP_TO_PEER.__getitem__, "updown": updown_name, "transformer": transformer_name}
+NAMES = {"att2in": prefixed("att2in"), "updown": prefixed("updown"), "transformer": transformer_name}
 BUFFERS = {"model.tgt_embed.1.pe"}  # the peer Transformer's positional table: not a parameter of rdpp's
 
 
@@ -132,15 +130,6 @@ class Modules:
         self.prepro_ngrams = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.prepro_ngrams)
 
-    def parse_opt(self, argv: list[str]):
-        """The peer's ``opts.parse_opt()`` on ``argv`` (its defaults for everything else)."""
-        saved = sys.argv
-        sys.argv = ["train.py", *argv]
-        try:
-            return self.opts.parse_opt()
-        finally:
-            sys.argv = saved
-
 
 _LOADED: dict[Path, Modules] = {}
 
@@ -170,7 +159,11 @@ def options(mods: Modules, model, *, max_length: int | None = None, seq_per_img:
         sizes = {"caption_model": {"att2in": "att2in2"}.get(kind, kind), "rnn_size": c.rnn_size,
                  "input_encoding_size": c.input_encoding_size, "att_hid_size": c.att_hid_size,
                  "fc_feat_size": c.fc_feat_size if kind == "updown" else c.att_feat_size}  # fc: unused by Att2in2
-    opt = mods.parse_opt(argv + [x for k, v in sizes.items() for x in (f"--{k}", str(v))])
+    saved, sys.argv = sys.argv, ["train.py", *argv, *(x for k, v in sizes.items() for x in (f"--{k}", str(v)))]
+    try:
+        opt = mods.opts.parse_opt()  # the peer's option parser reads sys.argv
+    finally:
+        sys.argv = saved
     if kind == "transformer":
         opt.N_enc, opt.N_dec, opt.d_model, opt.d_ff = c.N_enc, c.N_dec, c.d_model, c.d_ff
         opt.num_att_heads, opt.dropout = c.num_att_heads, c.dropout
@@ -198,6 +191,8 @@ def build(mods: Modules, model, opt=None, *, max_length: int | None = None) -> t
                        f"the peer's {sorted(left)} are not set")
     state.update(ours)
     ref.load_state_dict(state)
+    # its DBS calls self.repeat_tensor, a method no model defines: the peer's utils.repeat_tensors, which it means
+    ref.repeat_tensor = importlib.import_module("captioning.models.utils").repeat_tensors
     return ref.train(model.training)
 
 
@@ -335,10 +330,3 @@ def mean_words(seqs) -> float:
     s = np.asarray(seqs.cpu() if torch.is_tensor(seqs) else seqs)
     return float((s > 0).cumprod(-1).sum(-1).mean())
 
-
-def repeat_tensors(mods: Modules):
-    """The peer's ``utils.repeat_tensors``: what its DBS's ``self.repeat_tensor`` (a method no model
-    defines, so its DBS stops at the second group) means; set on a peer model instance only."""
-    import importlib
-
-    return importlib.import_module("captioning.models.utils").repeat_tensors

@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved, machine, print_table  # noqa: E402
+from timing import interleaved, print_table, reused, run_bench, subcommands  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -96,8 +96,8 @@ def bench_extract(args) -> dict:
 def show_extract(res: dict, args) -> None:
     print_table(f"feature extraction, mobilenet_v2 {res['image_size']}px -> {res['att_size']}x{res['att_size']}x"
                 f"{res['dim']}, {res['images']} real COCO photos, CPU, {res['threads']} torch threads, {res['cores']} "
-                f"cores (default workers {res['default_workers']}), median of {args.repeats}", ["loop", "images/s",
-                                                                                               "vs reference"],
+                f"cores (default workers {res['default_workers']}), median of {args.repeats}",
+                ["loop", "images/s", "vs reference"],
                 [[k, f"{r['images_per_s']:.2f}", f"{r['speedup']:.2f}x"] for k, r in res["rows"].items()])
 
 
@@ -131,9 +131,9 @@ def bench_toy(args) -> dict:
         for b in backbones:
             prepro_toy(outs[b], b, args.check_images, env)
         same_captions(*outs.values())
-        cpu: dict[str, list[float]] = {b: [] for b in backbones}
-        wall = interleaved({b: (lambda b=b: cpu[b].append(prepro_toy(outs[b], b, args.images, env))) for b in backbones},
-                           args.repeats)
+        wall = interleaved({b: (lambda b=b: prepro_toy(outs[b], b, args.images, env)) for b in backbones}, args.repeats,
+                           keep=True)  # each run's CPU seconds
+        cpu = {b: wall[b].results for b in backbones}
     rows = {b: {"wall_s": round(wall[b].median, 2), "wall_best_s": round(wall[b].best, 2),
                 "cpu_s": round(float(np.median(cpu[b])), 2), "cpu_best_s": round(min(cpu[b]), 2)} for b in backbones}
     return {"images": args.images, "repeat": args.repeats, "threads": args.threads, "rows": rows,
@@ -237,20 +237,18 @@ def write_karpathy_json(path: Path, seed: int = 0, images: int | None = None) ->
 
 def _timed(obj, name: str, label: str, phases: dict) -> None:
     """Wrap ``obj.name`` so that its wall time adds to ``phases[label]`` (skipped if absent)."""
-    fn = getattr(obj, name, None)
+    fn = getattr(obj, name, None)  # a classmethod comes bound to its class: set back as a staticmethod
     if fn is None:
         return
-    is_cm = isinstance(obj, type) and isinstance(obj.__dict__.get(name), classmethod)
-    raw = fn.__func__ if is_cm else fn
 
     def wrapper(*a, **k):
         t = time.perf_counter()
         try:
-            return raw(*a, **k)
+            return fn(*a, **k)
         finally:
             phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
 
-    setattr(obj, name, classmethod(wrapper) if is_cm else wrapper)
+    setattr(obj, name, staticmethod(wrapper) if isinstance(vars(obj).get(name), classmethod) else wrapper)
 
 
 def text_child(json_path: Path, out: Path, feats: Path) -> None:
@@ -278,14 +276,10 @@ def text_child(json_path: Path, out: Path, feats: Path) -> None:
 
 
 def bench_text(args) -> dict:
-    work = args.dir or Path(tempfile.gettempdir()) / "rdpp-bench-data-text"
+    work, jpath = args.dir, args.dir / "dataset_coco.json"
     work.mkdir(parents=True, exist_ok=True)
-    jpath, spec = work / "dataset_coco.json", work / "text-spec.json"
-    if not (spec.is_file() and jpath.is_file()
-            and json.loads(spec.read_text())["images"] == sum(karpathy_splits(args.images).values())):  # --keep: reused
-        t = time.perf_counter()
-        spec.write_text(json.dumps(write_karpathy_json(jpath, images=args.images)))
-        print(f"generated {jpath} in {time.perf_counter() - t:.0f} s")
+    spec = reused(work / "text-spec.json", {"images": args.images}, 
+                  lambda: write_karpathy_json(jpath, images=args.images))
     feats = work / "one_value_features.h5"
     ids = [im["cocoid"] for im in json.loads(jpath.read_text())["images"]]
     with h5py.File(feats, "w") as f:
@@ -301,7 +295,7 @@ def bench_text(args) -> dict:
         runs[-1]["text_s"] = runs[-1]["wall_s"] - runs[-1]["phases"].get(FEATURE_STEP, 0.0)  # all but the stand-in
         shutil.rmtree(work / f"out-{r}", ignore_errors=True)
     mid = sorted(runs, key=lambda x: x["text_s"])[len(runs) // 2]
-    return {**json.loads(spec.read_text()), "runs": [r["text_s"] for r in runs], "prepro_call_s": mid["wall_s"],
+    return {**spec, "runs": [r["text_s"] for r in runs], "prepro_call_s": mid["wall_s"],
             "text_prepro_s": float(np.median([r["text_s"] for r in runs])),
             "text_prepro_peak_gb": max(r["peak_gb"] for r in runs),
             **{k: mid[k] for k in ("phases", "vocab", "df_ngrams")}}
@@ -321,26 +315,24 @@ BENCH = {"extract": (bench_extract, show_extract), "toy": (bench_toy, show_toy),
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap, shared, add = subcommands(__doc__)
     shared.add_argument("--repeats", type=int, default=3, help="timed runs of each side (median)")
     shared.add_argument("--threads", type=int, default=None, help="torch threads (toy: the children's OMP_NUM_THREADS)")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("extract", parents=[shared], help="feature extraction against prepro_feats.py's loop")
+    p = add("extract", "feature extraction against prepro_feats.py's loop")
     p.add_argument("--root", type=Path, default=SHARED / "data" / "coco-real-390")
     p.add_argument("--weights", type=Path, default=SHARED / "weights" / "mobilenet_v2-imagenet-features.pth")
     p.add_argument("--images", type=int, default=48)
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--workers", default="0,1,default")
     p.add_argument("--batches", default="8,32")
-    p = sub.add_parser("toy", parents=[shared], help="rdpp prepro toy, pixstats against a random resnet18")
+    p = add("toy", "rdpp prepro toy, pixstats against a random resnet18")
     p.add_argument("--images", type=int, default=3000, help="images of the timed runs (the default set)")
     p.add_argument("--check-images", type=int, default=60, help="images of the untimed check run")
-    p = sub.add_parser("text", parents=[shared], help="prepro coco's text side at COCO's size")
+    p = add("text", "prepro coco's text side at COCO's size")
     p.set_defaults(repeats=1)
     p.add_argument("--images", type=int, default=None, help="images of the Karpathy file (default: COCO's 123,287)")
-    p.add_argument("--dir", type=Path, default=None, help="where the files go (default: under $TMPDIR)")
+    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "rdpp-bench-data-text",
+                   help="where the files go (default: under $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the files (a rerun reuses them)")
     p.add_argument("--_child", nargs=3, type=Path, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -351,16 +343,7 @@ def main(argv=None) -> None:
     if getattr(args, "_child", None):
         return text_child(*args._child)
     bench, show = BENCH[args.what]
-    load0 = os.getloadavg()
-    try:
-        res = bench(args)
-    finally:
-        if args.what == "text" and not args.keep:
-            shutil.rmtree(args.dir or Path(tempfile.gettempdir()) / "rdpp-bench-data-text", ignore_errors=True)
-    show(res, args)
-    print(f"load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {machine()}")
-    if args.json:
-        print(json.dumps({"benchmark": f"prepro_{args.what}", "cpus": os.cpu_count(), "machine": machine(), **res}))
+    run_bench(f"prepro_{args.what}", lambda: bench(args), show, args, args.dir if args.what == "text" else None)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ stretches of load; ratios are taken between medians, the best run may be shown b
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import platform
 import shutil
@@ -21,7 +24,7 @@ from typing import Any
 @dataclass
 class Timing:
     times: list[float]  # seconds, one per run
-    result: Any  # the last run's return value
+    results: list  # the runs' return values (interleaved: the last run's alone, unless keep)
 
     @property
     def median(self) -> float:
@@ -36,23 +39,23 @@ class Timing:
         return f"{self.median * 1e3:.{digits}f} ms (best {self.best * 1e3:.{digits}f})"
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, clock: Callable[[], float] = time.perf_counter,
-                before: Callable[[str], Any] | None = None) -> dict[str, Timing]:
-    """Each function ``repeat`` times, one run of each per round: in the order given, then reversed.
-    ``clock``: wall time by default; ``time.process_time`` counts this process's CPU time.
-    ``before(name)``: called untimed before each run (e.g. dropping a file from the page cache)."""
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, before: Callable[[str], Any] | None = None,
+                keep: bool = False) -> dict[str, Timing]:
+    """Each function ``repeat`` times, one run of each per round, wall time: in the order given, then
+    reversed. ``before(name)``: called untimed before each run (e.g. dropping a file from the page
+    cache). ``keep``: every run's return value in ``results`` (else the last run's alone)."""
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
-    out = {name: Timing([], None) for name in fns}
+    out = {name: Timing([], []) for name in fns}
     items = list(fns.items())
     for k in range(repeat):
         for name, fn in (items if k % 2 == 0 else items[::-1]):
             if before is not None:
                 before(name)
-            t = clock()
+            t = time.perf_counter()
             res = fn()
-            out[name].times.append(clock() - t)
-            out[name].result = res
+            out[name].times.append(time.perf_counter() - t)
+            out[name].results = [*out[name].results, res] if keep else [res]
     return out
 
 
@@ -65,13 +68,48 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average {load} (1/5/15 min)"
 
 
-def parser(doc: str):
+def parser(doc: str, json: bool = True, **kw) -> argparse.ArgumentParser:
     """The options every script shares: its description (the docstring's first line) and --json."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0], **kw)
+    if json:
+        ap.add_argument("--json", action="store_true", help="also print one JSON line with every number")
     return ap
+
+
+def subcommands(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, Callable]:
+    """(parser, ``shared``: the options, --json first, of each ``add(name, help)`` subcommand added after
+    them; ``add(..., shared=False)``: --json alone) of a script of subcommands."""
+    ap, common, alone = parser(doc, json=False), parser(doc, add_help=False), parser(doc, add_help=False)
+    sub = ap.add_subparsers(dest="what", required=True)
+    return ap, common, lambda name, help, shared=True: sub.add_parser(name, parents=[common if shared else alone],
+                                                                   help=help)
+
+
+def run_bench(name: str, bench: Callable[[], dict], show: Callable, args, work: Path | None = None,
+              key: str | None = None, **extra) -> None:
+    """``show(bench(), args)``, the start's load average, the machine; ``work`` removed unless ``args.keep``;
+    ``--json``: the line ``{"benchmark": name, ..., **extra}`` with the result's fields (or as ``key``)."""
+    load0 = os.getloadavg()
+    try:
+        res = bench()
+    finally:
+        if work is not None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    show(res, args)
+    print(f"load average {load0[0]:.1f} at the start; {machine()}")
+    if args.json:
+        print(json.dumps({"benchmark": name, "cpus": os.cpu_count(), "machine": machine(),
+                          "load_average_start_end": [load0, os.getloadavg()], **extra, **({key: res} if key else res)}))
+
+
+def reused(spec: Path, want: dict, make: Callable[[], dict]) -> dict:
+    """``make()``'s record (and ``build_s``, its seconds), kept in ``spec`` beside what it made: a
+    rerun with the same ``want`` (files kept with ``--keep``) reuses them."""
+    if not (spec.is_file() and json.loads(spec.read_text()).get("want") == want):
+        t0 = time.perf_counter()
+        made = make()
+        spec.write_text(json.dumps({**made, "build_s": time.perf_counter() - t0, "want": want}))
+    return json.loads(spec.read_text())
 
 
 def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> None:
@@ -88,9 +126,7 @@ def print_table(title: str, columns, rows, width: int = 160, left: int = 1) -> N
     Console(width=width).print(t)
 
 
-# ----------------------------------------------------------------------------------------------
-# Training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline
-# ----------------------------------------------------------------------------------------------
+# -- training steps (benchmarks/models_speed.py): warm-up, FLOPs, peak memory, roofline ----------------------------
 
 def sync(device) -> None:
     """Wait for a CUDA device's queued work (nothing on a CPU)."""
@@ -116,10 +152,8 @@ def peak_mib(fn: Callable[[], Any], device) -> float:
         fn()
         sync(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    try:
+    with contextlib.suppress(OSError):  # not glibc: nothing to hand back
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     rss = lambda: int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # noqa: E731
     base = peak = rss()
     done = threading.Event()
@@ -173,19 +207,9 @@ def steps(sides: dict[str, Callable[[], Any]], repeat: int, device, flops=None) 
     gflop = {name: count_gflop(fn) if flops is None or name in flops else (fn(), float("nan"))[1]
              for name, fn in sides.items()}
     peak = {name: peak_mib(fn, device) for name, fn in sides.items()}
-    results: dict[str, list] = {name: [] for name in sides}
-
-    def synced(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-        def run():
-            res = fn()
-            sync(device)
-            results[name].append(res)
-            return res
-        return run
-
-    t = interleaved({name: synced(name, fn) for name, fn in sides.items()}, repeat)
+    t = interleaved({name: (lambda fn=fn: (fn(), sync(device))[0]) for name, fn in sides.items()}, repeat, keep=True)
     return {name: {"times": t[name].times, "median": t[name].median, "best": t[name].best, "gflop": gflop[name],
-                   "peak_mib": peak[name], "results": results[name]} for name in sides}
+                   "peak_mib": peak[name], "results": t[name].results} for name in sides}
 
 
 def on_roofline(run: Callable[[], Any], precisions, device, matmul_size: int = 4096) -> tuple[Any, dict]:
@@ -205,9 +229,7 @@ def machine_info() -> dict:
             "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-# ----------------------------------------------------------------------------------------------
-# Cold reads (benchmarks/data.py): files out of the page cache
-# ----------------------------------------------------------------------------------------------
+# -- cold reads (benchmarks/data.py): files out of the page cache -----------------------------------------------
 
 def drop_cache(paths) -> str:
     """Drop ``paths`` from the page cache: ``posix_fadvise(DONTNEED)`` per file (clean pages of

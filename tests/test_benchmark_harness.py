@@ -50,6 +50,20 @@ def test_updowns_fast_path_is_checked_equal_to_its_eager_step_then_timed(models_
 
 @pytest.mark.slow
 @pytest.mark.integration
+def test_the_fast_rl_step_is_checked_equal_to_its_eager_step_then_timed(models_speed, capsys):
+    """The fast RL check passes the drawn samples and greedy captions to ``device_weights``, and its
+    stand-in data gives the references laid out as the fast path's reference table reads them (every
+    fast RL row was reported as an error instead of timed: a TypeError, then an AttributeError)."""
+    models_speed.main(["--model", "att2in", "--quick", "--what", "scst", "--no-peer", "--fast", "fast",
+                       "--backend", "aot_eager", "--json"])
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    check = line["checks"]["rl"]["rdpp Att2in scst m=5 fast"]
+    assert check["equal"] and check["weights_abs_diff"] <= 1e-9 and check["same_captions"] == 1.0, check
+    assert "rdpp Att2in scst m=5 fast" in line["steps"]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
 def test_model_hf_is_checked_against_transformers_then_timed(models_speed, capsys):
     pytest.importorskip("transformers")
     models_speed.main(["--model", "hf", "--quick", "--threads", "1", "--json"])
