@@ -28,6 +28,10 @@
 #                                      first 4 test images). Workspace
 #                                      ./runs-models by default. Per-model settings below (XE_EPOCHS_<model>, ...);
 #                                      DEVICE=cuda for a GPU. Att2in's three trainings: ~50 min on 2 shared cores.
+#   bash examples/sweep.sh models-lr   docs/experiments.md "The fine-tuning learning rate per model": after `models` in
+#                                      its workspace, SCST and R-DPP m = 5 from each model's xe/xe-M at every lr of
+#                                      RL_LRS (default "3e-5 1e-4 3e-4"; 1e-4 is the models sweep's own runs), then
+#                                      a table of each run's best val CIDEr-D and val self-CIDEr (metrics.csv).
 #   bash examples/sweep.sh models-real the same on the 390 real COCO photos of examples/real_photos.sh (REAL=
 #                                      their folder, WEIGHTS= the MobileNetV2 trunk; 224 pixels, 7x7 grid, batch
 #                                      10). Workspace ./runs-models-real by default. Att2in's: ~1.5 h.
@@ -46,9 +50,9 @@ SWEEP=${1:-}
 case $SWEEP in
   toy | objective | selection) WS=${WS:-runs-sweep} ;;
   precision) WS=${WS:-runs-precision} ;;
-  models) WS=${WS:-runs-models} ;;
+  models | models-lr) WS=${WS:-runs-models} ;;
   models-real) WS=${WS:-runs-models-real} ;;
-  *) echo "usage: bash examples/sweep.sh toy|objective|precision|selection|models|models-real (got '$SWEEP')" >&2
+  *) echo "usage: bash examples/sweep.sh toy|objective|precision|selection|models|models-lr|models-real (got '$SWEEP')" >&2
      exit 2 ;;
 esac
 RDPP=${RDPP:-rdpp}
@@ -208,6 +212,7 @@ sel() {  # model label, tag, then the sampling options: sampled and scored as se
 # ---- models: XE, SCST and R-DPP m=5 of every model, on the bundled data or the real photos ----------------
 
 MODELS=${MODELS:-"att2in updown transformer"}
+RL_LRS=${RL_LRS:-"3e-5 1e-4 3e-4"}            # models-lr: the fine-tuning learning rates tried per model
 REAL=${REAL:-../shared/data/coco-real-390}   # models-real: the photo set (dataset_coco390.json, images/)
 WEIGHTS=${WEIGHTS:-../shared/weights/mobilenet_v2-imagenet-features.pth}
 # Each model's XE epochs and learning rate; XE_EPOCHS_<model>, XE_LR_<model> win (XE_EPOCHS for every model),
@@ -286,6 +291,51 @@ models() {
   done
 }
 
+models-lr() {  # after `models` in the same WS: SCST and R-DPP m=5 from each xe/xe-M at every fine-tuning lr of RL_LRS
+  local m lr spec name parts
+  common=(--workspace "$WS" --device "${DEVICE:-cpu}")
+  for m in $MODELS; do
+    done_ "$WS/xe/xe-$m" || { echo "error: no $WS/xe/xe-$m; run bash examples/sweep.sh models first (same WS=)" >&2
+                              exit 2; }
+    for lr in $RL_LRS; do
+      for spec in "scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5"; do
+        read -r -a parts <<< "$spec"
+        name=$(lr_run "${parts[0]}" "$m" "$lr")
+        done_ "$WS/finetune/$name" || $RDPP finetune "$WS/xe/xe-$m" "${common[@]}" --preset small --lr "$lr" \
+          "${parts[@]:1}" --out "$WS/finetune/$name"
+      done
+    done
+  done
+}
+
+lr_run() {  # objective, model, lr: the run's name (the models sweep's own at the small recipe's lr 1e-4)
+  if [ "$3" = 1e-4 ]; then echo "$1-$2"; else echo "$1-$2-lr$3"; fi
+}
+
+lr_table() {  # the models-lr table: per model and lr, each run's best val CIDEr-D and its last val self-CIDEr
+  local m lr
+  echo "| model | lr | SCST best val CIDEr-D (epoch) | SCST val self-CIDEr | R-DPP m=5 best val CIDEr-D (epoch) | R-DPP m=5 val self-CIDEr |"
+  echo "|---|---|---:|---:|---:|---:|"
+  for m in $MODELS; do
+    for lr in $RL_LRS; do
+      python3 - "$m" "$lr" "$WS/finetune/$(lr_run scst "$m" "$lr")" "$WS/finetune/$(lr_run dpp-m5 "$m" "$lr")" <<'PY'
+import csv, sys
+from pathlib import Path
+cells = []
+for run in sys.argv[3:]:
+    f = Path(run) / "metrics.csv"
+    rows = list(csv.DictReader(f.open())) if f.is_file() else []
+    if not rows:
+        cells += ["–", "–"]
+        continue
+    best = max(rows, key=lambda r: float(r["val_cider"]))
+    cells += [f"{float(best['val_cider']):.3f} ({best['epoch']})", f"{float(rows[-1]['val_self_cider']):.3f}"]
+print("|", " | ".join(sys.argv[1:3] + cells), "|")
+PY
+    done
+  done
+}
+
 models-real() {
   local m
   common=(--workspace "$WS" --device "${DEVICE:-cpu}")
@@ -299,5 +349,6 @@ models-real() {
 case $SWEEP in
   selection) $RDPP table selection --workspace "$WS" --candidates "$C" --ks "${KS// /,}" --plot "$WS/selection.png" ;;
   models | models-real) $RDPP table models --workspace "$WS" ;;
+  models-lr) lr_table ;;
   *) $RDPP table "$SWEEP" --workspace "$WS" ;;
 esac
