@@ -30,7 +30,8 @@
 #                                      DEVICE=cuda for a GPU. Att2in's three trainings: ~50 min on 2 shared cores.
 #   bash examples/sweep.sh models-lr   docs/experiments.md "The fine-tuning learning rate per model": after `models` in
 #                                      its workspace, SCST and R-DPP m = 5 from each model's xe/xe-M at every lr of
-#                                      RL_LRS (default "3e-5 1e-4 3e-4"; 1e-4 is the models sweep's own runs), then
+#                                      RL_LRS (default "3e-5 1e-4 3e-4"; the models sweep's own runs where made at
+#                                      that lr), then
 #                                      a table of each run's best val CIDEr-D and val self-CIDEr (metrics.csv).
 #   bash examples/sweep.sh models-real the same on the 390 real COCO photos of examples/real_photos.sh (REAL=
 #                                      their folder, WEIGHTS= the MobileNetV2 trunk; 224 pixels, 7x7 grid, batch
@@ -308,8 +309,14 @@ models-lr() {  # after `models` in the same WS: SCST and R-DPP m=5 from each xe/
   done
 }
 
-lr_run() {  # objective, model, lr: the run's name (the models sweep's own at the small recipe's lr 1e-4)
-  if [ "$3" = 1e-4 ]; then echo "$1-$2"; else echo "$1-$2-lr$3"; fi
+lr_run() {  # objective, model, lr: the models sweep's own run when it was made at that lr, else <objective>-<model>-lr<lr>
+  local own=$WS/finetune/$1-$2
+  if done_ "$own" && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["config"]["lr"] != float(sys.argv[2]))' \
+       "$own/manifest.json" "$3"; then
+    echo "$1-$2"
+  else
+    echo "$1-$2-lr$3"
+  fi
 }
 
 lr_table() {  # the models-lr table: per model and lr, each run's best val CIDEr-D and its last val self-CIDEr
