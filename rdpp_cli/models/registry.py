@@ -136,7 +136,7 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
                                     "small": {**_XE_SMALL, **_NOAM, "warmup": 400}},
                        "finetune": {"paper": {"epochs": 35, "batch_size": 10, "lr": 1e-5, "lr_decay_every": 0,
                                               "lr_decay_rate": 0.8, "lr_schedule": "plateau"},
-                                    "small": {**_FT_SMALL, "lr": 3e-5}}}),
+                                    "small": {**_FT_SMALL, "lr": 3e-4}}}),
     # a pretrained Hugging Face VisionEncoderDecoderModel (ViT-GPT2 style), read from a folder
     # (``train-xe --model hf --hf-model DIR``: ``HFCaptioner.from_folder``), not built from sizes. No
     # published R-DPP recipe exists for it: rdpp continues a pretrained decoder with a small learning rate
