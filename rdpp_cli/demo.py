@@ -29,7 +29,7 @@ class DemoOptions(Options):
 
     out: Path | None = option(None, "Workspace for the demo's artifacts (default: $RDPP_WORKSPACE, else ./runs).",
                               "--out", "--workspace", identity=False, record=False)
-    quick: bool = option(False, "A smoke run of the same chain (under 2 minutes).")
+    quick: bool = option(False, "A smoke run of the same chain (about 2 minutes on 2 CPU cores).")
     device: str = device_option("cpu")
 
 
