@@ -121,6 +121,25 @@ def write_data(path: Path, words: list[str], captions: list[list[str]], split: l
     return path
 
 
+def prepro_captions(root: Path, captions: dict[int, list[str]], splits: dict[int, str], *, tokens: bool,
+                    max_length: int, batch_size: int) -> DataArtifact:
+    """The real `prepro coco` on ``captions`` per image id (a Karpathy-format file; with ``tokens`` each
+    sentence also gives its whitespace tokens, else prepro tokenizes the raw text) and imported att
+    features of 4 regions x 8 (seeded), in ``root/data``."""
+    from rdpp_cli.data.prepro import prepro_coco
+
+    images = [{"filepath": "x", "filename": f"{i}.jpg", "cocoid": i, "split": splits[i],
+               "sentences": [{"tokens": c.split(), "raw": c} if tokens else {"raw": c} for c in caps]}
+              for i, caps in captions.items()]
+    (root / "karpathy.json").write_text(json.dumps({"images": images}))
+    with h5py.File(root / "feats.h5", "w") as f:
+        f["att"] = np.random.default_rng(0).normal(size=(len(captions), 4, 8)).astype(np.float32)
+        f["image_ids"] = np.array(list(captions))
+    art = prepro_coco(root / "karpathy.json", out=root / "data", features_from=root / "feats.h5",
+                      word_count_threshold=1, max_length=max_length, batch_size=batch_size)
+    return DataArtifact(art)
+
+
 def tiny_workspace(ws: Path, xe_epochs: int = 0) -> Path:
     """``ws`` with the tiny data artifact ``data/tiny-v1`` (16/6/2 images) and, for ``xe_epochs`` > 0,
     the small preset XE-trained on it for that many epochs (``xe/att2in-small-v1``)."""

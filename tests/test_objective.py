@@ -8,24 +8,23 @@ function, as strings, and as per-caption log-prob sums, give RewardStep's weight
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 import pytest
 import torch
 
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
-from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.objective import REWARD_NAMES, Objective, tokenize
 from rdpp_cli.training.finetune import RewardStep
+
+from helpers import prepro_captions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN = 6
@@ -48,16 +47,9 @@ TRAIN = (1, 2, 3, 4)
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> DataArtifact:
     """The real `prepro coco` on the text references (its own tokenization), max length 6."""
-    root = tmp_path_factory.mktemp("objective")
-    images = [{"filepath": "x", "filename": f"{i}.jpg", "cocoid": i, "split": "train" if i in TRAIN else "val",
-               "sentences": [{"raw": c} for c in caps]} for i, caps in CAPTIONS.items()]
-    (root / "karpathy.json").write_text(json.dumps({"images": images}))
-    with h5py.File(root / "feats.h5", "w") as f:
-        f["att"] = np.random.default_rng(0).normal(size=(5, 4, 8)).astype(np.float32)
-        f["image_ids"] = np.arange(1, 6)
-    art = prepro_coco(root / "karpathy.json", out=root / "data", features_from=root / "feats.h5",
-                      word_count_threshold=1, max_length=MAX_LEN, batch_size=4)
-    return DataArtifact(art)
+    return prepro_captions(tmp_path_factory.mktemp("objective"), CAPTIONS,
+                           {i: "train" if i in TRAIN else "val" for i in CAPTIONS}, tokens=False,
+                           max_length=MAX_LEN, batch_size=4)
 
 
 def objective(reward: str, m: int, baseline: str = "none") -> Objective:

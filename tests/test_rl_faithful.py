@@ -28,7 +28,6 @@ from rdpp_cli.artifacts import read_artifact
 from rdpp_cli.cli.app import app
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
-from rdpp_cli.data.prepro import prepro_coco
 from rdpp_cli.metrics.cider import DocFreq
 from rdpp_cli.metrics.train_cider import TrainCider, with_eos
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
@@ -38,7 +37,7 @@ from rdpp_cli.models.registry import model_spec
 from rdpp_cli.training.rewards import dpp_weights, sampled_mask
 from rdpp_cli.training.xe import train_xe
 
-from helpers import att2in_for, tiny_workspace, write_tiny_data
+from helpers import att2in_for, prepro_captions, tiny_workspace, write_tiny_data
 
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
@@ -64,17 +63,8 @@ SPLITS = {1: "train", 2: "train", 3: "train", 4: "train", 5: "val", 6: "test"}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> DataArtifact:
     """A data artifact made by the real `prepro coco` (imported features, max length 6)."""
-    root = tmp_path_factory.mktemp("rl")
-    images = [{"filepath": "x", "filename": f"{i}.jpg", "cocoid": i, "split": SPLITS[i],
-               "sentences": [{"tokens": c.split(), "raw": c} for c in caps]} for i, caps in CAPTIONS.items()]
-    (root / "karpathy.json").write_text(json.dumps({"images": images}))
-    rng = np.random.default_rng(0)
-    with h5py.File(root / "feats.h5", "w") as f:
-        f["att"] = rng.normal(size=(6, 4, 8)).astype(np.float32)
-        f["image_ids"] = np.arange(1, 7)
-    art = prepro_coco(root / "karpathy.json", out=root / "data", features_from=root / "feats.h5",
-                      word_count_threshold=1, max_length=MAX_LEN, batch_size=3)
-    return DataArtifact(art)
+    return prepro_captions(tmp_path_factory.mktemp("rl"), CAPTIONS, SPLITS, tokens=True, max_length=MAX_LEN,
+                           batch_size=3)
 
 
 # -- the published computation, in plain Python ---------------------------------------------------
