@@ -226,6 +226,18 @@ def error_line(result) -> str:
     return lines[-1]
 
 
+def failure_line(result, *fragments: str) -> str:
+    """A failure of the disk or the OS, not of the input: exit 1 and one `error:` line, the last printed,
+    holding ``fragments``, and no traceback."""
+    assert result.exit_code == 1, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:], result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[-1], lines[-1]
+    return lines[-1]
+
+
 def listing(root: Path) -> list[str]:
     """Every path under ``root`` (to show that a refused command wrote nothing), but the hashes a
     read remembers (``.rdpp-verified.json``, artifacts.verified): bookkeeping, never an artifact's file."""

@@ -26,7 +26,7 @@ from rdpp_cli.artifacts.verified import VERIFIED
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.features import FeatureWriter
 
-from helpers import error_line, model_artifact, rdpp, write_tiny_data
+from helpers import error_line, failure_line, model_artifact, rdpp, write_tiny_data
 
 pytestmark = pytest.mark.integration
 
@@ -61,17 +61,6 @@ def read_only(path: Path):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def one_failure_line(result, *fragments: str) -> str:
-    """Exit 1 (a disk, not the input) and one `error:` line, the last printed, with ``fragments``."""
-    assert result.exit_code == 1, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:], result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[-1], lines[-1]
-    return lines[-1]
-
-
 @pytest.fixture
 def ws(tmp_path):
     data = write_tiny_data(tmp_path / "ws" / "data" / "tiny-v1", n_train=16, n_val=6, n_test=2)
@@ -104,7 +93,7 @@ def test_full_disk_while_training_is_one_line_naming_the_checkpoint(ws, tmp_path
             "--device", "cpu")
     with tmpfs(tmp_path / "small", "64k") as small:
         r = rdpp(*args, "--out", small / "m")
-        one_failure_line(r, f"no space left writing {small / 'm' / 'checkpoints'}", "MiB free there",
+        failure_line(r, f"no space left writing {small / 'm' / 'checkpoints'}", "MiB free there",
                          "rerun the same command")
         assert not is_complete(small / "m")  # unfinished, never looking complete
         r = rdpp(*args, "--out", small / "m2", env={"RDPP_DEBUG": "1"})  # a developer sees where it broke
@@ -114,7 +103,7 @@ def test_full_disk_while_training_is_one_line_naming_the_checkpoint(ws, tmp_path
 def test_full_disk_while_making_data_is_one_line(tmp_path):
     with tmpfs(tmp_path / "small", "1m") as small:
         r = rdpp("prepro", "toy", "--images", "300", "--workspace", small)
-        one_failure_line(r, "no space left writing", str(small / "data" / "toy-v1"))
+        failure_line(r, "no space left writing", str(small / "data" / "toy-v1"))
         assert not is_complete(small / "data" / "toy-v1")
 
 
@@ -178,7 +167,7 @@ def test_full_disk_while_making_data_then_rerun_equals_a_clean_run(clean_toy, tm
     size = pages(before) + pages([clean / fills_at]) // 2 + 4 * 4096  # + the partial marker and the lock
     with tmpfs(tmp_path / "small", f"{size // 1024}k") as small:
         r = rdpp_process(*TOY, "--workspace", small)
-        line = one_failure_line(r, f"no space left writing {small / 'data' / 'toy-v1' / fills_at}", "MiB free there")
+        line = failure_line(r, f"no space left writing {small / 'data' / 'toy-v1' / fills_at}", "MiB free there")
         assert "\n" not in line and ("MiB more needed" in line) == (fills_at == "features.h5")
         assert not is_complete(small / "data" / "toy-v1")  # unfinished, never looking complete
         _mount("-o", f"remount,size={4 * size // 1024}k", str(small))
@@ -220,7 +209,7 @@ def test_rows_that_never_reached_the_disk_are_found_and_written_again(clean_toy,
     folder = ws / "data" / "toy-v1"
     fragments = ([f"no space left writing {folder / 'features.h5'}", "MiB more needed"] if flush_fails else
                  [f"{folder / 'features.h5'}: rows 40 to 49 of fc are not on the disk after writing them"])
-    line = one_failure_line(r, *fragments)
+    line = failure_line(r, *fragments)
     assert "\n" not in line and "Traceback" not in r.output
     assert not is_complete(folder)
     r = rdpp(*TOY, "--workspace", ws)

@@ -19,7 +19,7 @@ import torch
 from rdpp_cli.artifacts import is_complete, read_artifact
 from rdpp_cli.models import load_checkpoint
 
-from helpers import model_artifact, rdpp, write_tiny_data
+from helpers import failure_line, model_artifact, rdpp, write_tiny_data
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +65,6 @@ def lose_a_write(monkeypatch, name: str, how: str, least: int = 1) -> list:
     return lost
 
 
-def one_line(r, *fragments: str) -> str:
-    assert r.exit_code == 1, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:], r.output
-    for f in fragments:
-        assert f in lines[-1], lines[-1]
-    return lines[-1]
-
-
 @pytest.fixture
 def ws(tmp_path):
     data = write_tiny_data(tmp_path / "ws" / "data" / "tiny-v1", n_train=16, n_val=4, n_test=2)
@@ -91,7 +82,7 @@ def test_a_lost_checkpoint_write_is_caught_and_a_rerun_finishes(ws, tmp_path, mo
         lost = lose_a_write(m, name, how, least=1024)
         r = rdpp(*TRAIN, "--data", data, "--workspace", root, "--out", out)
     assert lost, "the fault was never injected"
-    one_line(r, str(out / "checkpoints" / name), "a write was lost", "rerun the same command")
+    failure_line(r, str(out / "checkpoints" / name), "a write was lost", "rerun the same command")
     assert not is_complete(out)  # never recorded as whole
     r = rdpp(*TRAIN, "--data", data, "--workspace", root, "--out", out)
     assert r.exit_code == 0, r.output
@@ -112,7 +103,7 @@ def test_a_lost_samples_or_manifest_write_is_caught_and_a_rerun_finishes(ws, tmp
         lost = lose_a_write(m, name, how)
         r = rdpp(*args)
     assert lost, "the fault was never injected"
-    one_line(r, str(out / name), "a write was lost", "rerun the same command")
+    failure_line(r, str(out / name), "a write was lost", "rerun the same command")
     assert not is_complete(out)
     for force in ([], ["--force"]):  # resumed as the unfinished run it is, with or without --force
         r = rdpp(*args, *force)
