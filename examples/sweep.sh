@@ -214,6 +214,7 @@ sel() {  # model label, tag, then the sampling options: sampled and scored as se
 
 MODELS=${MODELS:-"att2in updown transformer"}
 RL_LRS=${RL_LRS:-"3e-5 1e-4 3e-4"}            # models-lr: the fine-tuning learning rates tried per model
+MODEL_RUNS=("scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5")  # models, models-lr: each model's fine-tunes
 REAL=${REAL:-../shared/data/coco-real-390}   # models-real: the photo set (dataset_coco390.json, images/)
 WEIGHTS=${WEIGHTS:-../shared/weights/mobilenet_v2-imagenet-features.pth}
 # Each model's XE epochs and learning rate; XE_EPOCHS_<model>, XE_LR_<model> win (XE_EPOCHS for every model),
@@ -260,7 +261,7 @@ model_chain() {  # model, data artifact, XE epochs and lr by default ("": the pr
   rl_epochs=$(setting RL_EPOCHS "$m" "$GIVEN_RL_EPOCHS")
   rl_lr=$(setting RL_LR "$m" "")
   local rl_opts=(--preset small ${rl_epochs:+--epochs "$rl_epochs"} ${rl_lr:+--lr "$rl_lr"} "$@")
-  for spec in "scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5"; do
+  for spec in "${MODEL_RUNS[@]}"; do
     read -r -a parts <<< "$spec"
     name=${parts[0]}-$m
     done_ "$WS/finetune/$name" || $RDPP finetune "$WS/xe/xe-$m" "${common[@]}" "${rl_opts[@]}" "${parts[@]:1}" \
@@ -299,7 +300,7 @@ models-lr() {  # after `models` in the same WS: SCST and R-DPP m=5 from each xe/
     done_ "$WS/xe/xe-$m" || { echo "error: no $WS/xe/xe-$m; run bash examples/sweep.sh models first (same WS=)" >&2
                               exit 2; }
     for lr in $RL_LRS; do
-      for spec in "scst --reward scst --m 5" "dpp-m5 --reward dpp --m 5"; do
+      for spec in "${MODEL_RUNS[@]}"; do
         read -r -a parts <<< "$spec"
         name=$(lr_run "${parts[0]}" "$m" "$lr")
         done_ "$WS/finetune/$name" || $RDPP finetune "$WS/xe/xe-$m" "${common[@]}" --preset small --lr "$lr" \
