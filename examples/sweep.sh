@@ -294,17 +294,18 @@ models() {
 }
 
 models-lr() {  # after `models` in the same WS: SCST and R-DPP m=5 from each xe/xe-M at every fine-tuning lr of RL_LRS
-  local m lr spec name parts
+  local m lr spec name parts epochs
   common=(--workspace "$WS" --device "${DEVICE:-cpu}")
   for m in $MODELS; do
     done_ "$WS/xe/xe-$m" || { echo "error: no $WS/xe/xe-$m; run bash examples/sweep.sh models first (same WS=)" >&2
                               exit 2; }
+    epochs=$(setting RL_EPOCHS "$m" "$GIVEN_RL_EPOCHS")  # the models sweep's fine-tuning budget
     for lr in $RL_LRS; do
       for spec in "${MODEL_RUNS[@]}"; do
         read -r -a parts <<< "$spec"
         name=$(lr_run "${parts[0]}" "$m" "$lr")
         done_ "$WS/finetune/$name" || $RDPP finetune "$WS/xe/xe-$m" "${common[@]}" --preset small --lr "$lr" \
-          "${parts[@]:1}" --out "$WS/finetune/$name"
+          ${epochs:+--epochs "$epochs"} "${parts[@]:1}" --out "$WS/finetune/$name"
       done
     done
   done
