@@ -175,3 +175,65 @@ def test_workspace_doc_lists_the_schemas_the_code_writes_and_reads():
             documented[kind] = (int(written), [int(x) for x in read.split(",")])
     assert documented == {k: (manifest.SCHEMAS[k], list(range(manifest.OLDEST_READ[k], manifest.SCHEMAS[k] + 1)))
                           for k in manifest.SCHEMAS}
+
+
+# -- the recipe tables of docs/training.md are the registry's (rdpp_cli/models/registry.py) ------------------
+
+def _num(v: float) -> str:
+    """A setting as the tables write it: 5e-4, 0.999, 1e-8, 30, 1."""
+    if v == int(v) and abs(v) >= 1:
+        return str(int(v))
+    return re.sub(r"e-0*", "e-", f"{v:.0e}") if abs(v) < 1e-2 else f"{v:g}"
+
+
+def _schedule(r: dict) -> str:
+    if r["lr_schedule"] == "noam":
+        return f"noam, {r['warmup']} warm-up steps"
+    if r["lr_schedule"] == "plateau":
+        return "plateau"
+    if r["lr_decay_every"] <= 0:
+        return "step, no decay"
+    return f"step, ×{_num(r['lr_decay_rate'])} every {r['lr_decay_every']} epochs"
+
+
+def recipe_cells(stage: str, r: dict) -> list[str]:
+    """The checked cells of a recipe row, from the registry's recipe ``r``."""
+    cells = [str(r["epochs"]), str(r["batch_size"]), _num(r["lr"]), _schedule(r)]
+    if stage == "train-xe":
+        ss = r["ss_start"]
+        cells += [f"{_num(r['adam_beta2'])}, {_num(r['adam_eps'])}", "off" if ss < 0 else f"from epoch {ss}"]
+    return cells
+
+
+def doc_table(text: str, title: str) -> dict[str, list[str]]:
+    """The table that follows the line starting with ``title``: first cell (code marks dropped) -> cells."""
+    lines = text[text.index(title):].splitlines()[1:]
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = {}
+    for line in lines[first + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_recipe_cells_render_the_registry_as_the_tables_write_it():
+    from rdpp_cli.models.registry import model_spec
+    assert recipe_cells("train-xe", model_spec("att2in").recipe("train-xe", "paper")) == [
+        "30", "128", "5e-4", "step, ×0.8 every 15 epochs", "0.999, 1e-8", "from epoch 0"]
+    assert recipe_cells("finetune", model_spec("transformer").recipe("finetune", "paper")) == [
+        "35", "10", "1e-5", "plateau"]
+    assert _num(2e-5) == "2e-5" and _num(1.0) == "1" and _num(0.98) == "0.98"
+
+
+@pytest.mark.parametrize("stage,preset", [("train-xe", "paper"), ("finetune", "paper"),
+                                          ("train-xe", "small"), ("finetune", "small")])
+def test_the_recipe_tables_of_training_md_are_the_registrys(stage, preset):
+    """One source for the recipes: every row of the registry is in its table with every value."""
+    from rdpp_cli.models.registry import MODELS
+    table = doc_table((ROOT / "docs" / "training.md").read_text(), f"**`{stage} --preset {preset}`**")
+    assert set(table) == set(MODELS), f"{stage} --preset {preset}: rows {sorted(table)}, models {sorted(MODELS)}"
+    for name, spec in MODELS.items():
+        want = recipe_cells(stage, spec.recipe(stage, preset))
+        assert table[name][:len(want)] == want, (stage, preset, name, table[name][:len(want)], want)
