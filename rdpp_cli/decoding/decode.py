@@ -136,7 +136,8 @@ def _draw(probs: Tensor, generator: torch.Generator | None, u: Tensor | None = N
     """One index per row of ``probs`` (N, K) (non-negative, any scale), by inverse-CDF sampling
     with the uniforms ``u`` (N,) (None: drawn now from ``generator``).
 
-    The same distribution as ``torch.multinomial(probs, 1)``, ~18× cheaper at 9,488 words on CPU.
+    The same distribution as ``torch.multinomial(probs, 1)``, and cheaper on a CPU
+    (benchmarks/README.md, "models_speed.py --what draw", has the figure).
     Without ``u``, on a GPU, where each kernel launch costs more than the arithmetic,
     ``torch.multinomial`` itself.
     """
