@@ -48,9 +48,8 @@ class Backbone:
     weights: str  # where the weights came from: "imagenet (hub cache)", a path, "random init", "none"
     threads: int | None = None  # torch threads while extracting (None: torch's default)
     # images per forward pass on a CPU, in channels-last layout (None: the whole batch, as on a GPU).
-    # A CNN's activations for one 448-px image fit the CPU's caches and a batch's do not: MobileNetV2
-    # took ~18 ms an image one at a time in channels-last against ~60-110 ms in batches of 8
-    # (benchmarks/prepro.py, docs/data.md "Extraction speed").
+    # A CNN's activations for one 448-px image fit the CPU's caches and a batch's do not, so one at a
+    # time is faster there (benchmarks/README.md, "Feature extraction and writing", has the figures).
     cpu_chunk: int | None = None
     weights_sha256: str | None = None  # of the weights file (None: no file)
     missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
