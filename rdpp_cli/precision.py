@@ -27,8 +27,8 @@ without ``avx512_bf16``, ``amx_bf16`` or Arm's ``bf16`` in ``/proc/cpuinfo``) is
 measuring. The result is cached per machine (``$XDG_CACHE_HOME/rdpp/precision.json``, keyed by the
 device's name, torch version, threads, the model and its widths, the batch and the fast path:
 ``probe_key``), so the probe runs once per kind of run. fp16 is never chosen by ``auto`` (on a CPU
-without float16 matrix units it is ~13x slower than fp32). docs/training.md ("Precision") has the
-measurements.
+without float16 matrix units it is many times slower than fp32). docs/training.md ("Precision") says
+why; benchmarks/README.md has the measurements.
 """
 
 from __future__ import annotations
