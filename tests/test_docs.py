@@ -237,3 +237,73 @@ def test_the_recipe_tables_of_training_md_are_the_registrys(stage, preset):
     for name, spec in MODELS.items():
         want = recipe_cells(stage, spec.recipe(stage, preset))
         assert table[name][:len(want)] == want, (stage, preset, name, table[name][:len(want)], want)
+
+
+# -- every speed figure of README.md is its source row's in benchmarks/README.md -----------------------------
+
+SPEED = re.compile(r"(\d[\d,]*(?:\.\d+)?) ?(ms|s|×|x)(?![\w])")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+BENCH_LINK = re.compile(r"\]\(benchmarks/README\.md#([\w-]+)\)")
+
+
+def section(text: str, anchor: str) -> str:
+    """The text under the heading whose GitHub anchor is ``anchor``, to the next heading of its level or above."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(#{1,6}) +(.+?) *#*$", line)
+        if m and slug(m.group(2)) == anchor:
+            level = len(m.group(1))
+            end = next((j for j in range(i + 1, len(lines))
+                        if re.match(rf"^#{{1,{level}}} ", lines[j])), len(lines))
+            return "\n".join(lines[i:end])
+    return ""
+
+
+def _found(figure: str, numbers: list[str]) -> bool:
+    """``figure`` is one of ``numbers`` at the precision it is written with (84 is 84.0; 697 is 697.3)."""
+    from decimal import ROUND_HALF_UP, Decimal
+    want = Decimal(figure.replace(",", ""))
+    step = Decimal(1).scaleb(want.as_tuple().exponent)
+    return any(Decimal(n.replace(",", "")).quantize(step, rounding=ROUND_HALF_UP) == want for n in numbers)
+
+
+def unsourced_speed_figures(readme: str, bench: str) -> list[str]:
+    """Speed figures (a number then ms, s, × or x) in the tables of README's "How fast" section that are
+    not in the benchmarks/README.md section their row links to (or, for a row without a link, the
+    section the paragraph above its table links to)."""
+    how = readme[readme.index("## How fast"):]
+    how = how[:how.find("\n## ", 1)] if "\n## " in how[1:] else how
+    bad, paragraph_source = [], None
+    for block in re.split(r"\n\s*\n", how):
+        rows = [line for line in block.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+        if not rows:
+            links = BENCH_LINK.findall(block)
+            paragraph_source = links[-1] if links else paragraph_source
+            continue
+        for row in rows:
+            cells = [c.strip() for c in row.strip().strip("|").split("|")]
+            sources = BENCH_LINK.findall(row) or ([paragraph_source] if paragraph_source else [])
+            numbers = [n for s in sources for n in NUMBER.findall(section(bench, s))]
+            for cell in cells[1:]:
+                for figure, unit in SPEED.findall(re.sub(r"\[[^\]]*\]\([^)]*\)", "", cell)):
+                    if not _found(figure, numbers):
+                        bad.append(f"{cells[0]}: {figure} {unit} not in benchmarks/README.md#{' #'.join(sources) or '(no link)'}")
+    return bad
+
+
+def test_the_speed_check_finds_a_figure_its_source_lacks():
+    bench = "# B\n\n## Steps\n\n| a | 41.4 | 697.3 | 4.76× |\n\n## Other\n\n13.3 ms\n"
+    good = ("## How fast\n\n| step | t | r |\n|---|---|---|\n"
+            "| XE | 41.4 ms, 697 ms | 4.76× [s](benchmarks/README.md#steps) |\n")
+    assert unsourced_speed_figures(good, bench) == []
+    wrong = good.replace("4.76×", "3.1×").replace("41.4 ms", "13.3 ms")  # 13.3 is in another section
+    assert unsourced_speed_figures(wrong, bench) == [
+        "XE: 13.3 ms not in benchmarks/README.md#steps", "XE: 3.1 × not in benchmarks/README.md#steps"]
+    # a row without a link takes the link of the paragraph above its table
+    para = "## How fast\n\nSee [b](benchmarks/README.md#steps).\n\n| step | t |\n|---|---|\n| XE | 41.4 ms |\n| SCST | 9 ms |\n"
+    assert unsourced_speed_figures(para, bench) == ["SCST: 9 ms not in benchmarks/README.md#steps"]
+
+
+def test_every_speed_figure_of_the_readme_is_its_benchmark_rows():
+    bad = unsourced_speed_figures((ROOT / "README.md").read_text(), (ROOT / "benchmarks" / "README.md").read_text())
+    assert not bad, "README.md's speed figures must be those of their source in benchmarks/README.md:\n" + "\n".join(bad)
