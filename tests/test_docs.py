@@ -307,3 +307,39 @@ def test_the_speed_check_finds_a_figure_its_source_lacks():
 def test_every_speed_figure_of_the_readme_is_its_benchmark_rows():
     bad = unsourced_speed_figures((ROOT / "README.md").read_text(), (ROOT / "benchmarks" / "README.md").read_text())
     assert not bad, "README.md's speed figures must be those of their source in benchmarks/README.md:\n" + "\n".join(bad)
+
+
+# -- the capabilities the stages look up on a model by name are documented beside the Protocol ---------------
+
+LOOKUP = re.compile(r"\b(?:getattr|hasattr)\(\s*(?:unwrap\()?(?:model|net|c)\b(?:\.config)?\)?,\s*\"(\w+)\"")
+NOT_CAPABILITIES = {"module", "config"}  # DistributedDataParallel's wrapper; the config itself (in the Protocol)
+
+
+def looked_up_names(text: str) -> set[str]:
+    return set(LOOKUP.findall(text)) - NOT_CAPABILITIES
+
+
+def test_the_lookup_scan_finds_capabilities_and_only_those():
+    code = ('a = getattr(unwrap(model), "supports_fast", False)\nb = hasattr(net, "export")\n'
+            'c2 = getattr(model.config, "d_model", None)\nd = getattr(model, "module", model)\n'
+            'e = getattr(opts, "hf_model")\n')
+    assert looked_up_names(code) == {"supports_fast", "export", "d_model"}
+
+
+def test_every_model_capability_looked_up_by_name_is_documented_in_models_base():
+    """models/base.py's docstring lists every method or config field that code outside the model files
+    looks up on a model by name (CONTRIBUTING.md, "A new model", points there)."""
+    import rdpp_cli.models.base as base
+
+    model_files = {"att2in.py", "updown.py", "transformer.py", "hf.py"}
+    found = {}
+    for p in sorted((ROOT / "rdpp_cli").rglob("*.py")):
+        if p.name not in model_files:
+            for name in looked_up_names(p.read_text()):
+                found.setdefault(name, p.relative_to(ROOT).as_posix())
+        if ".from_folder(" in p.read_text() and p.name not in model_files:
+            found.setdefault("from_folder", p.relative_to(ROOT).as_posix())
+    assert len(found) >= 4, found  # the scan sees the lookups (its own test above pins what it matches)
+    missing = [f"{name} (looked up in {where})" for name, where in sorted(found.items())
+               if f"``{name}" not in base.__doc__ and f"``config.{name}``" not in base.__doc__]
+    assert not missing, "document these in rdpp_cli/models/base.py's docstring:\n" + "\n".join(missing)

@@ -28,22 +28,60 @@ one line in ``rdpp_cli.models.registry`` and its tests (CONTRIBUTING.md, "A new 
   the two passes see the same dropout, so the log-probs that carry the policy gradient are those
   the captions were drawn with (on-policy RL).
 
-Class attributes: ``uses_fc`` (whether ``encode`` reads ``fc``) and ``supports_fast`` (whether the
-training fast path, ``rdpp_cli.training.fast``, can compile it). The fast path needs:
+Class attributes (in the Protocol): ``uses_fc`` (whether ``encode`` reads ``fc``) and
+``supports_fast`` (whether the training fast path, ``rdpp_cli.training.fast``, can compile it).
+
+Optional capabilities, looked up by name
+----------------------------------------
+Beyond the Protocol, the stages look a few methods and config fields up by name (``getattr`` /
+``hasattr``); a model that lacks one gets the fallback said here. This list is the whole set: a
+new lookup on a model belongs here too (CONTRIBUTING.md, "A new model").
+
+The fast path (``supports_fast = True`` promises the first two; ``training.fast.fast_path`` reads
+``supports_fast`` with ``getattr(..., False)``: absent or False, ``--fast auto`` is off and
+``--fast on`` is refused in one line):
 
 - ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
-  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device);
+  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device). The
+  fast path compiles it; ``precision.probe_step`` times it for ``--precision auto`` when the run's
+  ``--fast`` is on and the model has it (``hasattr``), else the eager ``token_logprobs``.
 - ``eager_dropout(labels, regions) -> DropoutMasks | None``: the very masks eager dropout draws in
-  an XE step's ``token_logprobs`` (same generator, shapes, order), laid out at the label width;
-
-and, optionally (``static_state`` and ``traceable_dropout`` below fall back when absent):
-
+  an XE step's ``token_logprobs`` (same generator, shapes, order), laid out at the label width
+  (``FastPath.xe_dropout`` on a CPU).
 - ``init_static_state(rows, steps) -> state``: a decoding state whose tensors keep their shapes
   for ``steps`` steps (the Transformer's preallocated key/value cache, written at each row's
   position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
-  every step; models whose ``init_state`` is fixed-size already need none;
+  every step. Looked up by ``static_state`` below; absent: ``init_state``, which must then be
+  fixed-size already (the LSTM models').
 - ``traceable_dropout(drop, batch, regions) -> DropoutMasks``: ``drop`` with anything a compiled
-  region cannot read (a generator's seed) drawn out into masks now.
+  region cannot read (a generator's seed) drawn out into masks now. Looked up by
+  ``traceable_dropout`` below; absent: ``drop`` as it is.
+
+A model with a vocabulary of its own (a tokenizer's, as ``models.hf``):
+
+- ``bridge(words, data_seq_length) -> bridge``: the two-way map between the model's token ids and
+  the data's words (``models.bridge.bridge_for``, used by the training loop, the RL reward,
+  validation and ``rdpp sample``/``caption``). Absent: ``WordBridge``, the model's ids are the
+  data's word ids. Its presence also tells ``checkpoint.own_vocabulary`` that the checkpoint's
+  ``vocab`` is the data's words, not the model's output ids.
+- ``export(out, encoder_folder)``: writes the model back in its library's own format
+  (``captioning.export_hf``, ``rdpp export-hf``). Absent: ``rdpp export-hf`` refuses the model in
+  one line. It reads ``config.source`` (the folder the model was read from) when ``--hf-model``
+  is not given.
+
+A pretrained model read from a folder instead of built from sizes:
+
+- ``from_folder(folder, data_seq_length=...)`` (a classmethod): called by
+  ``training.xe.folder_model`` when the model's registry line names a ``folder_option`` (the
+  ``train-xe`` option holding the folder, declared in ``training/options.py``). Absent (no
+  ``folder_option``): the model is built from its registry sizes.
+
+Config fields read by name besides ``vocab_size``, ``seq_length`` and ``att_feat_size``:
+
+- ``config.d_model``: the Noam schedule's scale (``training.loop``); a model without it refuses
+  ``--lr-schedule noam`` in one line.
+- ``config.fc_feat_size``: the pooled features' size for the precision probe's batch
+  (``precision.ProbeShape.of``; absent: 2048).
 """
 
 from __future__ import annotations
