@@ -42,11 +42,14 @@ from rdpp_cli.data.karpathy import tokenize as _karpathy_tokenize
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider, doc_freq_with_eos, eos_id
 from rdpp_cli.objective_checks import decoded_text, refuse_vocabulary_logprobs
+from rdpp_cli.objective_hf import Generated, generated_logprobs
+from rdpp_cli.objective_trl import trl_reward
 from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.finetune import reward_weights
 from rdpp_cli.training.rewards import pg_loss
 
-__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize"]
+__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize", "generated_logprobs", "Generated",
+           "trl_reward"]
 
 # the rewards of `rdpp finetune --reward` this API computes: every one of the table but those that add the
 # model's XE loss on the references (xe-cider), which only the caller's model can compute

@@ -1,0 +1,122 @@
+"""rdpp_cli.objective.trl_reward: R-DPP as a reward function of TRL's GRPOTrainer. Called as TRL
+calls it (prompts, completions, completion_ids and the dataset's columns), it returns each
+completion's Objective.weights, set by set of m per image, in TRL's order, and refuses in one line
+a call it cannot cut into whole sets. A real GRPOTrainer (a tiny random GPT-2 whose prompt is the
+image's id token, a word-level tokenizer; built offline) trains with it for three steps, and the
+rewards TRL receives are the objective's weights of the completions it drew."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rdpp_cli.errors import RdppError
+from rdpp_cli.objective import Objective, tokenize, trl_reward
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REFS = {"red": ["A red circle.", "A circle that is red.", "One red circle."],
+        "blue": ["A blue square.", "A square that is blue.", "One blue square."]}
+
+
+def _call(reward, images, completions, **extra):
+    """As GRPOTrainer._calculate_rewards calls a reward function (trl 1.x)."""
+    logged = {}
+    out = reward(prompts=[f"<img_{k}>" for k in images], completions=completions,
+                 completion_ids=[[0] * len(c) for c in completions], image_id=list(images), trainer_state=None,
+                 log_extra=lambda column, values: None, log_metric=logged.__setitem__, **extra)
+    return out, logged
+
+
+@pytest.mark.unit
+def test_the_rewards_are_the_objectives_weights_set_by_set():
+    objective = Objective.from_references(REFS, reward="dpp", m=2)
+    reward = trl_reward(objective)
+    # num_generations = 4 = two sets of m = 2 per image; images in the order TRL's sampler drew them
+    images = ["blue"] * 4 + ["red"] * 4
+    texts = ["a blue square", "a square", "one blue square", "a blue square",
+             "a red circle", "a red circle", "red", "a circle that is red"]
+    out, logged = _call(reward, images, texts)
+    want = objective.weights(["blue", "blue", "red", "red"], [texts[i:i + 2] for i in range(0, 8, 2)])
+    assert out == [float(x) for x in want.weights.reshape(-1)] and len(out) == 8
+    assert reward.__name__ == "rdpp_dpp" and abs(logged["rdpp/self_cider"] - want.logs["self_cider"]) < 1e-12
+    assert out[4] == out[5] == 0.0 and out[0] > 1.0  # an exact duplicate pair of a set of 2 gets 0
+    # TRL's conversational form gives the same numbers (the last message's text)
+    chats = [[{"role": "assistant", "content": [{"type": "text", "text": t}]}] for t in texts]
+    assert _call(reward, images, chats)[0] == out
+    # m given here overrides the objective's
+    three = trl_reward(objective, m=4)
+    assert three.m == 4 and len(_call(three, images, texts)[0]) == 8
+
+
+@pytest.mark.unit
+def test_calls_that_cannot_be_cut_into_whole_sets_are_refused_in_one_line():
+    objective = Objective.from_references(REFS, reward="dpp", m=3)
+    reward = trl_reward(objective)
+    texts = ["a red circle"] * 8
+    cases = [
+        # num_generations = 2, not a multiple of m = 3: the middle image's run is whole but holds 2
+        (["red"] * 3 + ["blue"] * 2 + ["red"] * 3, "has 2 completions in a row, not a multiple of m=3"),
+        (["red"] * 2, "has 2 completions in a row, not a multiple of m=3"),
+        # this process holds part of an image's set: the rest is on another process
+        (["blue"] * 1 + ["red"] * 3 + ["blue"] * 3, "only 1 of image 'blue''s completions are in this call"),
+        (["red"] * 3 + ["blue"] * 3 + ["red"] * 2, "only 2 of image 'red''s completions are in this call"),
+    ]
+    for images, words in cases:
+        with pytest.raises(RdppError) as e:
+            _call(reward, images, texts[:len(images)])
+        assert words in str(e.value) and "num_generations" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(RdppError, match="no 'image_id' column among the dataset's columns"):
+        reward(prompts=["x"] * 3, completions=["a"] * 3, image=["red"] * 3)
+    with pytest.raises(RdppError, match="GRPOTrainer does not produce"):
+        trl_reward(Objective.from_references(REFS, reward="scst", m=3))
+
+
+def _tiny_grpo(tmp_path, reward_func, m: int, steps: int):
+    """A GRPOTrainer on a tiny random GPT-2 (the image is its prompt: one id token per image) with a
+    word-level tokenizer, both built offline, on the CPU."""
+    T = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    datasets = pytest.importorskip("datasets")
+    trl = pytest.importorskip("trl")
+    words = sorted({w for caps in REFS.values() for c in caps for w in tokenize(c)})
+    vocab = ["<pad>", "<eos>"] + [f"<img_{k}>" for k in REFS] + words
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(vocab), n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                           bos_token_id=1, eos_token_id=1, pad_token_id=0))
+    data = datasets.Dataset.from_list([{"prompt": f"<img_{k}>", "image_id": k} for k in REFS])
+    args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2 * m, num_generations=m,
+                          max_completion_length=6, max_steps=steps, learning_rate=1e-2, logging_steps=1,
+                          report_to="none", use_cpu=True, save_strategy="no", beta=0.0, scale_rewards="none",
+                          loss_type="dapo", disable_dropout=True, seed=0)
+    return trl.GRPOTrainer(model=model, reward_funcs=reward_func, args=args, train_dataset=data,
+                           processing_class=tokenizer)
+
+
+@pytest.mark.integration
+def test_grpo_trainer_trains_on_the_objectives_weights(tmp_path):
+    m, steps = 3, 3
+    objective = Objective.from_references(REFS, reward="dpp", m=m)
+    inner, seen = trl_reward(objective), []
+
+    def rdpp_dpp(prompts, completions, **columns):  # records what TRL receives
+        rewards = inner(prompts, completions, **columns)
+        seen.append((list(columns["image_id"]), list(completions), rewards))
+        return rewards
+
+    trainer = _tiny_grpo(tmp_path, rdpp_dpp, m, steps)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert len(seen) == steps
+    logged = [h["rewards/rdpp_dpp/mean"] for h in trainer.state.log_history if "rewards/rdpp_dpp/mean" in h]
+    for (images, texts, rewards), mean in zip(seen, logged, strict=True):
+        # each image's m completions consecutive: R-DPP sets, scored independently of the wrapper
+        assert all(len(set(images[i:i + m])) == 1 for i in range(0, len(images), m)) and len(images) == 2 * m
+        want = objective.weights(images[::m], [texts[i:i + m] for i in range(0, len(texts), m)])
+        assert rewards == [float(x) for x in want.weights.reshape(-1)]
+        assert abs(mean - sum(rewards) / len(rewards)) < 1e-5  # TRL's logged reward: the same numbers
+    assert any(max(r) > 1.0 for _, _, r in seen)  # some completions scored against the references
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))  # it trained
