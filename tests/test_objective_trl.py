@@ -2,8 +2,9 @@
 calls it (prompts, completions, completion_ids and the dataset's columns), it returns each
 completion's Objective.weights, set by set of m per image, in TRL's order, and refuses in one line
 a call it cannot cut into whole sets. A real GRPOTrainer (a tiny random GPT-2 whose prompt is the
-image's id token, a word-level tokenizer; built offline) trains with it for three steps, and the
-rewards TRL receives are the objective's weights of the completions it drew."""
+image's id token, a word-level tokenizer; built offline) trains with it for three steps: the rewards
+TRL receives are the objective's weights of the completions it drew, and the advantages it trains on
+are the weights with R-DPP's mean baseline (docs/api.md, "What trains")."""
 
 from __future__ import annotations
 
@@ -109,8 +110,25 @@ def test_grpo_trainer_trains_on_the_objectives_weights(tmp_path):
 
     trainer = _tiny_grpo(tmp_path, rdpp_dpp, m, steps)
     before = [p.detach().clone() for p in trainer.model.parameters()]
+    losses, compute_loss = [], trainer._compute_loss
+
+    def keep(model, inputs):  # what GRPO trains on: its advantages, its token mask, its loss
+        loss = compute_loss(model, inputs)
+        losses.append((inputs["advantages"].clone(), inputs["completion_mask"].clone(), loss.item()))
+        return loss
+
+    trainer._compute_loss = keep
     trainer.train()
-    assert len(seen) == steps
+    assert len(seen) == len(losses) == steps
+    mean_baseline = Objective.from_references(REFS, reward="dpp", m=m, baseline="mean")
+    for (images, texts, _), (advantages, mask, loss) in zip(seen, losses):
+        # GRPO's group normalisation (scale_rewards="none", num_generations=m) is R-DPP's mean baseline
+        want = mean_baseline.weights(images[::m], [texts[i:i + m] for i in range(0, len(texts), m)]).weights
+        # (TRL shuffles the generation batch's rows before the loss: compared as sorted values)
+        assert torch.allclose(advantages.sort().values, want.reshape(-1).sort().values, atol=1e-5, rtol=0)
+        assert want.abs().max() > 0.1
+        # loss_type="dapo", one process, on-policy (ratio 1): -sum_i A_i x tokens_i / all tokens
+        assert abs(loss - float(-(advantages * mask.sum(1)).sum() / mask.sum())) < 1e-5
     logged = [h["rewards/rdpp_dpp/mean"] for h in trainer.state.log_history if "rewards/rdpp_dpp/mean" in h]
     for (images, texts, rewards), mean in zip(seen, logged, strict=True):
         # each image's m completions consecutive: R-DPP sets, scored independently of the wrapper
