@@ -1,8 +1,9 @@
 """rdpp_cli.objective.trl_reward: R-DPP as a reward function of TRL's GRPOTrainer. Called as TRL
 calls it (prompts, completions, completion_ids and the dataset's columns), it returns each
 completion's Objective.weights, set by set of m per image, in TRL's order, and refuses in one line
-a call it cannot cut into whole sets. A real GRPOTrainer (a tiny random GPT-2 whose prompt is the
-image's id token, a word-level tokenizer; built offline) trains with it for three steps: the rewards
+a call it cannot cut into whole sets. A real GRPOTrainer on a vision-language model (a tiny random
+LLaVA: CLIP vision encoder and Llama, with its processor; built offline) trains with it for three
+steps, each image's pixels in its prompt: the rewards
 TRL receives are the objective's weights of the completions it drew, and the advantages it trains on
 are the weights with R-DPP's mean baseline (docs/api.md, "What trains")."""
 
@@ -74,27 +75,47 @@ def test_calls_that_cannot_be_cut_into_whole_sets_are_refused_in_one_line():
 
 
 def _tiny_grpo(tmp_path, reward_func, m: int, steps: int):
-    """A GRPOTrainer on a tiny random GPT-2 (the image is its prompt: one id token per image) with a
-    word-level tokenizer, both built offline, on the CPU."""
+    """A GRPOTrainer on a tiny random LLaVA (LlavaForConditionalGeneration: a one-layer CLIP vision
+    encoder of 16x16 images and a one-layer Llama) with a LlavaProcessor over a word-level tokenizer,
+    all built offline, on the CPU. The dataset: one row per image, a chat prompt holding the image
+    (a plain red or blue picture) and the word "describe", and its image id."""
     T = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
     datasets = pytest.importorskip("datasets")
     trl = pytest.importorskip("trl")
+    from PIL import Image
+
     words = sorted({w for caps in REFS.values() for c in caps for w in tokenize(c)})
-    vocab = ["<pad>", "<eos>"] + [f"<img_{k}>" for k in REFS] + words
+    vocab = ["<pad>", "<eos>", "<bos>", "<image>", "USER:", "ASSISTANT:", "describe", *words]
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<pad>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tokenizer = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    chat = ("{% for message in messages %}{% if message['role'] == 'user' %}USER: {% for part in message['content'] %}"
+            "{% if part['type'] == 'image' %}<image> {% else %}{{ part['text'] }} {% endif %}{% endfor %}"
+            "{% else %}ASSISTANT: {% for part in message['content'] %}{{ part['text'] }} {% endfor %}<eos> "
+            "{% endif %}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+    tokenizer = T.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
+                                          bos_token="<bos>", extra_special_tokens={"image_token": "<image>"})
+    pixels = T.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    processor = T.LlavaProcessor(image_processor=pixels, tokenizer=tokenizer, patch_size=8, chat_template=chat,
+                                 vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    vision = T.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=8)
+    text = T.LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=2, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
-    model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(vocab), n_embd=16, n_layer=1, n_head=2, n_positions=32,
-                                           bos_token_id=1, eos_token_id=1, pad_token_id=0))
-    data = datasets.Dataset.from_list([{"prompt": f"<img_{k}>", "image_id": k} for k in REFS])
+    model = T.LlavaForConditionalGeneration(T.LlavaConfig(vision_config=vision, text_config=text,
+                                                          image_token_index=vocab.index("<image>")))
+    colours = {"red": (255, 0, 0), "blue": (0, 0, 255)}
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe"}]}]
+    data = datasets.Dataset.from_list([{"prompt": prompt, "image": Image.new("RGB", (16, 16), colours[k]),
+                                        "image_id": k} for k in REFS])
     args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2 * m, num_generations=m,
                           max_completion_length=6, max_steps=steps, learning_rate=1e-2, logging_steps=1,
                           report_to="none", use_cpu=True, save_strategy="no", beta=0.0, scale_rewards="none",
                           loss_type="dapo", disable_dropout=True, seed=0)
     return trl.GRPOTrainer(model=model, reward_funcs=reward_func, args=args, train_dataset=data,
-                           processing_class=tokenizer)
+                           processing_class=processor)
 
 
 @pytest.mark.integration
@@ -105,7 +126,8 @@ def test_grpo_trainer_trains_on_the_objectives_weights(tmp_path):
 
     def rdpp_dpp(prompts, completions, **columns):  # records what TRL receives
         rewards = inner(prompts, completions, **columns)
-        seen.append((list(columns["image_id"]), list(completions), rewards))
+        assert all(c[-1]["role"] == "assistant" for c in completions)  # TRL's conversational form
+        seen.append((list(columns["image_id"]), [c[-1]["content"] for c in completions], rewards))
         return rewards
 
     trainer = _tiny_grpo(tmp_path, rdpp_dpp, m, steps)
