@@ -44,8 +44,8 @@ from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider, doc_freq_with
 from rdpp_cli.objective_checks import decoded_text, refuse_vocabulary_logprobs
 from rdpp_cli.objective_hf import Generated, generated_logprobs
 from rdpp_cli.objective_trl import trl_reward
-from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.finetune import reward_weights
+from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.rewards import pg_loss
 
 __all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize", "generated_logprobs", "Generated",
