@@ -40,12 +40,16 @@ except ImportError:  # the core install: say what to install, in one line
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.karpathy import tokenize as _karpathy_tokenize
 from rdpp_cli.errors import RdppError
-from rdpp_cli.metrics.self_cider import self_cider_from_kernel
-from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id
+from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider, doc_freq_with_eos, eos_id
+from rdpp_cli.objective_checks import decoded_text, refuse_vocabulary_logprobs
+from rdpp_cli.objective_hf import Generated, generated_logprobs
+from rdpp_cli.objective_trl import trl_reward
+from rdpp_cli.training.finetune import reward_weights
 from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.rewards import pg_loss
 
-__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize"]
+__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize", "generated_logprobs", "Generated",
+           "trl_reward"]
 
 # the rewards of `rdpp finetune --reward` this API computes: every one of the table but those that add the
 # model's XE loss on the references (xe-cider), which only the caller's model can compute
@@ -169,7 +173,7 @@ class Objective:
         if decode is None:
             raise RdppError(f"{what} are token ids but no decode function was given (Objective); pass "
                             "decode=tokenizer.decode (ids -> text) or the captions as strings")
-        return [str(decode(list(c))) for c in flat]
+        return [decoded_text(decode, list(c)) for c in flat]
 
     # -- one step -----------------------------------------------------------------------------------
     def refs_for(self, image_ids: Sequence[Hashable]) -> list[np.ndarray]:
@@ -195,29 +199,12 @@ class Objective:
             raise RdppError(f"reward {self.reward} compares each sample with its image's greedy caption "
                             "(Objective); pass greedy= (B captions)")
         greedy_texts = self.texts(greedy, B, decode, "greedy") if self.spec.greedy else None
-        q, g, K = self._scores(self.encode(texts).reshape(B, m, -1),
-                               None if greedy_texts is None else self.encode(greedy_texts), refs)
-        w, more = self.spec.weight_fn()(q, g, None if K is None else torch.from_numpy(K), self.baseline)
-        logs = {"sample_cider": float(q.mean()), **{k: float(v) for k, v in more.items()}}
-        if K is not None and m > 1:
-            logs["self_cider"] = float(self_cider_from_kernel(K).mean())
-        return Weights(w.to(torch.float32), q, logs, texts)
-
-    def _scores(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
-                ) -> tuple[Tensor, Tensor | None, np.ndarray | None]:
-        """q (B, m), g (B,) or None, and the samples' kernel (B, m, m) where needed, as rdpp finetune
-        scores them (``TrainCider``)."""
-        B, m, T = samples.shape
-        want_kernel = self.spec.kernel or m > 1  # R-DPP's kernel, or the logged self-CIDEr
-        if greedy is None and want_kernel:
-            q, K = self.cider.score_and_pairwise(samples, refs)
-            return torch.from_numpy(q), None, K
-        hyps, index = samples.reshape(B * m, T), np.repeat(np.arange(B), m)
-        if greedy is not None:
-            hyps, index = _stack(hyps, greedy), np.concatenate([index, np.arange(B)])
-        scores = self.cider.score(hyps, refs, index)
-        g = torch.from_numpy(scores[B * m:]) if greedy is not None else None
-        return torch.from_numpy(scores[:B * m].reshape(B, m)), g, self.cider.pairwise(samples) if want_kernel else None
+        scorer = _KeepScores(self.cider)  # finetune's reward, on its host backend: one scoring path
+        samples_ids = torch.from_numpy(self.encode(texts)).view(B, m, -1)
+        greedy_ids = None if greedy_texts is None else torch.from_numpy(self.encode(greedy_texts))
+        w, logs = reward_weights(scorer, self.spec.weight_fn(), self.spec.kernel or m > 1, self.baseline,
+                                 samples_ids, greedy_ids, refs)
+        return Weights(w, scorer.sample_scores(B, m), {k: float(v) for k, v in logs.items()}, texts)
 
     def loss(self, weights: Tensor, logprobs: Tensor, mask: Tensor | None = None, *,
              lengths: Tensor | Sequence[int] | None = None) -> Tensor:
@@ -228,6 +215,7 @@ class Objective:
         every token the policy drew, its end token included; 0 for padding and for an end token
         forced at the length limit), or per-caption sums ``logprobs`` (B, m) or (B*m,) with
         ``lengths``, the number of tokens each sum holds. ``weights`` (B, m) carry no gradient."""
+        refuse_vocabulary_logprobs(logprobs, weights)
         w = weights.detach().reshape(-1).to(logprobs.device)
         N, groups = w.shape[0], self.m if self.spec.per_slot else 1
         if mask is not None:
@@ -259,6 +247,27 @@ class Objective:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+class _KeepScores(NumpyScoring):
+    """``NumpyScoring`` that keeps the samples' CIDEr-D it computed (``reward_weights`` returns the
+    weights; :class:`Weights` also reports the scores)."""
+
+    _scores: Tensor | None = None
+
+    def score(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None) -> Tensor:
+        self._scores = super().score(hyps, refs, ref_index)
+        return self._scores
+
+    def score_and_pairwise(self, samples: Any, refs: list[np.ndarray]) -> tuple[Tensor, Tensor]:
+        q, K = super().score_and_pairwise(samples, refs)
+        self._scores = q.reshape(-1)
+        return q, K
+
+    def sample_scores(self, B: int, m: int) -> Tensor:
+        """q (B, m): the first B*m rows scored are the samples (the greedy captions follow)."""
+        assert self._scores is not None
+        return self._scores[:B * m].reshape(B, m)
+
 
 def _caption_list(key: Hashable, caps: Any) -> list[str]:
     if isinstance(caps, str) or not all(isinstance(c, str) for c in caps):
@@ -296,7 +305,3 @@ def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
         out[i, :len(r)] = r
     return out
 
-
-def _stack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    T = max(a.shape[1], b.shape[1])
-    return np.concatenate([np.pad(a, ((0, 0), (0, T - a.shape[1]))), np.pad(b, ((0, 0), (0, T - b.shape[1])))])
