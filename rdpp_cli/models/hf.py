@@ -232,7 +232,9 @@ class HFCaptioner(nn.Module):
             hf.enc_to_dec_proj.load_state_dict(self.enc_to_dec_proj.state_dict())
         hf.generation_config.decoder_start_token_id = self.config.decoder_start_token_id
         hf.generation_config.eos_token_id = self.config.eos_token_id
+        # rdpp's captions hold at most seq_length tokens: generate ends one cut there with the end token
         hf.generation_config.max_new_tokens = self.config.seq_length + 1
+        hf.generation_config.forced_eos_token_id = self.config.eos_token_id
         hf.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         try:

@@ -1,0 +1,46 @@
+"""`rdpp export-hf` (rdpp_cli/captioning/export_hf.py, ``HFCaptioner.export``): the folder it writes
+is rdpp's model for ``generate`` with nothing but the folder's own settings, a caption cut at the
+length limit included. Tiny random captioners built in the test (helpers.tiny_hf_captioner)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import tiny_hf_captioner  # noqa: E402
+
+from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
+from rdpp_cli.models.hf import HFCaptioner  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny_hf_captioner(tmp_path_factory.mktemp("hf") / "captioner", layers=1)
+
+
+@pytest.mark.unit
+def test_generate_with_the_folders_settings_gives_rdpps_greedy_captions_cut_at_the_limit(folder, tmp_path):
+    """A random decoder seldom draws the end token in 5 steps: every caption is cut at the limit, and ``generate`` must end it there too (the forced end token), not draw a sixth token."""
+    import transformers as tf
+    from transformers.modeling_outputs import BaseModelOutput
+
+    model = HFCaptioner.from_folder(folder, seq_length=5)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # weights far from their init, so that the end token is as unlikely as any
+        for p in model.decoder.parameters():
+            p.add_(torch.randn(p.shape, generator=gen))
+    model.export(tmp_path / "out", folder)
+    hf = tf.VisionEncoderDecoderModel.from_pretrained(tmp_path / "out").eval()
+    att = torch.randn(10, 17, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = decode(model, att, DecodeConfig(method="greedy", max_len=5)).tokens[:, 0]
+        theirs = hf.generate(encoder_outputs=BaseModelOutput(last_hidden_state=att))
+    eos = model.config.eos_token_id
+    assert (ours > 0).all()  # every caption reached the limit: the case under test
+    got = [[t for t in row[1:].tolist() if t != eos] for row in theirs]
+    assert got == [model.hf_of[row].tolist() for row in ours]
+    assert (theirs[:, -1] == eos).all() and theirs.shape[1] == 1 + 5 + 1  # start, 5 tokens, the forced end
