@@ -44,3 +44,49 @@ def test_generate_with_the_folders_settings_gives_rdpps_greedy_captions_cut_at_t
     got = [[t for t in row[1:].tolist() if t != eos] for row in theirs]
     assert got == [model.hf_of[row].tolist() for row in ours]
     assert (theirs[:, -1] == eos).all() and theirs.shape[1] == 1 + 5 + 1  # start, 5 tokens, the forced end
+
+
+# -- the stages on data made with a captioner's encoder --------------------------------------------------
+
+def ok(result):
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+def refused(root, *args) -> str:
+    """The refusal's one line; nothing under ``root`` changed."""
+    from helpers import error_line, listing, rdpp
+
+    before = listing(root)
+    line = error_line(rdpp(*args))
+    assert listing(root) == before
+    return line
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(root, workspace, folder A, folder B): data made with A's encoder (prepro toy --backbone hf:A),
+    xe/hf-paper-v1 trained from A on it; B has A's config and other weights (another seed)."""
+    from helpers import rdpp
+
+    root = tmp_path_factory.mktemp("trained")
+    a = tiny_hf_captioner(root / "A", layers=1)
+    b = tiny_hf_captioner(root / "B", layers=1, seed=1)
+    ws = root / "ws"
+    ok(rdpp("prepro", "toy", "--workspace", ws, "--backbone", f"hf:{a}", "--images", "30"))
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", a, "--epochs", "1", "--batch-size", "12",
+            "--val-images", "0", "--device", "cpu"))
+    return root, ws, a, b
+
+
+@pytest.mark.integration
+def test_another_encoder_of_the_same_config_is_refused_by_train_xe_and_export_hf(trained, tmp_path):
+    """B passes every size check (the same config); its weights are not those that made the data."""
+    root, ws, a, b = trained
+    line = refused(root, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", b, "--epochs", "1",
+                   "--device", "cpu")
+    assert f"--hf-model {b}: its weights" in line and "not those of the vision encoder data artifact" in line, line
+    line = refused(root, "export-hf", ws / "xe" / "hf-paper-v1", tmp_path / "out", "--workspace", ws,
+                   "--hf-model", b)
+    assert f"--hf-model {b}: its weights" in line and "this model was made with" in line, line
+    assert not (tmp_path / "out").exists()

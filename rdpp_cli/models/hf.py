@@ -81,6 +81,7 @@ class HFCaptionerConfig:
     eos_token_id: int = 0  # the Hugging Face id of the end token (rdpp id 0)
     decoder_start_token_id: int = 0  # the first input
     source: str = ""  # the folder it was read from
+    encoder_sha256: str = ""  # of the folder's weights file (``weights_sha256``): its vision encoder's weights
 
 
 # nothing to size: the folder is the model (both presets keep it as it is)
@@ -134,6 +135,26 @@ def read_folder(path: str | Path, option: str = "--hf-model "):
         raise RdppError(f"{option}{path}: its tokenizer has no end token (eos_token) and its config no "
                         "eos_token_id; set one in tokenizer_config.json")
     return model.eval(), tok
+
+
+def weights_sha256(folder: str | Path) -> str | None:
+    """sha256 of a save_pretrained folder's weights file (its first ``*.safetensors``, else ``*.bin``;
+    None without one): what a data artifact made with ``--backbone hf:DIR`` records as
+    ``weights_sha256``, and what tells one encoder from another of the same config."""
+    from rdpp_cli.artifacts import sha256_file
+
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    return sha256_file(files[0]) if files else None
+
+
+def check_same_encoder(folder: str | Path, want: str | None, made: str, option: str) -> None:
+    """RdppError unless ``folder``'s weights file has the sha256 ``want`` (None: nothing recorded,
+    nothing to compare) that ``made`` (the data artifact or model whose features came from it) records."""
+    got = weights_sha256(folder) if want else None
+    if want and got != want:
+        raise RdppError(f"{option}{folder}: its weights (sha256 {(got or 'none')[:12]}…) are not those of the vision "
+                        f"encoder {made} was made with ({want[:12]}…), so the att features came from another "
+                        "encoder; pass that folder, or make the data with this one (--backbone hf:DIR)")
 
 
 def end_token(config, tokenizer) -> int | None:
@@ -198,7 +219,8 @@ class HFCaptioner(nn.Module):
         config = HFCaptionerConfig(
             hf_config=vcfg.to_dict(), tokenizer_files=tokenizer_files(tok), vocab_size=vcfg.decoder.vocab_size - 1,
             seq_length=seq_length, att_feat_size=vcfg.encoder.hidden_size, eos_token_id=int(end_token(vcfg, tok)),
-            decoder_start_token_id=int(start), source=str(Path(path).resolve()))
+            decoder_start_token_id=int(start), source=str(Path(path).resolve()),
+            encoder_sha256=weights_sha256(path) or "")
         model = cls(config)
         model.decoder.load_state_dict(hf.decoder.state_dict())
         if model.enc_to_dec_proj is not None:
@@ -216,11 +238,20 @@ class HFCaptioner(nn.Module):
         """The translation between this model's token ids and a data artifact's ``words``."""
         return TokenBridge(self.tokenizer, self.hf_of.cpu(), words, data_seq_length, self.config.seq_length)
 
+    def check_data(self, data_config: dict, data_path: Path, option: str) -> None:
+        """RdppError unless this model's folder holds the vision encoder that made the data's att
+        features (the data artifact's ``weights_sha256``, when it was made with ``--backbone hf:DIR``)."""
+        if str(data_config.get("backbone", "")).startswith("hf:"):
+            check_same_encoder(self.config.source, data_config.get("weights_sha256"), f"data artifact {data_path}",
+                               option)
+
     def export(self, out: Path, encoder_folder: str | Path) -> None:
         """Write this model as a Hugging Face folder (``VisionEncoderDecoderModel.save_pretrained``,
         the tokenizer and the image processor) into ``out`` (an empty folder): the vision encoder and
-        image processor of ``encoder_folder`` (the folder the model came from), this decoder."""
+        image processor of ``encoder_folder`` (the folder the model came from: its weights file has
+        the ``encoder_sha256`` recorded in training), this decoder."""
         tf = require_transformers()
+        check_same_encoder(encoder_folder, self.config.encoder_sha256 or None, "this model", "--hf-model ")
         hf, _ = read_folder(encoder_folder)
         mine = tf.VisionEncoderDecoderConfig.from_dict(self.config.hf_config).encoder.to_dict()
         if {k: v for k, v in hf.config.encoder.to_dict().items() if k != "_name_or_path"} != \
