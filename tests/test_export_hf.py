@@ -90,3 +90,36 @@ def test_another_encoder_of_the_same_config_is_refused_by_train_xe_and_export_hf
                    "--hf-model", b)
     assert f"--hf-model {b}: its weights" in line and "this model was made with" in line, line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.integration
+def test_a_decoder_with_fewer_positions_than_tokens_decodes_to_its_limit(tmp_path):
+    """The tiny data's 8 words are decoded to 2 x 8 = 16 tokens, which needs 17 positions: a decoder of
+    12 caps its captions at 11 tokens (and says so) instead of failing mid-epoch."""
+    from helpers import rdpp, write_tiny_data
+
+    from rdpp_cli.models.checkpoint import load_model
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    short = tiny_hf_captioner(tmp_path / "short", layers=1, positions=12)
+    r = ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", short, "--epochs", "1", "--batch-size",
+                "4", "--val-images", "2", "--device", "cpu"))
+    assert "12 positions" in r.output and "11 tokens" in r.output, r.output
+    model, _, _ = load_model(ws / "xe" / "hf-paper-v1" / "checkpoints" / "best.pt")
+    assert model.config.seq_length == 11
+    longest = torch.ones(1, 1, model.config.seq_length, dtype=torch.long)  # a caption cut at the limit
+    lp, mask = model.token_logprobs(torch.zeros(1, 17, 16), longest)  # fits the 12 positions
+    assert mask.sum() == 12 and torch.isfinite(lp).all()
+    ok(rdpp("sample", "--workspace", ws, "--n", "2", "--method", "random", "--device", "cpu"))
+
+
+@pytest.mark.integration
+def test_a_tokenizer_larger_than_the_decoders_embeddings_is_refused(tmp_path):
+    from helpers import write_tiny_data
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    small = tiny_hf_captioner(tmp_path / "small", layers=1, embeddings=300)
+    line = refused(tmp_path, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", small, "--device", "cpu")
+    assert "tokenizer has 316 tokens" in line and "embeddings hold 300" in line, line

@@ -163,6 +163,25 @@ def end_token(config, tokenizer) -> int | None:
     return eos if eos is not None else getattr(config.decoder, "eos_token_id", None)
 
 
+def _fit_limits(path: Path, decoder_config, tokens: int, seq_length: int) -> int:
+    """``seq_length``, capped (with a note) where the decoder has fewer positions than a caption of
+    that many tokens needs (the start token and the tokens: ``seq_length + 1``); RdppError for a
+    tokenizer with more tokens than the decoder's embeddings (its ids would index past them)."""
+    rows = decoder_config.vocab_size
+    if tokens > rows:
+        raise RdppError(f"--hf-model {path}: its tokenizer has {tokens} tokens but the decoder's embeddings hold {rows} "
+                        "(vocab_size); pass a folder whose decoder was resized to its tokenizer "
+                        "(model.decoder.resize_token_embeddings(len(tokenizer)), then save_pretrained)")
+    positions = decoder_config.n_positions
+    if seq_length + 1 > positions:
+        from rdpp_cli.console import note
+
+        note(f"--hf-model {path}: its decoder has {positions} positions, fewer than the {seq_length + 1} a caption of "
+             f"{seq_length} tokens needs; captions are decoded to at most {positions - 1} tokens")
+        seq_length = positions - 1
+    return seq_length
+
+
 def tokenizer_files(tokenizer) -> dict[str, str]:
     """The tokenizer's files as text (what ``save_pretrained`` writes), for a checkpoint."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +232,7 @@ class HFCaptioner(nn.Module):
         seq_length = seq_length or TOKENS_PER_WORD * data_seq_length
         hf, tok = read_folder(path)
         vcfg = hf.config
+        seq_length = _fit_limits(Path(path), vcfg.decoder, len(tok), seq_length)
         start = vcfg.decoder_start_token_id
         if start is None:
             start = vcfg.decoder.bos_token_id if vcfg.decoder.bos_token_id is not None else end_token(vcfg, tok)
