@@ -4,6 +4,8 @@ length limit included. Tiny random captioners built in the test (helpers.tiny_hf
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -123,3 +125,41 @@ def test_a_tokenizer_larger_than_the_decoders_embeddings_is_refused(tmp_path):
     small = tiny_hf_captioner(tmp_path / "small", layers=1, embeddings=300)
     line = refused(tmp_path, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", small, "--device", "cpu")
     assert "tokenizer has 316 tokens" in line and "embeddings hold 300" in line, line
+
+
+@pytest.mark.integration
+def test_export_hf_never_writes_over_what_it_reads_and_force_replaces_only_an_export(trained, tmp_path):
+    from helpers import listing, rdpp
+
+    root, ws, a, b = trained
+    model = ws / "xe" / "hf-paper-v1"
+    export = ("export-hf", model, "--workspace", ws)
+    for out, how in ((a, "is"), (model / "hf", "lies inside"), (ws / "hf", "lies inside"), (ws, "holds"), (root, "holds")):
+        line = refused(root, *export, "--out", out, "--force")
+        assert f"--out {out} {how}" in line and "not even --force" in line, line
+    out = tmp_path / "out"
+    ok(rdpp(*export, "--out", out))
+    first = listing(out)
+    assert "rdpp-export.json" in first and "model.safetensors" in first
+    ok(rdpp(*export, "--out", out, "--force"))  # an earlier export: replaced
+    assert listing(out) == first
+    (out / "mine.txt").write_text("mine")
+    line = refused(tmp_path, *export, "--out", out, "--force")
+    assert "not its earlier export's (mine.txt)" in line, line
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    line = refused(tmp_path, *export, other, "--force")  # OUT as an argument: the same as --out
+    assert "is not an earlier rdpp export-hf folder" in line, line
+
+
+@pytest.mark.integration
+def test_a_second_export_into_an_out_being_written_is_refused(trained, tmp_path):
+    from rdpp_cli.artifacts.lock import locked_beside
+
+    root, ws, a, b = trained
+    out = tmp_path / "out"
+    with locked_beside(out):  # what a run writing OUT holds
+        line = refused(tmp_path, "export-hf", ws / "xe" / "hf-paper-v1", "--out", out, "--workspace", ws)
+    assert f"{out} is being written by another run (pid {os.getpid()}" in line, line
+    assert not out.exists()
