@@ -163,3 +163,42 @@ def test_a_second_export_into_an_out_being_written_is_refused(trained, tmp_path)
         line = refused(tmp_path, "export-hf", ws / "xe" / "hf-paper-v1", "--out", out, "--workspace", ws)
     assert f"{out} is being written by another run (pid {os.getpid()}" in line, line
     assert not out.exists()
+
+
+def lose_part_of_the_weights(monkeypatch) -> list:
+    """The safetensors file that save_pretrained writes gets a hole of zeros in its data (a lost
+    ``pwrite``: the same size, the writer told it was written); returns the list of files hit."""
+    import transformers.modeling_utils as mu
+
+    real, hit = mu.safe_save_file, []
+
+    def save(tensors, filename, *a, **kw):
+        real(tensors, filename, *a, **kw)
+        size = os.path.getsize(filename)
+        with open(filename, "r+b") as f:
+            f.seek(size // 2)
+            f.write(bytes(size // 4))
+        hit.append(filename)
+
+    monkeypatch.setattr(mu, "safe_save_file", save)
+    return hit
+
+
+@pytest.mark.integration
+def test_a_lost_write_in_export_hf_is_caught_and_a_rerun_writes_the_folder(trained, tmp_path, monkeypatch):
+    import transformers as tf
+
+    from helpers import failure_line, rdpp
+
+    root, ws, a, b = trained
+    out = tmp_path / "out"
+    args = ("export-hf", ws / "xe" / "hf-paper-v1", "--out", out, "--workspace", ws)
+    with monkeypatch.context() as m:
+        hit = lose_part_of_the_weights(m)
+        r = rdpp(*args)
+    assert hit, "the fault was never injected"
+    failure_line(r, "model.safetensors", "tensors differ from those written", "a write was lost")
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing left behind, no temporary folder
+    ok(rdpp(*args))
+    hf = tf.VisionEncoderDecoderModel.from_pretrained(out)
+    assert all(bool(v.abs().sum() > 0) for k, v in hf.state_dict().items() if k.endswith("weight"))

@@ -111,3 +111,18 @@ def test_a_lost_samples_or_manifest_write_is_caught_and_a_rerun_finishes(ws, tmp
     recs = json.loads((read_artifact(out, "rdpp.samples").file("samples.json")).read_text())
     assert len(recs) == 2 and all(len(rec["captions"]) == 2 for rec in recs)
     assert torch.isfinite(torch.tensor([lp for rec in recs for lp in rec["logprobs"]])).all()
+
+
+@pytest.mark.parametrize("name", ["000003.png"])
+def test_a_lost_write_of_a_toy_image_is_caught_and_a_rerun_finishes(tmp_path, monkeypatch, name):
+    """The toy set's images are read back like every file rdpp writes (before, PIL wrote them straight)."""
+    args = ("prepro", "toy", "--images", "30", "--workspace", tmp_path / "ws")
+    with monkeypatch.context() as m:
+        lost = lose_a_write(m, name, "zeroed")
+        r = rdpp(*args)
+    assert lost, "the fault was never injected"
+    failure_line(r, name, "a write was lost", "rerun the same command")
+    assert not is_complete(tmp_path / "ws" / "data" / "toy-v1")
+    r = rdpp(*args)
+    assert r.exit_code == 0, r.output
+    assert is_complete(tmp_path / "ws" / "data" / "toy-v1")

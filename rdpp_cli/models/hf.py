@@ -137,6 +137,40 @@ def read_folder(path: str | Path, option: str = "--hf-model "):
     return model.eval(), tok
 
 
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What loading a damaged save_pretrained folder raises: a file missing or unreadable, JSON cut
+    short, a safetensors file whose header or data is cut short (``SafetensorError``)."""
+    from safetensors import SafetensorError
+
+    return OSError, ValueError, RuntimeError, SafetensorError
+
+
+def read_back(out: Path, model, tokenizer) -> None:
+    """``LostWrite`` naming the file unless the folder ``out``, just saved from ``model`` and
+    ``tokenizer``, loads back as them: every tensor equal, the same generation config and vocabulary
+    (a write the disk lost while reporting success is found before the folder is renamed into place)."""
+    from rdpp_cli.artifacts.files import LostWrite
+
+    tf = require_transformers()
+    lost = "(a write was lost although it reported success); nothing was replaced"
+    try:
+        again = tf.VisionEncoderDecoderModel.from_pretrained(out)
+        tok = tf.AutoTokenizer.from_pretrained(out)
+    except _load_errors() as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise LostWrite(5, f"read back after writing, it does not load ({first[:160]}) {lost}", str(out)) from None
+    theirs, mine = again.state_dict(), model.state_dict()
+    bad = [k for k, v in mine.items() if k not in theirs or not torch.equal(v, theirs[k])]
+    if bad:
+        raise LostWrite(5, f"read back after writing, {len(bad)} of {len(mine)} tensors differ from those written "
+                           f"(such as {bad[0]}) {lost}", str(out / "model.safetensors"))
+    if again.generation_config.to_dict() != model.generation_config.to_dict():
+        raise LostWrite(5, f"read back after writing, its generation settings differ from those written {lost}",
+                        str(out / "generation_config.json"))
+    if tok.get_vocab() != tokenizer.get_vocab():
+        raise LostWrite(5, f"read back after writing, its tokenizer differs from the one written {lost}", str(out))
+
+
 def weights_sha256(folder: str | Path) -> str | None:
     """sha256 of a save_pretrained folder's weights file (its first ``*.safetensors``, else ``*.bin``;
     None without one): what a data artifact made with ``--backbone hf:DIR`` records as
@@ -292,6 +326,7 @@ class HFCaptioner(nn.Module):
             tf.AutoImageProcessor.from_pretrained(encoder_folder).save_pretrained(out)
         except (OSError, ValueError):
             pass  # a folder without an image processor: the model still loads
+        read_back(out, hf, self.tokenizer)
 
     # -- the CaptionModel interface --------------------------------------------------------------
     def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
