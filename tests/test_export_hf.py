@@ -202,3 +202,42 @@ def test_a_lost_write_in_export_hf_is_caught_and_a_rerun_writes_the_folder(train
     ok(rdpp(*args))
     hf = tf.VisionEncoderDecoderModel.from_pretrained(out)
     assert all(bool(v.abs().sum() > 0) for k, v in hf.state_dict().items() if k.endswith("weight"))
+
+
+@pytest.mark.integration
+def test_a_truncated_weights_file_in_an_hf_folder_is_one_line(trained, tmp_path):
+    import shutil
+
+    root, ws, a, b = trained
+    cut = tmp_path / "cut"
+    shutil.copytree(a, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    line = refused(root, "train-xe", "--workspace", ws, "--model", "hf", "--hf-model", cut, "--device", "cpu")
+    assert f"--hf-model {cut} cannot be loaded" in line, line
+    line = refused(root, "prepro", "toy", "--workspace", ws, "--backbone", f"hf:{cut}", "--images", "30")
+    assert f"--backbone hf:{cut} cannot be loaded" in line, line
+
+
+@pytest.mark.integration
+def test_a_write_failing_in_export_hf_is_one_line_and_leaves_nothing(trained, tmp_path):
+    """The file-size limit makes the weights file's write fail for real (EFBIG, as ENOSPC on a full disk):
+    safetensors raises its SafetensorError; the command says one line naming the file."""
+    import resource
+    import signal
+
+    from helpers import failure_line, rdpp
+
+    root, ws, a, b = trained
+    out = tmp_path / "out"
+    size = (a / "model.safetensors").stat().st_size
+    assert size > 4 * max(p.stat().st_size for p in a.iterdir() if p.name != "model.safetensors")
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, limits[1]))
+        r = rdpp("export-hf", ws / "xe" / "hf-paper-v1", "--out", out, "--workspace", ws)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    failure_line(r, str(out / "model.safetensors"), "File too large")
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -119,7 +120,11 @@ def write_failure(e: BaseException, path: Path, needed: int | None = None) -> OS
     Ctrl-C), to be raised as it is."""
     if isinstance(e, OSError) and e.filename:
         return None  # names its file already
-    if isinstance(e, OSError):
+    if type(e).__name__ == "SafetensorError":  # safetensors' writer (save_pretrained): "... (os error 28)"
+        code = re.search(r"os error (\d+)", str(e))
+        errno = int(code.group(1)) if code else None
+        why = os.strerror(errno) if errno else "safetensors could not write the whole file"
+    elif isinstance(e, OSError):
         # HDF5 puts a many-line report in strerror: the errno says it in a few words
         errno, why = e.errno, os.strerror(e.errno) if e.errno else (str(e.strerror or e) or 'OSError').splitlines()[0]
     elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):

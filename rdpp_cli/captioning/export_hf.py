@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 from rdpp_cli.artifacts import atomic_write_json, resolve_input, sha256_file, workspace_dir
+from rdpp_cli.artifacts.files import write_failure
 from rdpp_cli.artifacts.lock import locked_beside
 from rdpp_cli.artifacts.workspace import refuse_overlap
 from rdpp_cli.captioning.options import ExportHFOptions
@@ -64,6 +65,20 @@ def _swap(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _export(net, tmp: Path, folder: str, out: Path) -> None:
+    """``net.export(tmp, folder)``; a failed write (a full disk: safetensors' ``SafetensorError``, an
+    ``OSError`` of a JSON file) as an ``OSError`` naming OUT's file (the CLI's one line)."""
+    try:
+        net.export(tmp, folder)
+    except Exception as e:
+        given = Path(e.filename) if isinstance(e, OSError) and e.filename else tmp / "model.safetensors"
+        name = given.relative_to(tmp) if given.is_relative_to(tmp) else given.name
+        failed = write_failure(e if not isinstance(e, OSError) else OSError(e.errno, e.strerror), out / name)
+        if failed is None:
+            raise
+        raise failed from e
+
+
 @takes(ExportHFOptions)
 def export_hf(opts: ExportHFOptions) -> Path:
     """Write the model artifact ``opts.model`` as a Hugging Face folder ``opts.out``; returns it."""
@@ -87,7 +102,7 @@ def export_hf(opts: ExportHFOptions) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            net.export(tmp, folder)
+            _export(net, tmp, folder, out)
             atomic_write_json(tmp / MARKER, {
                 "model": str(art.path.resolve()), "model_manifest_sha256": art.manifest_sha256,
                 "vision_encoder": str(Path(folder).resolve()),

@@ -127,9 +127,9 @@ def read_folder(path: str | Path, option: str = "--hf-model "):
     try:
         model = tf.VisionEncoderDecoderModel.from_pretrained(path)
         tok = tf.AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except _load_errors() as e:  # a file missing, cut short or damaged (a truncated model.safetensors)
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise RdppError(f"{option}{path} cannot be loaded ({first}); pass a complete save_pretrained folder "
+        raise RdppError(f"{option}{path} cannot be loaded ({first[:200]}); pass a complete save_pretrained folder "
                         "with its tokenizer") from None
     if end_token(model.config, tok) is None:
         raise RdppError(f"{option}{path}: its tokenizer has no end token (eos_token) and its config no "
