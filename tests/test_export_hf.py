@@ -241,3 +241,38 @@ def test_a_write_failing_in_export_hf_is_one_line_and_leaves_nothing(trained, tm
         signal.signal(signal.SIGXFSZ, handler)
     failure_line(r, str(out / "model.safetensors"), "File too large")
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.integration
+def test_a_relative_hf_folder_is_recorded_resolved_and_caption_follows_a_moved_one(tmp_path, monkeypatch):
+    """prepro with ``--backbone hf:A`` typed relative records A's absolute path: `rdpp caption` from
+    another folder finds it. Once A moved, caption says to pass ``--weights DIR`` (not a --backbone it
+    does not have), takes the moved folder there, and refuses a folder of other weights."""
+    import json
+    import shutil
+
+    from helpers import rdpp
+
+    root = tmp_path / "root"
+    a = tiny_hf_captioner(root / "A", layers=1)
+    b = tiny_hf_captioner(tmp_path / "B", layers=1, seed=1)
+    ws = root / "ws"
+    monkeypatch.chdir(root)
+    ok(rdpp("prepro", "toy", "--workspace", "ws", "--backbone", "hf:A", "--images", "30"))
+    config = json.loads((ws / "data" / "toy-v1" / "manifest.json").read_text())["config"]
+    assert config["backbone"] == f"hf:{a.resolve()}"
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", a, "--epochs", "1", "--batch-size", "12",
+            "--val-images", "0", "--device", "cpu"))
+    photos = sorted((ws / "data" / "toy-v1" / "source" / "images").glob("*.png"))[:2]
+    monkeypatch.chdir(tmp_path)
+    caption = ("caption", *photos, "--workspace", ws, "--device", "cpu")
+    ok(rdpp(*caption, "--out", tmp_path / "c1"))
+    moved = tmp_path / "moved"
+    shutil.move(a, moved)
+    line = refused(tmp_path, *caption, "--out", tmp_path / "c2")
+    assert f"the vision encoder folder {a.resolve()} that data artifact" in line and "pass --weights DIR" in line, line
+    line = refused(tmp_path, *caption, "--out", tmp_path / "c2", "--weights", b)
+    assert f"--weights {b}: its weights" in line, line
+    ok(rdpp(*caption, "--out", tmp_path / "c2", "--weights", moved))
+    first = [r["captions"] for r in json.loads((tmp_path / "c1" / "results.json").read_text())]
+    assert [r["captions"] for r in json.loads((tmp_path / "c2" / "results.json").read_text())] == first

@@ -24,8 +24,8 @@ class CaptionOptions(DecodingOptions):
                                "--from", identity=False, record=False)
     method: str = method_option("beam")
     n: int = option(1, "Captions per photo.", check=at_least(1))
-    weights: Path | None = option(None, "The backbone's weights file, when it moved since prepro (same sha256).",
-                                  identity=False, record=False, cli={"dir_okay": False})
+    weights: Path | None = option(None, "The backbone's weights file (for an hf:DIR backbone, its folder), when it "
+                                  "moved since prepro (same sha256).", identity=False, record=False)
     batch_size: int | None = option(None, "Images per extraction batch (default: the data's).", identity=False,
                                     record=False, check=at_least(1))
     workers: int | None = option(None, "Processes decoding images (default: on a GPU the cores but one; on a CPU a "

@@ -183,7 +183,8 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
         fc, att = module(torch.zeros(1, 3, size, size))
     patch = getattr(model.config.encoder, "patch_size", None)
     grid = size // patch if patch else int(att.shape[1] ** 0.5)
-    return Backbone(HF_PREFIX + str(folder), module, int(fc.shape[1]), grid, size,
+    folder = str(Path(folder).resolve())  # recorded as an absolute path: `rdpp caption` finds it from any folder
+    return Backbone(HF_PREFIX + folder, module, int(fc.shape[1]), grid, size,
                     tuple(proc.image_mean) if proc.do_normalize else None,
                     tuple(proc.image_std) if proc.do_normalize else None, str(folder),
                     weights_sha256=weights_sha256(folder), tokens=int(att.shape[1]), cpu_chunk=None)

@@ -234,7 +234,7 @@ def prepro_toy(opts: PreproToyOptions) -> Artifact:
     image_size = bb.image_size  # a Hugging Face encoder's is its image processor's
     text = {"word_count_threshold": 5, "max_length": 16, "dtype": "float16"}  # fixed: the set's own vocabulary
     config = {"source": "toy", "images": opts.images, "seed": opts.seed, "generator": GENERATOR,
-              "backbone": opts.backbone, "att_size": bb.att_size, "image_size": image_size,
+              "backbone": bb.name, "att_size": bb.att_size, "image_size": image_size,
               "weights": weights_ref(opts.weights, opts.out, opts.workspace), "weights_sha256": bb.weights_sha256,
               **text, "batch_size": opts.batch_size}
     out_dir = claim_output(opts.out, workspace=opts.workspace, name="toy", config=config, force=opts.force,
