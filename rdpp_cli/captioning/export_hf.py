@@ -71,9 +71,12 @@ def _export(net, tmp: Path, folder: str, out: Path) -> None:
     try:
         net.export(tmp, folder)
     except Exception as e:
-        given = Path(e.filename) if isinstance(e, OSError) and e.filename else tmp / "model.safetensors"
-        name = given.relative_to(tmp) if given.is_relative_to(tmp) else given.name
-        failed = write_failure(e if not isinstance(e, OSError) else OSError(e.errno, e.strerror), out / name)
+        if isinstance(e, OSError) and e.filename:  # a file of the temporary folder: name OUT's
+            given = Path(e.filename)
+            if not given.is_relative_to(tmp):
+                raise
+            raise type(e)(e.errno, e.strerror, str(out / given.relative_to(tmp))) from e
+        failed = write_failure(e, out / "model.safetensors")  # safetensors' error names no file
         if failed is None:
             raise
         raise failed from e
