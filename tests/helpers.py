@@ -325,3 +325,20 @@ def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int =
     fast.save_pretrained(path)
     tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
     return Path(path)
+
+
+class WrappedFile:
+    """A file object passed through to ``f`` (a context manager too), for a test to override ``write``
+    with a fault: a lost write, a full disk."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)

@@ -321,21 +321,11 @@ def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_pat
             raise KeyboardInterrupt
         return real_thumbnail(*a, **kw)
 
-    class Full:  # a file on a full disk: its writes fail
-        def __init__(self, f):
-            self._f = f
+    from helpers import WrappedFile
 
+    class Full(WrappedFile):  # a file on a full disk: its writes fail
         def write(self, data):
             raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self._f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self._f.__exit__(*exc)
 
     def fdopen(fd, *a, **kw):  # the disk full when the third thumbnail is written (its temp file)
         f = real_fdopen(fd, *a, **kw)

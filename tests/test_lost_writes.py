@@ -19,16 +19,17 @@ import torch
 from rdpp_cli.artifacts import is_complete, read_artifact
 from rdpp_cli.models import load_checkpoint
 
-from helpers import failure_line, model_artifact, rdpp, write_tiny_data
+from helpers import WrappedFile, failure_line, model_artifact, rdpp, write_tiny_data
 
 pytestmark = pytest.mark.integration
 
 
-class _Lossy:
+class _Lossy(WrappedFile):
     """A file object that loses its first write of at least ``least`` bytes (dropped or zeroed)."""
 
     def __init__(self, f, how: str, least: int, lost: list):
-        self._f, self._how, self._least, self._lost = f, how, least, lost
+        super().__init__(f)
+        self._how, self._least, self._lost = how, least, lost
 
     def write(self, data):
         n = len(memoryview(data).cast("B"))
@@ -38,15 +39,6 @@ class _Lossy:
                 self._f.write(bytes(n))
             return n  # reported written
         return self._f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self._f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self._f.__exit__(*exc)
 
 
 def lose_a_write(monkeypatch, name: str, how: str, least: int = 1) -> list:
