@@ -263,6 +263,7 @@ def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
         raise RdppError(f"{flag} {folder}: its encoder's hidden size is {model.config.att_feat_size} but data artifact "
                         f"{ds.path} has {ds.att_dim}-d att features; make the data with its encoder "
                         f"(`rdpp prepro ... --backbone hf:{folder}`)")
+    model.check_data(ds.artifact.config, ds.path, f"{flag} ")  # the very encoder, not one of the same size
     return model
 
 
