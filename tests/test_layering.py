@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
 # docs/architecture.md, "Layers": a package imports only from its own layer or the ones above it
 # in this list. So the core never imports the CLI, and decoding never imports training.
 LAYERS = [
-    {"errors", "console", "device", "checks", "options", "artifacts", "metrics"},
+    {"errors", "console", "device", "checks", "options", "artifacts", "metrics",
+     "hf_folder"},  # hf_folder: a Hugging Face folder, read by data (its vision encoder) and models (its decoder)
     {"data", "models", "precision"},  # precision: --precision auto times the model itself
     {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
@@ -56,6 +57,14 @@ def test_every_package_imports_only_its_layer_or_lower():
                 wrong.append(f"{path.relative_to(ROOT.parent)} imports rdpp_cli.{dep}")
     assert not wrong, "imports against the layers of docs/architecture.md:\n" + "\n".join(wrong)
     assert {"cli", "decoding", "training", "metrics", "data"} <= seen  # the walk found the packages
+
+
+@pytest.mark.unit
+def test_data_never_imports_models():
+    """Within layer 2 the arrow points one way: models read the data's words (the bridge), data
+    reads no model; a Hugging Face folder's vision encoder comes from ``hf_folder``, below both."""
+    wrong = [str(p.relative_to(ROOT.parent)) for p in sorted((ROOT / "data").rglob("*.py")) if "models" in _imports(p)]
+    assert not wrong, f"data imports models: {wrong}"
 
 
 @pytest.mark.unit

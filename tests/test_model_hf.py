@@ -238,7 +238,7 @@ def test_a_folder_that_is_not_a_vision_encoder_decoder_is_refused(tmp_path):
     gpt2 = tmp_path / "gpt2"
     tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2)).save_pretrained(gpt2)
     train = ("train-xe", "--workspace", ws, "--model", "hf", "--device", "cpu", "--hf-model")
-    assert "holds a 'gpt2' model, not a VisionEncoderDecoderModel" in refused(ws, *train, gpt2)
+    assert "holds a 'gpt2' model, not an image captioner rdpp reads" in refused(ws, *train, gpt2)
     assert "has no config.json" in refused(ws, *train, tmp_path)
     assert "is not a folder" in refused(ws, *train, tmp_path / "nowhere")
     assert "--model hf needs --hf-model DIR" in refused(ws, *train[:-1])

@@ -177,3 +177,21 @@ def test_init_from_records_the_sizes_it_ran_with_not_the_presets(ws, tmp_path):
     assert cfg["preset"] is None and cfg["sizes_from"] == str(small.path / "checkpoints" / "best.pt")
     assert cfg["recipe"]["preset"] == "paper" and cfg["lr"] == 5e-4 and cfg["lr_decay_every"] == 15
     assert cfg["model_config"]["rnn_size"] == 256  # the small model's, not the paper's 512
+
+
+@pytest.mark.unit
+def test_folder_options_come_from_the_registry_not_training():
+    """A pretrained model's folder option is its registry line's ``folder_option`` (an XEOptions
+    field, declared in training/options.py): no other module of training/ names one, and a folder option given to another model is refused
+    naming the model that reads it."""
+    from rdpp_cli.errors import RdppError
+    from rdpp_cli.training.xe import check_folder_options
+
+    options = {s.folder_option for s in registry.MODELS.values() if s.folder_option}
+    assert options and options <= set(XEOptions.__dataclass_fields__)
+    wrong = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "training").rglob("*.py"))
+             if p.name != "options.py" and any(o in p.read_text() for o in options)]
+    assert not wrong, wrong
+    with pytest.raises(RdppError, match="--hf-model is for --model hf, not --model updown"):
+        check_folder_options(XEOptions(model="updown", hf_model="DIR"))
+    check_folder_options(XEOptions(model="hf", hf_model="DIR"))

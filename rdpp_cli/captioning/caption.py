@@ -98,7 +98,7 @@ def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, 
 def _hf_backbone_of(data: Artifact, folder: Path | None) -> Backbone:
     """The vision encoder of a data artifact made with ``--backbone hf:DIR``: the recorded folder, or
     ``folder`` (``--weights DIR``) where it moved; either must hold the weights file of the recorded sha256."""
-    from rdpp_cli.models.hf import check_same_encoder
+    from rdpp_cli.hf_folder import check_same_encoder
 
     cfg = data.config
     recorded, want = cfg["backbone"][len(HF_PREFIX):], cfg.get("weights_sha256")

@@ -7,7 +7,7 @@ captions (tests/test_export_hf.py). ``rdpp export-hf MODEL DIR`` (OUT as an argu
 - DIR may not be, lie inside or hold what the export reads: the model artifact, the workspace, the
   Hugging Face folder (not even with ``--force``).
 - One run at a time writes DIR: a lock file beside it (``artifacts.lock.locked_beside``).
-- The folder is written in a temporary folder beside DIR, read back (``models.hf.read_back``: every
+- The folder is written in a temporary folder beside DIR, read back (``hf_folder.read_back``: every
   tensor, the generation config and the tokenizer, loaded again and compared with what was written),
   then renamed into place: a refused or failed export leaves DIR as it was.
 - ``rdpp-export.json`` in it records the model artifact, the encoder folder and the sha256 of each

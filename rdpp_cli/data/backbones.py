@@ -161,12 +161,12 @@ class HFEncoder(nn.Module):
 
 
 def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
-    """``hf:DIR``: the vision encoder of a VisionEncoderDecoderModel folder, with its image
+    """``hf:DIR``: the vision encoder of an image captioner's folder (``hf_folder.KINDS``), with its image
     processor's size and normalisation (the images are resized by rdpp's reader, then scaled to
     [0, 1] and normalised with the processor's mean and std)."""
-    from rdpp_cli.models.hf import read_folder, require_transformers, weights_sha256
+    from rdpp_cli.hf_folder import read_folder, require_transformers, vision_config, vision_encoder, weights_sha256
 
-    model, _ = read_folder(folder, option="--backbone hf:")
+    model, _, kind = read_folder(folder, option="--backbone hf:")
     tf = require_transformers()
     try:
         proc = tf.AutoImageProcessor.from_pretrained(folder)
@@ -177,10 +177,10 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
     if image_size is not None and image_size != size:
         raise RdppError(f"--image-size {image_size}: the encoder of {folder} takes {size}×{size} images (its image "
                         "processor); leave --image-size out")
-    module = HFEncoder(model.encoder.eval()).eval()
+    module = HFEncoder(vision_encoder(model, kind).eval()).eval()
     with torch.no_grad():
         fc, att = module(torch.zeros(1, 3, size, size))
-    patch = getattr(model.config.encoder, "patch_size", None)
+    patch = getattr(vision_config(kind, model.config), "patch_size", None)
     grid = size // patch if patch else int(att.shape[1] ** 0.5)
     folder = str(Path(folder).resolve())  # recorded as an absolute path: `rdpp caption` finds it from any folder
     return Backbone(HF_PREFIX + folder, module, int(fc.shape[1]), grid, size,

@@ -31,7 +31,7 @@ from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
 from rdpp_cli.models.base import DropoutMasks, scheduled_logprobs, targets, traceable_dropout
-from rdpp_cli.models.registry import model_spec
+from rdpp_cli.models.registry import MODELS, model_spec
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
@@ -223,8 +223,7 @@ def read_inputs(opts: XEOptions, quiet: bool) -> XEInputs:
         from rdpp_cli.metrics.train_cider import TrainCider
 
         cider = TrainCider.for_data(ds)
-    if opts.hf_model and model_spec(opts.model).folder_option != "hf_model":
-        raise RdppError(f"--hf-model is for --model hf, not --model {opts.model}; pass --model hf or leave --hf-model out")
+    check_folder_options(opts)
     init, where = _init_checkpoint(opts.init_from, opts.workspace, ds, opts.model) if opts.init_from else (None, None)
     return XEInputs(art, ds, val_idx, cider, init, where)
 
@@ -247,6 +246,17 @@ def probe_shape(model: nn.Module, data: DataArtifact, opts: Any, fast: Any) -> P
     image, the data's regions and caption length, and whether the fast path runs."""
     return ProbeShape.of(model, images=opts.batch_size, seq_per_img=opts.seq_per_img, regions=data.att_regions,
                          steps=data.seq_length, fast="on" if fast is not None else "off")
+
+
+def check_folder_options(opts: XEOptions) -> None:
+    """RdppError for a folder option (a registry line's ``folder_option``, such as ``--hf-model``)
+    given with a ``--model`` that does not read it."""
+    for spec in MODELS.values():
+        option = spec.folder_option
+        if option and getattr(opts, option, None) and spec.name != opts.model:
+            flag = "--" + option.replace("_", "-")
+            raise RdppError(f"{flag} is for --model {spec.name}, not --model {opts.model}; pass --model {spec.name} "
+                            f"or leave {flag} out")
 
 
 def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
