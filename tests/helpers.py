@@ -327,6 +327,97 @@ def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int =
     return Path(path)
 
 
+def _tiny_wordpiece(texts: list[str] | None, extra: tuple[str, ...] = ()):
+    """A BERT-style WordPiece tokenizer ([PAD] [UNK] [CLS] [SEP] [MASK], then ``extra``) trained on
+    ``texts`` (default: the tiny data's captions), lower-casing, as a ``PreTrainedTokenizerFast``."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    texts = texts or [t.format(c=c, s=s) for t in TEMPLATES for c in COLOURS for s in SHAPES]
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *extra]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[
+        ("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                      sep_token="[SEP]", mask_token="[MASK]",
+                                      additional_special_tokens=list(extra) or None)
+
+
+def _tiny_vision(cls, dim: int, layers: int):
+    """A tiny vision config of ``cls`` (ViT, BLIP, GIT): 32x32 images in 8x8 patches."""
+    return cls(hidden_size=dim, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=2 * dim,
+               image_size=32, patch_size=8)
+
+
+def tiny_bert_captioner(path: Path, texts: list[str] | None = None, enc_dim: int = 16, dec_dim: int = 32,
+                        layers: int = 2, dropout: float = 0.1, seed: int = 0, positions: int = 64) -> Path:
+    """A tiny random ``VisionEncoderDecoderModel``: a ViT as ``tiny_hf_captioner``'s and a BERT decoder
+    (``BertLMHeadModel``, ``is_decoder`` and ``add_cross_attention``) with a WordPiece tokenizer; the
+    captions start with [CLS] and end with [SEP]."""
+    import transformers as tf
+
+    tok = _tiny_wordpiece(texts)
+    torch.manual_seed(seed)
+    dec = tf.BertConfig(vocab_size=len(tok), hidden_size=dec_dim, num_hidden_layers=layers, num_attention_heads=4,
+                        intermediate_size=2 * dec_dim, max_position_embeddings=positions, is_decoder=True,
+                        add_cross_attention=True, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(_tiny_vision(tf.ViTConfig, enc_dim, layers), dec)
+    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = tok.cls_token_id, tok.pad_token_id, tok.sep_token_id
+    tf.VisionEncoderDecoderModel(config=cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return Path(path)
+
+
+def tiny_blip_captioner(path: Path, texts: list[str] | None = None, enc_dim: int = 16, dec_dim: int = 32,
+                        layers: int = 2, dropout: float = 0.1, seed: int = 0, positions: int = 64) -> Path:
+    """A tiny random ``BlipForConditionalGeneration`` (BlipConfig with tiny vision and text configs)
+    with a WordPiece tokenizer holding BLIP's [DEC] start token; captions end with [SEP]."""
+    import transformers as tf
+
+    tok = _tiny_wordpiece(texts, extra=("[DEC]",))
+    dec_id = tok.convert_tokens_to_ids("[DEC]")
+    torch.manual_seed(seed)
+    text = tf.BlipTextConfig(vocab_size=len(tok), hidden_size=dec_dim, num_hidden_layers=layers, num_attention_heads=4,
+                             intermediate_size=2 * dec_dim, max_position_embeddings=positions, encoder_hidden_size=enc_dim,
+                             hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, bos_token_id=dec_id,
+                             sep_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id)
+    cfg = tf.BlipConfig(text_config=text.to_dict(), vision_config=_tiny_vision(tf.BlipVisionConfig, enc_dim, layers).to_dict(),
+                        projection_dim=16)
+    tf.BlipForConditionalGeneration(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    tf.BlipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return Path(path)
+
+
+def tiny_git_captioner(path: Path, texts: list[str] | None = None, enc_dim: int = 16, dec_dim: int = 32,
+                       layers: int = 2, dropout: float = 0.1, seed: int = 0, positions: int = 64) -> Path:
+    """A tiny random ``GitForCausalLM`` (GitConfig with a tiny vision config) with a WordPiece
+    tokenizer; captions start with [CLS] and end with [SEP], as GIT's do."""
+    import transformers as tf
+
+    tok = _tiny_wordpiece(texts)
+    torch.manual_seed(seed)
+    cfg = tf.GitConfig(vision_config=_tiny_vision(tf.GitVisionConfig, enc_dim, layers).to_dict(), vocab_size=len(tok),
+                       hidden_size=dec_dim, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=2 * dec_dim,
+                       max_position_embeddings=positions, hidden_dropout_prob=dropout,
+                       attention_probs_dropout_prob=dropout, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+                       eos_token_id=tok.sep_token_id)
+    tf.GitForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    tf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(path)
+    return Path(path)
+
+
+TINY_CAPTIONERS = {"gpt2": tiny_hf_captioner, "bert": tiny_bert_captioner, "blip": tiny_blip_captioner,
+                   "git": tiny_git_captioner}
+
+
 class WrappedFile:
     """A file object passed through to ``f`` (a context manager too), for a test to override ``write``
     with a fault: a lost write, a full disk."""
