@@ -10,7 +10,9 @@ gradient still reaches the encoder. docs/api.md shows the ten lines of a loop.
 
 Works with an encoder-decoder model whose forward takes ``encoder_outputs`` and
 ``decoder_input_ids`` (``VisionEncoderDecoderModel``: ViT, DeiT, Swin... encoders with a GPT-2, BERT
-or RoBERTa-style decoder). The log-probs are computed in the mode the model is in: call it in the
+or RoBERTa-style decoder), with ``BlipForConditionalGeneration`` (its ``vision_model`` once per
+image, its ``text_decoder`` over the rows) and with ``GitForCausalLM`` (its ``git.image_encoder``
+once per image; the rows' forward reads those features). The log-probs are computed in the mode the model is in: call it in the
 mode the captions were drawn in (``model.eval()`` for both, or no dropout), so they are the
 probabilities the captions were sampled with.
 """
@@ -66,13 +68,29 @@ def generated_logprobs(model: Any, pixel_values: Tensor, sequences: Any, *, m: i
                         "(generated_logprobs); generate with num_return_sequences=m on the same pixel_values")
     if seqs.shape[1] < 2:
         raise RdppError("sequences hold only the start token (generated_logprobs); generate with max_new_tokens >= 1")
-    encoder = _encoder(model)
-    hidden = encoder(pixel_values=pixel_values)[0]  # once per image
-    encoded = _base_output(hidden.repeat_interleave(int(m), 0))
-    logits = model(encoder_outputs=encoded, decoder_input_ids=seqs[:, :-1]).logits
+    logits = _row_logits(model, pixel_values, seqs[:, :-1], int(m))
     ids = seqs[:, 1:]
     logprobs = logits.log_softmax(-1).gather(-1, ids[..., None])[..., 0]
     return Generated(ids, logprobs, sampled_mask(ids, _end_token(model, eos_token_id)))
+
+
+def _row_logits(model: Any, pixel_values: Tensor, inputs: Tensor, m: int) -> Tensor:
+    """The logits (B*m, T, V) at each of ``inputs`` (B*m, T), the vision encoder run once per image."""
+    kind = type(model).__name__
+    if kind == "BlipForConditionalGeneration":
+        hidden = model.vision_model(pixel_values=pixel_values)[0].repeat_interleave(m, 0)
+        return model.text_decoder(input_ids=inputs, encoder_hidden_states=hidden).logits
+    if kind == "GitForCausalLM":
+        from rdpp_cli.models.hf import GivenFeatures
+
+        hidden = model.git.image_encoder(pixel_values).last_hidden_state.repeat_interleave(m, 0)
+        own, model.git.image_encoder = model.git.image_encoder, GivenFeatures()  # the rows read `hidden`
+        try:
+            return model(pixel_values=hidden[:, None], input_ids=inputs).logits[:, -inputs.shape[1]:]
+        finally:
+            model.git.image_encoder = own
+    hidden = _encoder(model)(pixel_values=pixel_values)[0]  # once per image
+    return model(encoder_outputs=_base_output(hidden.repeat_interleave(m, 0)), decoder_input_ids=inputs).logits
 
 
 def _encoder(model: Any) -> Any:
@@ -80,7 +98,7 @@ def _encoder(model: Any) -> Any:
     encoder = get() if callable(get) else None
     if encoder is None or encoder is model:
         raise RdppError(f"{type(model).__name__} has no separate encoder (generated_logprobs): it takes an "
-                        "encoder-decoder captioner such as VisionEncoderDecoderModel")
+                        "encoder-decoder captioner such as VisionEncoderDecoderModel, a BLIP or a GIT captioner")
     return encoder
 
 
@@ -93,6 +111,8 @@ def _base_output(hidden: Tensor) -> Any:
 def _end_token(model: Any, given: int | Sequence[int] | None) -> int | Sequence[int]:
     if given is not None:
         return given
+    if type(model).__name__ == "BlipForConditionalGeneration":
+        return model.config.text_config.sep_token_id  # what BLIP's generate stops at
     for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None),
                 getattr(getattr(model, "config", None), "decoder", None)):
         eos = getattr(cfg, "eos_token_id", None)

@@ -156,3 +156,83 @@ def test_train_xe_reads_each_kind(kind, tmp_path):
             "--val-images", "2", "--lr", "1e-3", "--device", "cpu"))
     ckpt = load_checkpoint(ws / "xe" / "hf-paper-v1" / "checkpoints" / "best.pt")
     assert ckpt["model_config"]["kind"] == {"bert": "ved"}.get(kind, kind)
+
+
+@pytest.mark.unit
+def test_export_writes_a_folder_transformers_loads_and_generates_rdpps_captions(trained, tmp_path):
+    """``export`` (rdpp export-hf) writes the full model with the trained decoder: loaded by its own
+    transformers class, its ``generate`` on the pixels gives rdpp's greedy captions."""
+    import transformers as tf
+
+    model, _, pixels, att, folder = trained
+    model.export(tmp_path / "out", folder)
+    again = model_class(model.config.kind).from_pretrained(tmp_path / "out").eval()
+    tf.AutoTokenizer.from_pretrained(tmp_path / "out")
+    tf.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        dec = decode(model, att, DecodeConfig(method="greedy", max_len=model.config.seq_length))
+    ours = [model.tokenizer.decode(model.hf_of[t[t > 0]].tolist(), skip_special_tokens=True) for t in dec.tokens[:, 0]]
+    assert ours == _generate(model, again, pixels, num_beams=1)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["gpt2", *KINDS])
+def test_every_stage_with_each_kind(kind, tmp_path):
+    """prepro (--backbone hf:DIR), train-xe, finetune with every reward, sample with every method,
+    score, caption, compare and export-hf, on a tiny random captioner of each kind."""
+    import json
+
+    from helpers import rdpp
+
+    from rdpp_cli.decoding.decode import METHODS
+    from rdpp_cli.training.reward_table import REWARDS
+
+    folder = TINY_CAPTIONERS[kind](tmp_path / "captioner", layers=1)
+    ws = tmp_path / "ws"
+    dev = ("--device", "cpu")
+    ok(rdpp("prepro", "toy", "--workspace", ws, "--backbone", f"hf:{folder}", "--images", "30"))
+    ok(rdpp("train-xe", "--workspace", ws, "--model", "hf", "--hf-model", folder, "--epochs", "1", "--batch-size", "12",
+            "--val-images", "3", "--lr", "1e-3", "--out", ws / "xe" / "m", *dev))
+    for reward in REWARDS:
+        ok(rdpp("finetune", ws / "xe" / "m", "--workspace", ws, "--reward", reward, "--m", "3", "--epochs", "1",
+                "--batch-size", "6", "--val-images", "3", "--out", ws / "ft" / reward, *dev))
+    for method in METHODS:
+        ok(rdpp("sample", ws / "ft" / "dpp", "--workspace", ws, "--method", method, "--n", "2", "--groups", "2",
+                "--max-images", "3", "--out", ws / "samples" / method, *dev))
+        recs = json.loads((ws / "samples" / method / "samples.json").read_text())
+        assert len(recs) == 3 and all(len(r["captions"]) == 2 for r in recs), method
+    ok(rdpp("score", ws / "samples" / "random", "--workspace", ws, "--self-cider"))
+    photos = sorted((ws / "data" / "toy-v1" / "source" / "images").glob("*.png"))[:2]
+    ok(rdpp("caption", *photos, "--from", ws / "ft" / "dpp", "--workspace", ws, "--out", tmp_path / "cap", *dev))
+    assert len(json.loads((tmp_path / "cap" / "results.json").read_text())) == 2
+    ok(rdpp("compare", ws / "samples" / "beam", ws / "samples" / "random", "--labels", "beam,random", "--workspace", ws,
+            "--out", tmp_path / "compare"))
+    ok(rdpp("export-hf", ws / "ft" / "dpp", "--workspace", ws, "--out", tmp_path / "exported"))
+    model_class({"bert": "ved", "gpt2": "ved"}.get(kind, kind)).from_pretrained(tmp_path / "exported")
+
+
+@pytest.mark.unit
+def test_generated_logprobs_of_each_kind_equal_its_forward_with_the_encoder_once(trained):
+    """``objective_hf.generated_logprobs`` on BLIP and GIT as on a VisionEncoderDecoderModel: the
+    log-probs of ``generate``'s sampled rows equal the full forward's on the repeated pixels, the
+    mask ends at the first end token, and the gradient reaches the vision encoder."""
+    from rdpp_cli.objective_hf import generated_logprobs, sampled_mask
+
+    model, hf, pixels, _, _ = trained
+    c = model.config
+    extra = {} if c.kind == "blip" else {"eos_token_id": c.eos_token_id, "pad_token_id": c.eos_token_id}
+    extra.update({"decoder_start_token_id": c.decoder_start_token_id} if c.kind == "ved" else {})
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rows = hf.generate(pixel_values=pixels, do_sample=True, top_k=0, num_return_sequences=2, max_new_tokens=8,
+                           **extra)
+    got = generated_logprobs(hf, pixels, rows, m=2)
+    with torch.no_grad():
+        logits = _their_logits(model, hf, pixels.repeat_interleave(2, 0), rows[:, :-1])
+    want = logits.log_softmax(-1).gather(-1, rows[:, 1:, None])[..., 0]
+    assert (got.logprobs.detach() - want).abs().max() < 1e-5
+    assert torch.equal(got.mask, sampled_mask(rows[:, 1:], c.eos_token_id))
+    hf.zero_grad()
+    (got.logprobs * got.mask).sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision_encoder(hf, c.kind).parameters())
