@@ -79,10 +79,16 @@ class HFCaptionerConfig:
 
 
 class Encoded(NamedTuple):
-    """The images' encoder states as the decoder reads them, one row per caption row after ``expand``."""
+    """The images' encoder states as the decoder reads them, one row per caption row after ``expand``
+    (``per_image`` rows an image), and once per image (``images``, ``image_mask``): the first step,
+    the same start token on every row of an image, runs once per image (the cross-attention keys
+    and values, GIT's image tokens) and is repeated to its rows."""
 
     states: Tensor  # (N, R, D)
     mask: Tensor | None  # (N, R) 1 for a real region, 0 for padding; or None
+    images: Tensor  # (B, R, D)
+    image_mask: Tensor | None  # (B, R)
+    per_image: int = 1
 
 
 class GivenFeatures(nn.Module):
@@ -119,6 +125,21 @@ def _fit_limits(path: Path, text_cfg, tokens: int, seq_length: int) -> int:
              f"{seq_length} tokens needs; captions are decoded to at most {limit - 1} tokens")
         seq_length = limit - 1
     return seq_length
+
+
+def _dynamic_cache(pairs: list[tuple[Tensor, Tensor]]):
+    """A ``DynamicCache`` holding each layer's (keys, values) as they are (``DynamicCache(pairs)``
+    would copy them into its layers)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in pairs:
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
 
 
 class HFCaptioner(nn.Module):
@@ -243,14 +264,16 @@ class HFCaptioner(nn.Module):
                drop: DropoutMasks | None = None) -> Encoded:
         """The B images' encoder states as the decoder reads them (once per image)."""
         states = self.enc_to_dec_proj(att) if self.enc_to_dec_proj is not None else att
-        return Encoded(states, None if att_mask is None else att_mask.long())
+        mask = None if att_mask is None else att_mask.long()
+        return Encoded(states, mask, states, mask)
 
     @staticmethod
     def expand(enc: Encoded, n: int) -> Encoded:
         """Each image serving n rows (row b*n + j is image b)."""
         if n == 1:
             return enc
-        return Encoded(enc.states.repeat_interleave(n, 0), None if enc.mask is None else enc.mask.repeat_interleave(n, 0))
+        return enc._replace(states=enc.states.repeat_interleave(n, 0), per_image=enc.per_image * n,
+                            mask=None if enc.mask is None else enc.mask.repeat_interleave(n, 0))
 
     def init_state(self, rows: int) -> tuple[Tensor, ...]:
         """No cache yet: only the step counter, a (rows, t) tensor of t tokens fed so far."""
@@ -260,11 +283,19 @@ class HFCaptioner(nn.Module):
              ) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Log-probs (N, V+1) of the next token after feeding rdpp ids ``it`` (N,) (the start token
         at the first step), and the cache extended by it."""
-        t0 = state[0].shape[1]
-        ids = (torch.full_like(it, self.config.decoder_start_token_id) if t0 == 0 else self.hf_of[it]).unsqueeze(1)
+        t0, N = state[0].shape[1], it.shape[0]
+        counter = state[0].new_zeros(N, t0 + 1)
         with self._dropout(drop):
+            if t0 == 0 and enc.per_image > 1 and not (self.decoder.training and drop is None):
+                # the start token on every row: once per image, then repeated to its rows
+                once = Encoded(enc.images, enc.image_mask, enc.images, enc.image_mask)
+                ids = it.new_full((enc.images.shape[0], 1), self.config.decoder_start_token_id)
+                logits, cache = self._run(ids, once, self._cache(()), 0)
+                rows = tuple(t.repeat_interleave(enc.per_image, 0) for t in self._tensors(cache))
+                return self._logprobs(logits[:, -1]).repeat_interleave(enc.per_image, 0), (counter, *rows)
+            ids = (torch.full_like(it, self.config.decoder_start_token_id) if t0 == 0 else self.hf_of[it]).unsqueeze(1)
             logits, cache = self._run(ids, enc, self._cache(state[1:]), t0)
-        return self._logprobs(logits[:, -1]), (state[0].new_zeros(it.shape[0], t0 + 1), *self._tensors(cache))
+        return self._logprobs(logits[:, -1]), (counter, *self._tensors(cache))
 
     def forward(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                 drop: DropoutMasks | None = None, fc: Tensor | None = None) -> Tensor:
@@ -314,13 +345,13 @@ class HFCaptioner(nn.Module):
 
     def _cache(self, tensors: tuple[Tensor, ...]):
         """The library's cache holding ``tensors`` (``_tensors``' layout); empty for none."""
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import EncoderDecoderCache
 
         pairs = list(zip(tensors[0::2], tensors[1::2]))
         if not self.cross:
-            return DynamicCache(pairs or None)
+            return _dynamic_cache(pairs)
         half = len(pairs) // 2
-        return EncoderDecoderCache(DynamicCache(pairs[:half] or None), DynamicCache(pairs[half:] or None))
+        return EncoderDecoderCache(_dynamic_cache(pairs[:half]), _dynamic_cache(pairs[half:]))
 
     def _tensors(self, cache) -> tuple[Tensor, ...]:
         """The cache as a flat tuple: each layer's self-attention keys, values (N, h, t, d_k), then
