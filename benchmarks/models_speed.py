@@ -5,7 +5,8 @@ inputs, same process; rdpp's fast path (``--fast``) against its eager step. Also
 "Precision"); ``select``, ``rdpp sample --select`` against drawing the candidates and the batched
 greedy MAP step against a per-image numpy loop, checked to choose the same items; ``draw``,
 ``decode._draw`` against ``torch.multinomial`` (checked to draw alike) and nucleus sampling's two paths.
-``--model hf``: ``decode,score,replay`` against the same steps written with ``transformers``.
+``--model hf [--hf-kind gpt2|bert|blip|git]``: ``decode,score,replay`` against the same steps written
+with ``transformers`` (a ViT + GPT-2 or + BERT VisionEncoderDecoderModel, BLIP, GIT).
 
 Rows (``--what``): ``xe``, ``scst`` and ``dpp`` (timed in their parts), ``decode`` (``--methods``).
 Checked first, a failed check stops the script; then ``timing.steps`` (warm-up, FLOPs, peak memory,
@@ -14,7 +15,8 @@ runs on each side and what is checked to which tolerance.
 
     python benchmarks/models_speed.py --model att2in|updown|transformer [--what xe,scst,dpp,decode|numerics|select|draw]
         [--precision fp32,bf16] [--fast fast,fast-default] [--batch 50] [--repeat 3] [--device cpu|cuda] ...   # --help
-    python benchmarks/models_speed.py --model hf [--what decode,score,replay] [--batch 16] [--repeat 3] [--threads 1]
+    python benchmarks/models_speed.py --model hf [--hf-kind gpt2|bert|blip|git] [--what decode,score,replay] [--batch 16]
+        [--repeat 3] [--threads 1]
     python benchmarks/models_speed.py --summary LOG...   # the table cuda_check.sh ends with
 
 Memory: the peer's Transformer repeats the features per caption before its encoder (``--batch`` smaller on a small card).
@@ -644,9 +646,13 @@ HF_SIZES = {False: dict(regions=50, width=256, layers=4, vocab=5000), True: dict
 HF_LEN = 20  # at most this many tokens a caption
 
 
-def hf_pair(quick: bool, folder: Path, eos_scale: float = 3.0):
-    """A random ViT + GPT-2 (cross-attention) ``VisionEncoderDecoderModel``, the end token's logit
-    raised through its tied embedding row (captions of ~18 tokens), and rdpp's ``HFCaptioner`` of it."""
+HF_KINDS = ("gpt2", "bert", "blip", "git")
+
+
+def hf_pair(quick: bool, folder: Path, kind: str = "gpt2", eos_scale: float = 3.0):
+    """A random captioner of ``kind`` (a ViT + GPT-2 or + BERT ``VisionEncoderDecoderModel``, a BLIP,
+    a GIT) whose decoder is ``HF_SIZES``' size, the end token's output row raised (captions of ~18
+    tokens), and rdpp's ``HFCaptioner`` of it. One token, the last id, starts and ends a caption."""
     import transformers as tf
     from tokenizers import Tokenizer, models
 
@@ -654,19 +660,30 @@ def hf_pair(quick: bool, folder: Path, eos_scale: float = 3.0):
 
     torch.manual_seed(0)
     z = HF_SIZES[quick]
-    W, V = z["width"], z["vocab"]
-    enc = tf.ViTConfig(hidden_size=W, num_hidden_layers=1, num_attention_heads=4, intermediate_size=2 * W,
-                       image_size=32, patch_size=8)
-    dec = tf.GPT2Config(vocab_size=V, n_positions=128, n_embd=W, n_layer=z["layers"], n_head=4,
-                        add_cross_attention=True, is_decoder=True, bos_token_id=V - 1, eos_token_id=V - 1)
-    cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
-    cfg.decoder_start_token_id = cfg.pad_token_id = cfg.eos_token_id = V - 1
-    hf = tf.VisionEncoderDecoderModel(config=cfg)
+    W, V, L = z["width"], z["vocab"], z["layers"]
+    end = V - 1
+    vision = dict(hidden_size=W, num_hidden_layers=1, num_attention_heads=4, intermediate_size=2 * W, image_size=32,
+                  patch_size=8)
+    bert = dict(vocab_size=V, hidden_size=W, num_hidden_layers=L, num_attention_heads=4, intermediate_size=4 * W,
+                max_position_embeddings=128, pad_token_id=0, bos_token_id=end, eos_token_id=end)
+    if kind in ("gpt2", "bert"):
+        dec = (tf.GPT2Config(vocab_size=V, n_positions=128, n_embd=W, n_layer=L, n_head=4, add_cross_attention=True,
+                             is_decoder=True, bos_token_id=end, eos_token_id=end) if kind == "gpt2"
+               else tf.BertConfig(**bert, is_decoder=True, add_cross_attention=True))
+        cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(tf.ViTConfig(**vision), dec)
+        cfg.decoder_start_token_id = cfg.pad_token_id = cfg.eos_token_id = end
+        hf = tf.VisionEncoderDecoderModel(config=cfg)
+    elif kind == "blip":
+        text = tf.BlipTextConfig(**bert, sep_token_id=end, encoder_hidden_size=W)
+        hf = tf.BlipForConditionalGeneration(tf.BlipConfig(text_config=text.to_dict(), vision_config=vision))
+    else:
+        hf = tf.GitForCausalLM(tf.GitConfig(vision_config=vision, **{k: v for k, v in bert.items()}))
     with torch.no_grad():
-        hf.decoder.transformer.wte.weight[V - 1] *= eos_scale
+        out = hf.text_decoder if kind == "blip" else hf
+        out.get_output_embeddings().weight[end] *= eos_scale
     tok = tf.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
-        {f"w{i}": i for i in range(V - 1)} | {"<|endoftext|>": V - 1}, unk_token="<|endoftext|>")),
-        eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+        {f"w{i}": i for i in range(end)} | {"<end>": end}, unk_token="<end>")),
+        eos_token="<end>", bos_token="<end>", sep_token="<end>", cls_token="<end>")
     hf.save_pretrained(folder)
     tok.save_pretrained(folder)
     return HFCaptioner.from_folder(folder, seq_length=HF_LEN), hf.eval()
@@ -674,20 +691,34 @@ def hf_pair(quick: bool, folder: Path, eos_scale: float = 3.0):
 
 def hf_sides(ours, hf, B: int, regions: int) -> tuple[dict, dict]:
     """Each ``--what`` step as (rdpp, transformers) over the same inputs, after the check that rdpp's
-    eval-mode log-probs are within 1e-4 of the model's forward (SystemExit otherwise)."""
+    eval-mode log-probs are within 1e-4 of the model's forward (SystemExit otherwise). transformers'
+    side is fed the same att features: ``encoder_outputs`` (VisionEncoderDecoderModel), BLIP's
+    ``text_decoder`` with ``encoder_hidden_states``, GIT with its image encoder replaced by the
+    features (``GivenFeatures``, as rdpp's model)."""
     from transformers.modeling_outputs import BaseModelOutput as Out
 
-    att = torch.randn(B, regions, hf.config.encoder.hidden_size, generator=torch.Generator().manual_seed(1))
+    from rdpp_cli.models.hf import GivenFeatures
+
+    kind = ours.config.kind
+    if kind == "git":
+        hf.git.image_encoder = GivenFeatures()
+    att = torch.randn(B, regions, ours.config.att_feat_size, generator=torch.Generator().manual_seed(1))
     start, cfg = ours.config.decoder_start_token_id, DecodeConfig(method="random", n=M, max_len=HF_LEN)
     with torch.no_grad():
         seqs = decode(ours, att, cfg, generator=torch.Generator().manual_seed(2)).tokens.reshape(B * M, -1)
-    ids, rows = torch.cat([torch.full((B * M, 1), start), ours.hf_of[seqs]], 1), Out(att.repeat_interleave(M, 0))
-    target = torch.cat([ids[:, 1:], torch.full((B * M, 1), start)], 1)
+    ids, rows = torch.cat([torch.full((B * M, 1), start), ours.hf_of[seqs]], 1), att.repeat_interleave(M, 0)
+    target = torch.cat([ids[:, 1:], torch.full((B * M, 1), ours.config.eos_token_id)], 1)
+
+    def forward(states, inputs):
+        if kind == "ved":
+            return hf(encoder_outputs=Out(states), decoder_input_ids=inputs).logits
+        if kind == "blip":
+            return hf.text_decoder(input_ids=inputs, encoder_hidden_states=states).logits
+        return hf(pixel_values=states[:, None], input_ids=inputs).logits[:, -inputs.shape[1]:]
 
     def theirs_logp(grad: bool):
         with torch.set_grad_enabled(grad):
-            logits = hf(encoder_outputs=rows, decoder_input_ids=ids).logits
-            return torch.log_softmax(logits.float(), -1).gather(2, target.unsqueeze(2)).squeeze(2)
+            return torch.log_softmax(forward(rows, ids).float(), -1).gather(2, target.unsqueeze(2)).squeeze(2)
 
     with torch.no_grad():
         ours_target = torch.cat([seqs, seqs.new_zeros(B * M, 1)], 1)
@@ -697,16 +728,23 @@ def hf_sides(ours, hf, B: int, regions: int) -> tuple[dict, dict]:
         raise SystemExit(f"rdpp --model hf and transformers' log-probs differ by {diff:.1e}; not timed")
     drop = ours.draw_dropout(B, B * M, HF_LEN + 1, regions, generator=torch.Generator().manual_seed(3))
 
-    def replay(model, loss):
-        model.train()
+    def replay(model, loss):  # both sides without dropout, the on-policy rule of docs/model.md
         loss().sum().neg().backward()
         model.zero_grad(set_to_none=True)
-        model.eval()
 
-    gen = dict(do_sample=True, top_k=0, num_return_sequences=M, max_new_tokens=HF_LEN + 1, decoder_start_token_id=start,
-               eos_token_id=start, pad_token_id=start)
+    end = ours.config.eos_token_id
+    gen = dict(do_sample=True, top_k=0, num_return_sequences=M, max_new_tokens=HF_LEN + 1, eos_token_id=end,
+               pad_token_id=end)
+
+    def generate():
+        if kind == "ved":
+            return hf.generate(encoder_outputs=Out(att), decoder_start_token_id=start, **gen)
+        if kind == "blip":
+            return hf.text_decoder.generate(input_ids=torch.full((B, 1), start), encoder_hidden_states=att, **gen)
+        return hf.generate(pixel_values=att[:, None], **gen)
+
     no_grad = torch.no_grad()
-    sides = {"decode": (no_grad(lambda: decode(ours, att, cfg)), no_grad(lambda: hf.generate(encoder_outputs=Out(att), **gen))),
+    sides = {"decode": (no_grad(lambda: decode(ours, att, cfg)), no_grad(generate)),
              "score": (no_grad(lambda: ours.token_logprobs(att, seqs)), lambda: theirs_logp(False)),
              "replay": (lambda: replay(ours, lambda: ours.token_logprobs(att, seqs, drop=drop)[0]),
                         lambda: replay(hf, lambda: theirs_logp(True)))}
@@ -717,7 +755,7 @@ def hf_rows(a: argparse.Namespace) -> None:
     """``--model hf``: each asked step once untimed, then ``--repeat`` interleaved runs a side; medians."""
     z = HF_SIZES[a.quick]
     with tempfile.TemporaryDirectory(prefix="rdpp-bench-hf-") as tmp:
-        ours, hf = hf_pair(a.quick, Path(tmp))
+        ours, hf = hf_pair(a.quick, Path(tmp), a.hf_kind)
     sides, check = hf_sides(ours, hf, a.batch, z["regions"])
     rows = []
     for name in a.what:
@@ -726,11 +764,11 @@ def hf_rows(a: argparse.Namespace) -> None:
         r, h = interleaved(fns, a.repeat).values()
         rows.append([name, r.ms(), h.ms(), f"{h.median / r.median:.2f}x"])
     print_table(f"{machine()}; torch threads {torch.get_num_threads()}; {a.batch} images x {M} captions (mean "
-                f"{check['tokens']:.1f} tokens), {z['regions']} x {z['width']} encoder states, GPT-2 {z['layers']} "
+                f"{check['tokens']:.1f} tokens), {z['regions']} x {z['width']} encoder states, {a.hf_kind} {z['layers']} "
                 f"layers x {z['width']}, vocabulary {z['vocab']}; log-probs within {check['logprob']:.1e}; medians of "
                 f"{a.repeat} interleaved runs", ["step", "rdpp --model hf", "transformers", "ratio"], rows)
     if a.json:
-        print(json.dumps({"benchmark": "models_speed hf", "machine": machine_info(), "checks": check, "rows": rows}))
+        print(json.dumps({"benchmark": "models_speed hf", "kind": a.hf_kind, "machine": machine_info(), "checks": check, "rows": rows}))
 
 
 # -- the command line, the report ----------------------------------------------------------------------
@@ -742,7 +780,9 @@ def split(s: str) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--model", choices=[*sorted(peer.PEER_CLASS), "hf"], help="the rdpp model timed against the "
-                    "peer's (hf: against transformers' VisionEncoderDecoderModel, --what decode,score,replay)")
+                    "peer's (hf: against transformers' own model, --what decode,score,replay)")
+    ap.add_argument("--hf-kind", choices=HF_KINDS, default="gpt2", help="--model hf: the kind of captioner "
+                    "(VisionEncoderDecoderModel with a GPT-2 or BERT decoder, BLIP, GIT)")
     ap.add_argument("--what", type=split, help=f"comma-separated, of {', '.join(ALL)} (against the peer); "
                     "numerics (bf16 against fp32, the on-policy replay; exit 1 on a FAIL); select (rdpp sample --select "
                     "against drawing); draw (_draw against torch.multinomial, nucleus sampling's two paths)")

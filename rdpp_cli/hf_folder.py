@@ -120,12 +120,13 @@ def end_token(kind: str, config, tokenizer) -> int | None:
 
 
 def start_token(kind: str, config, tokenizer) -> int:
-    """The first input of every caption: BLIP's text ``bos_token_id``, GIT's tokenizer's [CLS], a
-    VisionEncoderDecoderModel's ``decoder_start_token_id`` (else its decoder's bos, else the end token)."""
+    """The first input of every caption: BLIP's text ``bos_token_id``, GIT's ``bos_token_id`` (else its
+    tokenizer's [CLS]), a VisionEncoderDecoderModel's ``decoder_start_token_id`` (else its decoder's
+    bos, else the end token): what each kind's ``generate`` starts with."""
     if kind == "blip":
         return int(config.text_config.bos_token_id)
     if kind == "git":
-        return int(getattr(tokenizer, "cls_token_id", None) or config.bos_token_id)
+        return int(config.bos_token_id if config.bos_token_id is not None else tokenizer.cls_token_id)
     start = config.decoder_start_token_id
     if start is None:
         start = config.decoder.bos_token_id if config.decoder.bos_token_id is not None else end_token(kind, config,

@@ -414,6 +414,24 @@ def tiny_git_captioner(path: Path, texts: list[str] | None = None, enc_dim: int 
     return Path(path)
 
 
+def fit_hf_captions(model, att, captions: list[str], steps: int = 40) -> None:
+    """Fit an ``HFCaptioner``'s decoder for ``steps`` Adam steps to one caption per image of ``att``
+    (teacher forcing, in train mode; left in eval mode), so that its captions end with the end token."""
+    bridge = model.bridge(["a"], 8)
+    labels = bridge.tokenizer(captions, add_special_tokens=False)["input_ids"]
+    seqs = torch.zeros(len(captions), max(map(len, labels)), dtype=torch.long)
+    for i, ids in enumerate(labels):
+        seqs[i, :len(ids)] = torch.from_numpy(bridge.rdpp_of_ids(ids))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        lp, mask = model.token_logprobs(att, seqs)
+        opt.zero_grad()
+        (-lp.sum() / mask.sum()).backward()
+        opt.step()
+    model.eval()
+
+
 TINY_CAPTIONERS = {"gpt2": tiny_hf_captioner, "bert": tiny_bert_captioner, "blip": tiny_blip_captioner,
                    "git": tiny_git_captioner}
 

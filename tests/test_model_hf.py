@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import tiny_hf_captioner  # noqa: E402
+from helpers import fit_hf_captions, tiny_hf_captioner  # noqa: E402
 
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.models.base import stepwise_logprobs  # noqa: E402
@@ -36,18 +36,7 @@ def trained(folder):
     torch.manual_seed(0)
     model = HFCaptioner.from_folder(folder, seq_length=24)
     att = torch.randn(4, 17, 16)
-    labels = model.bridge(["a"], 8).tokenizer(CAPTIONS, add_special_tokens=False)["input_ids"]
-    seqs = torch.zeros(4, max(map(len, labels)), dtype=torch.long)
-    for i, ids in enumerate(labels):
-        seqs[i, :len(ids)] = torch.from_numpy(model.bridge(["a"], 8).rdpp_of_ids(ids))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(40):
-        lp, mask = model.token_logprobs(att, seqs)
-        opt.zero_grad()
-        (-lp.sum() / mask.sum()).backward()
-        opt.step()
-    model.eval()
+    fit_hf_captions(model, att, CAPTIONS)
     hf = tf.VisionEncoderDecoderModel.from_pretrained(folder).eval()
     hf.decoder.load_state_dict(model.decoder.state_dict())
     hf.enc_to_dec_proj.load_state_dict(model.enc_to_dec_proj.state_dict())

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import TINY_CAPTIONERS  # noqa: E402
+from helpers import TINY_CAPTIONERS, fit_hf_captions  # noqa: E402
 
 from rdpp_cli.decoding.decode import DecodeConfig, decode  # noqa: E402
 from rdpp_cli.hf_folder import model_class, vision_encoder  # noqa: E402
@@ -37,19 +37,7 @@ def trained(request, tmp_path_factory):
     pixels = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         att = vision_encoder(hf, model.config.kind)(pixel_values=pixels).last_hidden_state
-    bridge = model.bridge(["a"], 8)
-    labels = bridge.tokenizer(CAPTIONS, add_special_tokens=False)["input_ids"]
-    seqs = torch.zeros(4, max(map(len, labels)), dtype=torch.long)
-    for i, ids in enumerate(labels):
-        seqs[i, :len(ids)] = torch.from_numpy(bridge.rdpp_of_ids(ids))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(40):
-        lp, mask = model.token_logprobs(att, seqs)
-        opt.zero_grad()
-        (-lp.sum() / mask.sum()).backward()
-        opt.step()
-    model.eval()
+    fit_hf_captions(model, att, CAPTIONS)
     model._save_into(hf)
     return model, hf, pixels, att, folder
 

@@ -50,7 +50,8 @@ class ExportHFOptions(Options):
 
     model: str | None = argument("Model artifact (name or path) of a --model hf run.", required=True, from_alias=True)
     target: Path | None = argument("Same as --out (rdpp export-hf MODEL OUT).", cli={"metavar": "OUT"})
-    out: Path | None = option(None, "The folder to write (VisionEncoderDecoderModel.from_pretrained loads it).",
+    out: Path | None = option(None, "The folder to write (the captioner's class, e.g. VisionEncoderDecoderModel, "
+                              "loads it with from_pretrained).",
                               identity=False, record=False)
     hf_model: str | None = option(None, "The save_pretrained folder whose vision encoder and image processor go with "
                                   "the decoder (default: the one the model was trained from).")

@@ -305,11 +305,12 @@ class HFCaptioner(nn.Module):
     def token_logprobs(self, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
                        drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``sequence_logprobs(self(att, seqs), seqs)``: (token_logp, mask), both (N, L+1), without
-        reordering the whole output: the target's logit (at its Hugging Face id) minus the logsumexp."""
+        reordering the whole output: minus the cross-entropy at the target's Hugging Face id (one
+        fused log-softmax and gather, forward and backward)."""
         seqs = seqs.reshape(-1, seqs.shape[-1])
         target, mask = targets(seqs)
         logits = self._teacher_forced(att, seqs, att_mask, drop).float()
-        logp = logits.gather(2, self.hf_of[target].unsqueeze(2)).squeeze(2) - logits.logsumexp(-1)
+        logp = -F.cross_entropy(logits.flatten(0, 1), self.hf_of[target].flatten(), reduction="none").view(target.shape)
         mask = mask.to(logp.dtype)
         return logp * mask, mask
 

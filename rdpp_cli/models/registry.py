@@ -136,12 +136,12 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
                        "finetune": {"paper": {"epochs": 35, "batch_size": 10, "lr": 1e-5, "lr_decay_every": 0,
                                               "lr_decay_rate": 0.8, "lr_schedule": "plateau"},
                                     "small": {**_FT_SMALL, "lr": 3e-4}}}),
-    # a pretrained Hugging Face VisionEncoderDecoderModel (ViT-GPT2 style), read from a folder
+    # a pretrained Hugging Face captioner (VisionEncoderDecoderModel, BLIP, GIT), read from a folder
     # (``train-xe --model hf --hf-model DIR``: ``HFCaptioner.from_folder``), not built from sizes. No
     # published R-DPP recipe exists for it: rdpp continues a pretrained decoder with a small learning rate
-    # and few epochs, the usual practice for fine-tuning a pretrained GPT-2 (docs/training.md)
+    # and few epochs, the usual practice for fine-tuning a pretrained language decoder (docs/training.md)
     ModelSpec("hf", "rdpp_cli.models.hf:HFCaptioner", "rdpp_cli.models.hf:HFCaptionerConfig", "HF captioner",
-              "a pretrained Hugging Face VisionEncoderDecoderModel, --hf-model DIR",
+              "a pretrained Hugging Face captioner, --hf-model DIR",
               sizes={"paper": {}, "small": {}},
               recipes={"train-xe": {p: {**_XE_SMALL, "epochs": 3, "batch_size": 16, "lr": 2e-5, "lr_decay_every": 0}
                                     for p in PRESETS},

@@ -189,8 +189,9 @@ class XEOptions(TrainLoopOptions):
     model: str = option(DEFAULT_MODEL, f"Captioner: {models_help()} (docs/model.md).",
                         check=_model)
     hf_model: str | None = option(
-        None, "--model hf: the local save_pretrained folder of a Hugging Face VisionEncoderDecoderModel (ViT-GPT2 "
-        "style) to continue; its weights, config and tokenizer go into the checkpoints.")
+        None, "--model hf: the local save_pretrained folder of a Hugging Face captioner to continue (a "
+        "VisionEncoderDecoderModel, BlipForConditionalGeneration or GitForCausalLM); its decoder's weights, config and "
+        "tokenizer go into the checkpoints.")
     preset: str = option("paper", "Model size and training recipe: paper (the published ones of --model) or small "
                          "(CPU, the bundled data); options given explicitly win (docs/training.md).",
                          check=one_of(*MODEL_PRESETS, what="a preset"))
