@@ -1,7 +1,8 @@
 """The Hugging Face captioner (``--model hf``, rdpp_cli/models/hf.py) against ``transformers``' own
 ``VisionEncoderDecoderModel`` with the same weights: teacher-forced log-probs to 1e-5 (fp32, eval),
 greedy and beam-3 captions equal to ``generate``'s on the same encoder outputs; the cached steps
-against the one-pass forward; the on-policy replay of a sampling pass's dropout; the token bridge.
+against the one-pass forward; the on-policy rule (a pass given a sampling pass's masks runs without
+dropout); the token bridge.
 Tiny random configs built in the test (helpers.tiny_hf_captioner): no download."""
 
 from __future__ import annotations
