@@ -228,3 +228,48 @@ def test_generated_logprobs_of_each_kind_equal_its_forward_with_the_encoder_once
     hf.zero_grad()
     (got.logprobs * got.mask).sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in vision_encoder(hf, c.kind).parameters())
+
+
+@pytest.mark.integration
+def test_a_folder_of_no_captioner_kind_is_refused_in_one_line(tmp_path):
+    """A BLIP folder of another head (question answering) and a VisionEncoderDecoderModel whose
+    decoder has no cross-attention are refused by prepro and train-xe, nothing written."""
+    import json
+
+    from helpers import error_line, listing, rdpp, write_tiny_data
+
+    ws = tmp_path / "ws"
+    write_tiny_data(ws / "data" / "tiny-v1", n_train=8, n_val=2, n_test=2, dim=16)
+    vqa = TINY_CAPTIONERS["blip"](tmp_path / "vqa", layers=1)
+    cfg = json.loads((vqa / "config.json").read_text())
+    (vqa / "config.json").write_text(json.dumps({**cfg, "architectures": ["BlipForQuestionAnswering"]}))
+    plain = TINY_CAPTIONERS["bert"](tmp_path / "plain", layers=1)
+    cfg = json.loads((plain / "config.json").read_text())
+    cfg["decoder"]["add_cross_attention"] = False
+    (plain / "config.json").write_text(json.dumps(cfg))
+    before = listing(ws)
+    train = ("train-xe", "--workspace", ws, "--model", "hf", "--device", "cpu", "--hf-model")
+    assert "holds a BlipForQuestionAnswering, not a BlipForConditionalGeneration" in error_line(rdpp(*train, vqa))
+    assert "is not a causal language model with cross-attention" in error_line(rdpp(*train, plain))
+    line = error_line(rdpp("prepro", "toy", "--workspace", ws, "--backbone", f"hf:{plain}", "--images", "30"))
+    assert line.startswith(f"error: --backbone hf:{plain}: its decoder ('bert')"), line
+    assert listing(ws) == before
+
+
+@pytest.mark.integration
+def test_a_checkpoint_without_a_kind_reads_as_a_vision_encoder_decoder(tmp_path):
+    """Checkpoints written before the kinds (no ``kind`` in their config) are ViT + GPT-2 models."""
+    import dataclasses
+
+    from rdpp_cli.models.checkpoint import load_model, save_checkpoint
+
+    model = HFCaptioner.from_folder(TINY_CAPTIONERS["gpt2"](tmp_path / "gpt2", layers=1), seq_length=6)
+    save_checkpoint(tmp_path / "m.pt", model, ["a", "b"])
+    ckpt = torch.load(tmp_path / "m.pt", weights_only=False)
+    del ckpt["model_config"]["kind"]
+    torch.save(ckpt, tmp_path / "old.pt")
+    old, _, _ = load_model(tmp_path / "old.pt")
+    assert old.config.kind == "ved" and dataclasses.asdict(old.config) == dataclasses.asdict(model.config)
+    att = torch.randn(2, 17, 16)
+    with torch.no_grad():
+        assert torch.equal(old(att, torch.tensor([[3, 4, 0], [5, 0, 0]])), model(att, torch.tensor([[3, 4, 0], [5, 0, 0]])))
