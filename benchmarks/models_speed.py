@@ -768,7 +768,8 @@ def hf_rows(a: argparse.Namespace) -> None:
                 f"layers x {z['width']}, vocabulary {z['vocab']}; log-probs within {check['logprob']:.1e}; medians of "
                 f"{a.repeat} interleaved runs", ["step", "rdpp --model hf", "transformers", "ratio"], rows)
     if a.json:
-        print(json.dumps({"benchmark": "models_speed hf", "kind": a.hf_kind, "machine": machine_info(), "checks": check, "rows": rows}))
+        print(json.dumps({"benchmark": "models_speed hf", "kind": a.hf_kind, "machine": machine_info(), "checks": check,
+                          "rows": rows}))
 
 
 # -- the command line, the report ----------------------------------------------------------------------

@@ -12,8 +12,8 @@ Works with an encoder-decoder model whose forward takes ``encoder_outputs`` and
 ``decoder_input_ids`` (``VisionEncoderDecoderModel``: ViT, DeiT, Swin... encoders with a GPT-2, BERT
 or RoBERTa-style decoder), with ``BlipForConditionalGeneration`` (its ``vision_model`` once per
 image, its ``text_decoder`` over the rows) and with ``GitForCausalLM`` (its ``git.image_encoder``
-once per image; the rows' forward reads those features). The log-probs are computed in the mode the model is in: call it in the
-mode the captions were drawn in (``model.eval()`` for both, or no dropout), so they are the
+once per image; the rows' forward reads those features). The log-probs are computed in the mode
+the model is in: call it in the mode the captions were drawn in (``model.eval()`` for both, or no dropout), so they are the
 probabilities the captions were sampled with.
 """
 

@@ -387,8 +387,8 @@ def tiny_blip_captioner(path: Path, texts: list[str] | None = None, enc_dim: int
                              intermediate_size=2 * dec_dim, max_position_embeddings=positions, encoder_hidden_size=enc_dim,
                              hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, bos_token_id=dec_id,
                              sep_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id)
-    cfg = tf.BlipConfig(text_config=text.to_dict(), vision_config=_tiny_vision(tf.BlipVisionConfig, enc_dim, layers).to_dict(),
-                        projection_dim=16)
+    vision = _tiny_vision(tf.BlipVisionConfig, enc_dim, layers)
+    cfg = tf.BlipConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=16)
     tf.BlipForConditionalGeneration(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     tf.BlipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)

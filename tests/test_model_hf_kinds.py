@@ -71,7 +71,8 @@ def _generate(model, hf, pixels, **kw):
     extra = {"decoder_start_token_id": c.decoder_start_token_id} if c.kind == "ved" else {}
     if c.kind != "blip":  # BLIP's generate sets its own: [SEP] and [PAD]
         extra.update(eos_token_id=c.eos_token_id, pad_token_id=c.eos_token_id)
-    out = hf.generate(pixel_values=pixels, max_new_tokens=c.seq_length + 1, do_sample=False, length_penalty=0.0, early_stopping=False,
+    out = hf.generate(pixel_values=pixels, max_new_tokens=c.seq_length + 1, do_sample=False, length_penalty=0.0,
+                      early_stopping=False,
                       **extra, **kw)
     return [model.tokenizer.decode(row[1:], skip_special_tokens=True) for row in out]
 
@@ -271,5 +272,6 @@ def test_a_checkpoint_without_a_kind_reads_as_a_vision_encoder_decoder(tmp_path)
     old, _, _ = load_model(tmp_path / "old.pt")
     assert old.config.kind == "ved" and dataclasses.asdict(old.config) == dataclasses.asdict(model.config)
     att = torch.randn(2, 17, 16)
+    seqs = torch.tensor([[3, 4, 0], [5, 0, 0]])
     with torch.no_grad():
-        assert torch.equal(old(att, torch.tensor([[3, 4, 0], [5, 0, 0]])), model(att, torch.tensor([[3, 4, 0], [5, 0, 0]])))
+        assert torch.equal(old(att, seqs), model(att, seqs))

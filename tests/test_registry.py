@@ -182,8 +182,8 @@ def test_init_from_records_the_sizes_it_ran_with_not_the_presets(ws, tmp_path):
 @pytest.mark.unit
 def test_folder_options_come_from_the_registry_not_training():
     """A pretrained model's folder option is its registry line's ``folder_option`` (an XEOptions
-    field, declared in training/options.py): no other module of training/ names one, and a folder option given to another model is refused
-    naming the model that reads it."""
+    field, declared in training/options.py): no other module of training/ names one, and a folder
+    option given to another model is refused    naming the model that reads it."""
     from rdpp_cli.errors import RdppError
     from rdpp_cli.training.xe import check_folder_options
 

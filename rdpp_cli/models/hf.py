@@ -157,7 +157,8 @@ class HFCaptioner(nn.Module):
         self.enc_to_dec_proj = None
         if c.kind == "ved":
             self.decoder = tf.AutoModelForCausalLM.from_config(tcfg)
-            if full.encoder.hidden_size != tcfg.hidden_size and getattr(tcfg, "cross_attention_hidden_size", None) is None:
+            own_width = getattr(tcfg, "cross_attention_hidden_size", None) is not None
+            if full.encoder.hidden_size != tcfg.hidden_size and not own_width:
                 self.enc_to_dec_proj = nn.Linear(full.encoder.hidden_size, tcfg.hidden_size)
         elif c.kind == "blip":
             from transformers.models.blip.modeling_blip_text import BlipTextLMHeadModel
@@ -209,7 +210,8 @@ class HFCaptioner(nn.Module):
         for mine, theirs in self._parts(hf):
             missing, unexpected = theirs.load_state_dict(mine.state_dict(), strict=False)
             if unexpected or any(not k.startswith("git.image_encoder.") for k in missing):
-                raise RuntimeError(f"the decoder's weights do not fit {type(hf).__name__}: {(unexpected or missing)[:3]}")
+                bad = (unexpected or missing)[:3]
+                raise RuntimeError(f"the decoder's weights do not fit {type(hf).__name__}: {bad}")
 
     @property
     def tokenizer(self):
