@@ -1,0 +1,55 @@
+"""A rerun of a training command whose settings are left to `auto` resumes the unfinished run in what
+that run recorded (precision, fast path), even where `auto` resolves otherwise now (the precision
+cache deleted, another machine state), and says so; before, the same command started a new version
+in the other precision and the first run was never resumed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from rdpp_cli import precision as P
+from rdpp_cli.training import fast as fast_mod
+from rdpp_cli.training.xe import train_xe
+
+from helpers import Crash, tiny_workspace
+
+os.environ["RDPP_NO_PROGRESS"] = "1"
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
+
+
+def _crash_at(n: int):
+    def hook(step: int) -> None:
+        if step == n:
+            raise Crash("killed")
+    return hook
+
+
+def test_a_rerun_under_auto_resumes_the_unfinished_run_as_recorded(tmp_path, monkeypatch, capsys):
+    ws = tiny_workspace(tmp_path / "ws")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.0})  # bf16 measured faster
+    kw = dict(workspace=ws, preset="small", epochs=1, batch_size=4, val_images=2, lr=2e-3, device="cpu", seed=1,
+              precision="auto", fast="auto", save_every_steps=2)
+    with pytest.raises(Crash):
+        train_xe(ws / "data" / "tiny-v1", after_step=_crash_at(3), **kw)
+    first = ws / "xe" / "att2in-small-v1"
+    assert (first / "checkpoints" / "last_state.pt").is_file()  # a resume state at step 2
+    # the rerun: the cache is gone and the probe now answers fp32; --fast auto now answers on
+    shutil.rmtree(cache)
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 1.0, "bf16_s": 1.0})
+    monkeypatch.setattr(fast_mod, "resolve_fast", lambda option, device, model=None: "on" if option == "auto" else option)
+    capsys.readouterr()
+    art = train_xe(ws / "data" / "tiny-v1", **kw)
+    err = capsys.readouterr().err
+    assert art.path == first and not (ws / "xe" / "att2in-small-v2").exists()
+    config = art.manifest["config"]
+    assert (config["precision"], config["precision_option"], config["fast"], config["fast_option"]) == \
+        ("bf16", "auto", "off", "auto")
+    assert "as it was recorded: precision bf16 (--precision auto now gives fp32), fast off (--fast auto now " \
+        "gives on)" in " ".join(err.split())
+    assert "resuming" in err and "at epoch 1" in " ".join(err.split())
