@@ -50,6 +50,28 @@ def test_a_rerun_under_auto_resumes_the_unfinished_run_as_recorded(tmp_path, mon
     config = art.manifest["config"]
     assert (config["precision"], config["precision_option"], config["fast"], config["fast_option"]) == \
         ("bf16", "auto", "off", "auto")
+    assert "fast_ran" not in config  # one fast path throughout
     assert "as it was recorded: precision bf16 (--precision auto now gives fp32), fast off (--fast auto now " \
         "gives on)" in " ".join(err.split())
     assert "resuming" in err and "at epoch 1" in " ".join(err.split())
+
+
+def test_a_run_resumed_with_another_fast_path_records_both(tmp_path, monkeypatch):
+    """A fast run killed and resumed with --fast off ran partly compiled: its manifest says "mixed" and
+    lists the parts in order, not the rerun's "off". (The compiled path with torch.compile's aot_eager
+    backend, which compiles in seconds on a CPU; the record does not depend on the backend.)"""
+    import torch
+
+    monkeypatch.setitem(fast_mod.SETTINGS, "cpu", fast_mod.FastSettings(backend="aot_eager", log_every=2))
+    ws = tiny_workspace(tmp_path / "ws")
+    kw = dict(out=tmp_path / "run", preset="small", epochs=1, batch_size=4, val_images=2, lr=2e-3, device="cpu",
+              seed=1, save_every_steps=2)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(Crash):
+            train_xe(ws / "data" / "tiny-v1", fast="on", after_step=_crash_at(3), **kw)
+        art = train_xe(ws / "data" / "tiny-v1", fast="off", **kw)
+    finally:
+        torch._dynamo.reset()
+    config = art.manifest["config"]
+    assert (config["fast"], config["fast_ran"], config["fast_option"]) == ("mixed", ["on", "off"], "off")

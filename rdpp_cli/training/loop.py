@@ -212,6 +212,19 @@ def claim_run(opts: TrainLoopOptions, identity: dict[str, Any], config: dict[str
     return out_dir, config, kept
 
 
+def fast_history(before: list[str] | None, now: str) -> list[str]:
+    """The fast path of each part of a resumed run: the parts its resume state lists (``before``;
+    None for a state from before rdpp kept them), then this one's when it differs from the last."""
+    parts = list(before or [now])
+    return parts if parts[-1] == now else [*parts, now]
+
+
+def fast_record(ran: list[str]) -> dict[str, Any]:
+    """What the manifest records of the fast path when the parts of a resumed run differed in it:
+    ``fast`` "mixed" and ``fast_ran``, the parts in order (``["on", "off"]``); nothing otherwise."""
+    return {"fast": "mixed", "fast_ran": ran} if len(set(ran)) > 1 else {}
+
+
 def noam_factor(d_model: int, warmup: int):
     """The Noam schedule's LR multiplier at 0-based optimizer step s: ``d_model^-0.5 x min((s+1)^-0.5,
     (s+1) x warmup^-1.5)`` (Vaswani et al. 2017; self-critical.pytorch's ``NoamOpt``, whose step
@@ -295,6 +308,7 @@ class TrainingRecipe:
         self.inputs, self.manifest_config, self.summary = inputs, manifest_config, dict(summary or {})
         self.epoch_metrics_fn, self.after_step, self.cider = epoch_metrics_fn, after_step, cider
         self.fast = fast
+        self.fast_ran = ["on" if fast is not None else "off"]  # the fast path of each part of the run, in order
         self.pending = PendingLogs(fast.log_every) if fast is not None else None
         self.shown: dict[str, float] = {}  # the numbers of the last step read (the progress bar's)
         self.loggers = [MetricsCsv(self.out_dir / METRICS), *loggers]
@@ -391,7 +405,7 @@ class TrainingRecipe:
             "epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step,
             "elapsed": self.elapsed(), "history": self.history, "sums": self.sums, "best": self.best,
             "best_epoch": self.best_epoch, "last_val": self.last_val, "world_size": self.rt.world_size,
-            "stage": self.stage, "epoch_lr": self.lr_now,
+            "stage": self.stage, "epoch_lr": self.lr_now, "fast_ran": self.fast_ran,
         }
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -405,6 +419,7 @@ class TrainingRecipe:
         self.epoch_lr = st.get("epoch_lr") if self.position.batch else None  # mid-epoch: the LR its row reports
         self.elapsed0 = float(st["elapsed"])
         self.history, self.sums = list(st["history"]), dict(st["sums"])
+        self.fast_ran = fast_history(st.get("fast_ran"), self.fast_ran[-1])
         self.best, self.best_epoch, self.last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
         if len(st["rng"]) == self.rt.world_size:
             set_rng_state(st["rng"][self.rt.rank])
@@ -603,9 +618,9 @@ class TrainingRecipe:
                 head["val_cider"] = self.best
             head.update(self.summary)
             head.update(self.fast.manifest_summary() if self.fast is not None else {})
-            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
-                                                        "architecture": model_name(model), "precision": self.precision,
-                                                        "model_config": model_config},
+            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, **fast_record(self.fast_ran),
+                                                        "stage": self.stage, "architecture": model_name(model),
+                                                        "precision": self.precision, "model_config": model_config},
                            inputs=self.inputs, summary=head)
             finish_output(self.out_dir)
             console.print(summary_table(f"rdpp {self.stage}: done", self.summary_rows()))
