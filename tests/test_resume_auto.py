@@ -75,3 +75,22 @@ def test_a_run_resumed_with_another_fast_path_records_both(tmp_path, monkeypatch
         torch._dynamo.reset()
     config = art.manifest["config"]
     assert (config["fast"], config["fast_ran"], config["fast_option"]) == ("mixed", ["on", "off"], "off")
+
+
+def test_a_finetune_rerun_under_auto_resumes_in_the_recorded_precision(tmp_path, monkeypatch):
+    """The same for `rdpp finetune`, into an --out folder."""
+    from rdpp_cli.training.finetune import finetune
+
+    ws = tiny_workspace(tmp_path / "ws", xe_epochs=1)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.0})
+    kw = dict(out=tmp_path / "ft", workspace=ws, reward="dpp", m=2, epochs=1, batch_size=4, lr=1e-3, val_images=2,
+              save_every_steps=1, device="cpu", seed=7, precision="auto")
+    model = ws / "xe" / "att2in-small-v1"
+    with pytest.raises(Crash):
+        finetune(model, after_step=_crash_at(2), **kw)
+    shutil.rmtree(tmp_path / "cache")
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 1.0, "bf16_s": 1.0})
+    art = finetune(model, **kw)
+    assert art.path == tmp_path / "ft" and art.manifest["config"]["precision"] == "bf16"
