@@ -238,13 +238,45 @@ def traceable_dropout(model, drop: "DropoutMasks | None", batch: int, regions: i
     return drop if drop is None or fn is None else fn(drop, batch, regions)
 
 
+SCAN_BLOCK = 128  # blocked_cumsum's block: both of its scans stay short for any vocabulary
+
+
+def blocked_cumsum(x: Tensor, block: int = SCAN_BLOCK) -> Tensor:
+    """``x.cumsum(-1)`` for ``x`` (N, K), taken as two short scans: within blocks of ``block``
+    columns (the last one padded with zeros), then over the blocks' totals, added back as each
+    block's offset. The same sums up to float rounding, and still non-decreasing where ``x`` is
+    non-negative (each block starts from the running total the previous one ended on). Inductor
+    lowers a scan over a whole 9,488-word row to a split scan whose Triton code it cannot generate;
+    scans of at most ``block`` (and K / block) elements it lowers as plain ones."""
+    return _padded_cumsum(x, block)[:, :x.shape[-1]]
+
+
+def _padded_cumsum(x: Tensor, block: int = SCAN_BLOCK) -> Tensor:
+    """``blocked_cumsum`` before the padding is cut off: (N, a multiple of ``block`` >= K), the
+    padded columns holding the row's total."""
+    N, K = x.shape
+    if K <= block:
+        return x.cumsum(-1)
+    nb = -(-K // block)
+    inner = torch.nn.functional.pad(x, (0, nb * block - K)).view(N, nb, block).cumsum(-1)
+    ends = inner[..., -1].cumsum(-1)  # the running total at the end of each block
+    offset = torch.nn.functional.pad(ends[:, :-1], (1, 0))  # ... at its start
+    return (inner + offset.unsqueeze(-1)).view(N, nb * block)
+
+
 def draw_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """One index per row of ``probs`` (N, K) (non-negative, any scale) from uniforms ``u`` (N,) in
     [0, 1): the first index whose cumulative probability passes ``u`` of the row's total (inverse-CDF
-    sampling: ``torch.multinomial``'s distribution, with the randomness drawn beforehand)."""
-    cdf = probs.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1), right=True)
-    return idx.squeeze(1).clamp(max=probs.shape[-1] - 1)
+    sampling: ``torch.multinomial``'s distribution, with the randomness drawn beforehand). The
+    cumulative sums are ``blocked_cumsum``'s, so the draw compiles at any vocabulary. An index of
+    probability 0 is never drawn: where the target reaches the total (u = 1, or rounding), the draw
+    is the last index of positive probability, the first where the sums reach the total (adding a 0
+    leaves a float sum as it is)."""
+    cdf = _padded_cumsum(probs)
+    total = cdf[:, -1:].contiguous()
+    idx = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(1) * total, right=True)
+    last = torch.searchsorted(cdf, total)  # the last index of positive probability
+    return torch.minimum(idx, last).squeeze(1)
 
 
 def scheduled_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,

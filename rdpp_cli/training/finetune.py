@@ -49,8 +49,8 @@ from rdpp_cli.options import takes
 from rdpp_cli.precision import ProbeShape, full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import FastPath, fast_path, resolve_fast
-from rdpp_cli.training.distributed import call, claim_output, unwrap
-from rdpp_cli.training.loop import TrainingRecipe, run_settings
+from rdpp_cli.training.distributed import call, unwrap
+from rdpp_cli.training.loop import TrainingRecipe, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.options import FinetuneOptions
 from rdpp_cli.training.reward_table import REWARDS, Reward
@@ -423,13 +423,13 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES},
             model=net)
-        out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
-                               name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
-                               force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
+        out_dir, config, kept = claim_run(opts, identity, config, group="finetune",
+                                          name=run_name(opts.reward, opts.m, opts.baseline, opts.lam),
+                                          reads=[inp.model.path, inp.data_artifact.path])
         bridge = bridge_for(net, inp.data.words, inp.data.seq_length)
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=bridge.max_len, seed=opts.seed, rank=rt.rank,
-                          sample_mode=opts.sample_mode, fast=fast_path(opts.fast, rt.device, net),
+                          sample_mode=opts.sample_mode, fast=fast_path(kept.get("fast", opts.fast), rt.device, net),
                           bridge=None if isinstance(bridge, WordBridge) else bridge)
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
