@@ -110,6 +110,9 @@ def test_bridge_words_both_ways(folder):
     model = HFCaptioner.from_folder(folder, seq_length=10)
     words = ["a", "red", "circle", "blue", "square", "UNK"]
     bridge = model.bridge(words, 4)
+    from rdpp_cli.models.bridge import Bridge, WordBridge
+
+    assert isinstance(bridge, Bridge) and isinstance(WordBridge(words, 4), Bridge)  # one protocol, both bridges
     labels = torch.tensor([[[1, 2, 3, 0], [1, 4, 5, 0]]])  # "a red circle", "a blue square"
     toks = bridge.model_labels(labels)
     assert toks.shape[:2] == (1, 2)
