@@ -322,3 +322,12 @@ def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int =
     fast.save_pretrained(path)
     tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
     return Path(path)
+
+
+def drawn_xe_dropout(monkeypatch) -> None:
+    """Make the eager XE step draw its dropout before its pass as the fast XE step does
+    (``FastPath.xe_dropout``: ``draw_dropout`` at the label width), so that an eager run and a fast
+    run of the same seed take the same masks and can be compared number for number."""
+    from rdpp_cli.training import fast as F
+
+    monkeypatch.setattr(F.Steps, "xe_dropout", F.FastPath.xe_dropout)

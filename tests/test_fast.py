@@ -35,9 +35,10 @@ from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions, XEOptions
 from rdpp_cli.models.base import scheduled_logprobs, static_state, traceable_dropout
 from rdpp_cli.models.registry import model_spec
-from rdpp_cli.training.xe import XELoss, fast_xe_loss, train_xe, xe_loss
+from rdpp_cli.models.transformer import StaticKV
+from rdpp_cli.training.xe import XELoss, train_xe, xe_loss
 
-from helpers import Crash, att2in_for, state_dict, write_tiny_data
+from helpers import Crash, att2in_for, drawn_xe_dropout, state_dict, write_tiny_data
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread", "dynamo")
@@ -116,22 +117,24 @@ def test_static_token_logprobs_equal_token_logprobs(tiny):
 
 
 @pytest.mark.unit
-def test_xe_dropout_on_the_cpu_is_what_eager_dropout_draws(tiny):
-    """The fast XE step's masks, drawn before the pass, are the very draws eager dropout makes in
-    ``xe_loss`` (same generator, shapes, order): the eager pass with them is bitwise the eager pass."""
+def test_the_fast_xe_steps_masks_are_drawn_once_as_the_rl_step_draws_them(tiny):
+    """The fast XE step's dropout, drawn before the compiled pass, is ``draw_dropout`` over the
+    batch's images, its caption rows and L+1 steps from torch's generator (as the RL step draws
+    its masks); the eager step draws none (its pass draws its own); eval mode: none."""
     model = _model(tiny)
     batch = _batch(tiny)
     fast = F.FastPath(torch.device("cpu"), AOT)
+    L, R = tiny.seq_length, batch.att.shape[1]
     torch.manual_seed(7)
-    want = xe_loss(model, batch)
-    after = torch.get_rng_state()
+    drop = fast.xe_dropout(model, batch.labels, R)
     torch.manual_seed(7)
-    drop = fast.xe_dropout(model, batch.labels, batch.att.shape[1])
-    assert torch.equal(torch.get_rng_state(), after)
-    tok, mask = model.token_logprobs(batch.att, batch.labels, drop=drop)
-    assert torch.equal(-tok.sum() / mask.sum(), want)
-    assert drop.embed.shape == (40, tiny.seq_length + 1, 16) and set(drop.out.unique().tolist()) == {0.0, 2.0}
-    assert fast.xe_dropout(model.eval(), batch.labels, batch.att.shape[1]) is None
+    want = model.draw_dropout(8, 40, L + 1, R)
+    for part in ("image", "row"):
+        got, exp = getattr(drop, part), getattr(want, part)
+        assert got.keys() == exp.keys() and all(torch.equal(got[k], exp[k]) for k in exp)
+    assert drop.row["embed"].shape == (40, L + 1, 16) and set(drop.row["out"].unique().tolist()) == {0.0, 2.0}
+    assert fast.xe_dropout(model.eval(), batch.labels, R) is None
+    assert F.EAGER.xe_dropout(model.train(), batch.labels, R) is None
 
 
 @pytest.mark.unit
@@ -202,27 +205,23 @@ def test_every_model_has_the_fast_path(tiny, name):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("name", MODELS)
-def test_eager_dropout_is_what_the_eager_xe_pass_draws_and_the_static_pass_gives_its_numbers(tiny, name):
-    """Each model's ``eager_dropout`` makes the very draws of ``token_logprobs`` in train mode (same
-    generator state after, the same log-probs bitwise), and ``static_token_logprobs`` with them
-    (all L+1 steps, a label width past the longest caption) gives the eager log-probs and gradients."""
+def test_the_static_pass_with_masks_drawn_once_gives_the_eager_numbers(tiny, name):
+    """Each model's ``static_token_logprobs`` (all L+1 steps, a label width past the longest
+    caption) with dropout masks drawn once (``draw_dropout``, as the RL step and the fast XE step
+    draw them) gives ``token_logprobs``' log-probs and gradients with the same masks."""
     model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
     labels = torch.nn.functional.pad(batch.labels, (0, 3))
     kw = dict(att_mask=batch.att_mask, fc=batch.fc)
-    torch.manual_seed(7)
-    tok, mask = model.token_logprobs(batch.att, labels, **kw)
+    drop = model.draw_dropout(4, 8, labels.shape[-1] + 1, batch.att.shape[1], torch.Generator().manual_seed(7))
+    tok, mask = model.token_logprobs(batch.att, labels, drop=drop, **kw)
     (-tok.sum()).backward()
-    g_eager, after = _grads(model), torch.get_rng_state()
-    torch.manual_seed(7)
-    drop = model.eager_dropout(labels, batch.att.shape[1])
-    assert torch.equal(torch.get_rng_state(), after)
-    assert torch.equal(model.token_logprobs(batch.att, labels, drop=drop, **kw)[0], tok)
+    g_eager = _grads(model)
     tok_s, mask_s = model.static_token_logprobs(batch.att, labels, drop=drop, **kw)
     (-tok_s.sum()).backward()
     assert tok_s.shape == (8, labels.shape[-1] + 1) and torch.equal(mask_s, mask) and tok.abs().sum() > 1
     torch.testing.assert_close(tok_s, tok, rtol=1e-5, atol=1e-6)
     _close_grads(g_eager, _grads(model))
-    assert model.eval().eager_dropout(labels, batch.att.shape[1]) is None
+    assert not hasattr(model, "eager_dropout")
 
 
 @pytest.mark.unit
@@ -242,9 +241,11 @@ def test_static_decoding_state_gives_the_eager_captions(tiny, name, method):
     assert torch.equal(b.tokens[..., :T], a.tokens) and not b.tokens[..., T:].any() and a.lengths.float().mean() > 1
     torch.testing.assert_close(b.logprobs[..., :T + 1], a.logprobs, rtol=1e-5, atol=1e-5)
     state = static_state(model, 6, L + 1)
-    assert all(s.shape[0] == 6 for s in state)
-    if name == "transformer":
-        assert len(state) == 2 * 2 + 1 and state[1].shape[2] == L + 1  # positions, then the caches
+    if name == "transformer":  # a named state: the positions and the preallocated caches
+        assert isinstance(state, StaticKV) and state.at.shape == (6,) and len(state.caches) == 2 * 2
+        assert all(c.shape[0] == 6 and c.shape[2] == L + 1 for c in state.caches)
+    else:
+        assert all(s.shape[0] == 6 for s in state)
 
 
 @pytest.mark.unit
@@ -296,7 +297,7 @@ def test_a_nan_loss_is_caught_when_read_back_and_never_saved(tiny, tmp_path):
     opts = TrainLoopOptions(epochs=3, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
     fast = F.FastPath(torch.device("cpu"), F.FastSettings(backend="aot_eager", log_every=3))
     recipe = TrainingRecipe(stage="xe", model=_model(tiny), data=tiny, out_dir=tmp_path / "m", opts=opts,
-                            step_fn=nan_at_step_3, inputs=[tiny.artifact], manifest_config={}, fast=fast)
+                            step_fn=nan_at_step_3, inputs=[tiny.artifact], manifest_config={}, steps=fast)
     with pytest.raises(RdppError, match=r"^training diverged at epoch 2, step 3: the loss is nan \(last finite loss"):
         recipe.run()
     last = torch.load(tmp_path / "m" / "checkpoints" / "last.pt", weights_only=True)
@@ -307,14 +308,16 @@ def test_a_nan_loss_is_caught_when_read_back_and_never_saved(tiny, tmp_path):
 # -- compiled (aot_eager) --------------------------------------------------------------------------
 
 def _eager_and_fast_xe(model, fast, batch, seed: int = 11):
-    """``xe_loss`` and the fast XE loss from the same RNG state: (eager loss, fast loss, eager
-    gradients, fast gradients)."""
+    """The eager XE loss with the masks the fast XE step draws (drawn once from the same RNG state)
+    and the fast XE loss: (eager loss, fast loss, eager gradients, fast gradients)."""
     torch.manual_seed(seed)
-    want = xe_loss(model, batch)
+    drop = fast.xe_dropout(model, batch.labels, batch.att.shape[1])
+    tok, mask = model.token_logprobs(batch.att, batch.labels, batch.att_mask, drop=drop, fc=batch.fc)
+    want = -tok.sum() / mask.sum()
     want.backward()
     g_want = _grads(model)
     torch.manual_seed(seed)
-    got = fast_xe_loss(fast)(model, batch)
+    got = xe_loss(model, batch, fast)
     got.backward()
     return want.detach(), got.detach(), g_want, _grads(model)
 
@@ -404,9 +407,9 @@ def test_scheduled_sampling_and_label_smoothing_on_the_fast_path_give_the_eager_
     model, batch = _any_model("att2in", tiny), _batch(tiny, seq_per_img=2, batch_size=4)
     fast = F.FastPath(torch.device("cpu"), AOT)
     out = []
-    for f in (None, fast):
+    for f in (F.EAGER, fast):
         torch.manual_seed(3)
-        loss, logs = XELoss(lambda e: 0.5, 0.1, log_ss=True, fast=f)(model, batch)
+        loss, logs = XELoss(lambda e: 0.5, 0.1, log_ss=True, steps=f)(model, batch)
         loss.backward()
         out.append((loss.detach(), _grads(model), logs))
     (a, ga, la), (b, gb, lb) = out
@@ -448,6 +451,7 @@ def test_a_toy_run_with_the_fast_path_has_the_eager_metrics(tiny, tmp_path, monk
     """XE then R-DPP, with --fast on and off: every metric the same within 1e-4 relative (float32
     rounding through a few Adam steps), the manifest records the setting."""
     monkeypatch.setitem(F.SETTINGS, "cpu", AOT)
+    drawn_xe_dropout(monkeypatch)  # the eager XE step with the fast step's masks, drawn once
     kw = dict(preset="small", epochs=2, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
     xe = {f: train_xe(tiny.path, out=tmp_path / f"xe-{f}", fast=f, **kw) for f in ("off", "on")}
     ft = {f: finetune(xe["off"].path, data=tiny.path, out=tmp_path / f"dpp-{f}", reward="dpp", m=3, epochs=1,
@@ -616,6 +620,6 @@ def test_validation_on_the_fast_path_gives_the_eager_cider(tiny):
     model = _model(tiny)
     images = tiny.split_indices("val")
     want = greedy_cider(model, tiny, images, batch_size=8)
-    got = greedy_cider(model, tiny, images, batch_size=8, fast=F.FastPath(torch.device("cpu"), AOT))
+    got = greedy_cider(model, tiny, images, batch_size=8, steps=F.FastPath(torch.device("cpu"), AOT))
     assert got.keys() == want.keys() and got["_n"] == want["_n"] == len(images)
     assert got["val_cider"] == pytest.approx(want["val_cider"], rel=1e-9, abs=1e-12)

@@ -32,15 +32,15 @@ Class attributes: ``uses_fc`` (whether ``encode`` reads ``fc``) and ``supports_f
 training fast path, ``rdpp_cli.training.fast``, can compile it). The fast path needs:
 
 - ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
-  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device);
-- ``eager_dropout(labels, regions) -> DropoutMasks | None``: the very masks eager dropout draws in
-  an XE step's ``token_logprobs`` (same generator, shapes, order), laid out at the label width;
+  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device); its
+  dropout comes drawn in advance (``draw_dropout``), as the RL step's does;
+- the data's words as its ids (no ``bridge`` of its own): the fast reward scores the ids as words;
 
 and, optionally (``static_state`` and ``traceable_dropout`` below fall back when absent):
 
 - ``init_static_state(rows, steps) -> state``: a decoding state whose tensors keep their shapes
-  for ``steps`` steps (the Transformer's preallocated key/value cache, written at each row's
-  position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
+  for ``steps`` steps (the Transformer's ``StaticKV``: a preallocated key/value cache, written at
+  each row's position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
   every step; models whose ``init_state`` is fixed-size already need none;
 - ``traceable_dropout(drop, batch, regions) -> DropoutMasks``: ``drop`` with anything a compiled
   region cannot read (a generator's seed) drawn out into masks now.
@@ -85,6 +85,8 @@ def select_rows(state: Any, rows: Tensor) -> Any:
     follows each beam's parent, for any model's state (tensors in nested tuples/lists)."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a named state (e.g. transformer.StaticKV)
+        return type(state)(*(select_rows(s, rows) for s in state))
     if isinstance(state, (tuple, list)):
         return type(state)(select_rows(s, rows) for s in state)
     if state is None:

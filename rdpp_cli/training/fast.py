@@ -43,17 +43,17 @@ the GPU's generator (the same distribution, another stream, as on another device
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from rdpp_cli.checks import FAST_CHOICES
-from rdpp_cli.decoding.decode import DecodeConfig, Decoded, static_decode
+from rdpp_cli.decoding.decode import DecodeConfig, Decoded, decode, static_decode
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.base import DropoutMasks, traceable_dropout
 from rdpp_cli.training.distributed import call, unwrap
-
+from rdpp_cli.training.loggers import PendingLogs
 
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function (torch's default: 8), see FastPath.__post_init__
@@ -103,18 +103,122 @@ def resolve_fast(option: str, device: torch.device | str, model: nn.Module | str
     return option
 
 
-def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
-    """The fast path of a run of ``model`` on ``device`` with ``--fast option``, or None when it is
-    off. A model without it (``supports_fast`` False): ``auto`` is off, ``on`` an RdppError."""
+def run_steps(option: str, device: torch.device | str, model: nn.Module) -> "Steps":
+    """The steps of a run of ``model`` on ``device`` with ``--fast option``, chosen once: ``FastPath``
+    (compiled) or ``Steps`` (eager). A model without the fast path (``supports_fast`` False): ``auto``
+    is eager, ``on`` an RdppError. The fast path scores the model's token ids as the data's words, so
+    it is only built for a model that speaks them (the identity bridge, asserted)."""
     device = torch.device(device)
-    if model is not None and not getattr(unwrap(model), "supports_fast", False):
+    m = unwrap(model)
+    if not getattr(m, "supports_fast", False):
         if option == "on":
-            raise RdppError(f"--fast on: the {type(unwrap(model)).__name__} model has no fast path; "
+            raise RdppError(f"--fast on: the {type(m).__name__} model has no fast path; "
                             "train it with --fast auto or --fast off")
-        return None
+        resolve_fast(option, device, model)  # a bad setting is refused all the same
+        return Steps()
     if resolve_fast(option, device, model) == "off":
+        return Steps()
+    if getattr(m, "bridge", None) is not None:  # its ids are not the data's words: the fast reward would misread them
+        raise TypeError(f"the fast path scores token ids as the data's words; {type(m).__name__} has a token bridge "
+                        "of its own, so it must not claim supports_fast")
+    return FastPath(device, SETTINGS.get(device.type, FastSettings()), option=option)
+
+
+def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
+    """The ``FastPath`` of ``run_steps`` (without a model: as ``resolve_fast`` says), or None where the
+    run is eager (for the benchmarks and tests that hold a fast path alone)."""
+    if model is None:
+        return FastPath(torch.device(device), SETTINGS.get(torch.device(device).type, FastSettings()),
+                        option=option) if resolve_fast(option, device) == "on" else None
+    steps = run_steps(option, device, model)
+    return steps if isinstance(steps, FastPath) else None
+
+
+class Steps:
+    """A run's steps as one object, chosen once (``run_steps``): what the stages call to decode, to
+    take the teacher-forced pass, to score the reward and to build the optimizer. This class is the
+    eager path: every function as written, dropout drawn inside the pass, the reward in numpy on the
+    host (``NumpyScoring``, the words through the model's bridge), every step's numbers read at once;
+    ``FastPath`` is the same steps compiled."""
+
+    fast = "off"  # the --fast setting the run takes, for the manifest and the precision probe
+    log_every: int | None = None  # steps between reads of the numbers (None: every step, at once)
+
+    def decode(self, model: nn.Module, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
+               fc: Tensor | None = None, drop: DropoutMasks | None = None, uniforms: Tensor | None = None
+               ) -> Decoded:
+        """Captions of ``model`` (``decoding.decode.decode``; their randomness ``drop``, ``uniforms``
+        drawn before it, ``decoding.decode.draw_uniforms``)."""
+        return decode(model, att, cfg, att_mask=att_mask, drop=drop, fc=fc, uniforms=uniforms)
+
+    def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
+                       drop: DropoutMasks | None = None, fc: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The teacher-forced pass: ``token_logprobs`` of ``net`` (DDP-wrapped or not), (N, L+1) each."""
+        return call(net, "token_logprobs", att, seqs, att_mask=att_mask, drop=drop, fc=fc)
+
+    def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
+        """The dropout of an XE step over ``labels`` (B, k, L) drawn before its pass (None: the pass
+        draws its own, as eager dropout does)."""
         return None
-    return FastPath(device, SETTINGS.get(device.type, FastSettings()))
+
+    def traceable(self, model: nn.Module, drop: DropoutMasks | None, batch: int, regions: int
+                  ) -> DropoutMasks | None:
+        """``drop`` as the step's pass reads it (the eager pass reads it as it is)."""
+        return drop
+
+    def compiled(self, fn: Callable) -> Callable:
+        """``fn`` (a function of tensors without gradients: the reward, validation's CIDEr-D) as the
+        steps run it."""
+        return fn
+
+    def compiled_step(self, fn: Callable) -> Callable:
+        """``fn`` (a training step's function, with gradients) as the steps run it."""
+        return fn
+
+    def scoring(self, cider, data, index, device: torch.device) -> tuple[Any, Any]:
+        """The reward's scoring backend and the references of images ``index``: CIDEr-D in numpy on
+        the host (``NumpyScoring``) against ``data.references_ids``."""
+        from rdpp_cli.metrics.train_cider import NumpyScoring
+
+        return NumpyScoring(cider), data.references_ids(index)
+
+    def words(self, bridge, tokens: Tensor) -> Tensor:
+        """Captions in the model's ids (..., T) as the scoring backend reads them: the data's word
+        ids, through ``bridge`` (None: the model speaks the data's words), on the host."""
+        return torch.from_numpy(bridge.data_ids(tokens)) if bridge is not None else tokens.cpu()
+
+    def optimizer(self, params, lr: float, **adam) -> torch.optim.Adam:
+        """Adam as the loop builds it (``adam``: its betas and eps)."""
+        return torch.optim.Adam(params, lr=lr, **adam)
+
+    def pending_logs(self) -> PendingLogs | None:
+        """Where the steps' numbers wait to be read (None: read at once, as floats)."""
+        return None
+
+    def begin_step(self) -> None:
+        """Mark a new training step."""
+
+    def describe(self) -> str:
+        """One line for the run's summary table."""
+        return "off"
+
+    def manifest_summary(self) -> dict[str, Any]:
+        """What the run's manifest records of its steps beside ``fast``."""
+        return {}
+
+
+EAGER = Steps()
+
+
+def device_cider(cider, device: torch.device):
+    """The training reward on ``device`` (``train_cider_torch.device_scorer``); RdppError where its
+    df's ids are out of the device scorer's range."""
+    from rdpp_cli.metrics.train_cider_torch import device_scorer
+
+    try:
+        return device_scorer(cider, device)
+    except ValueError as e:
+        raise RdppError(f"--fast on: {e}; train with --fast off") from None
 
 
 def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None,
@@ -131,17 +235,21 @@ def _graph_skips() -> int:
 
 
 @dataclass
-class FastPath:
-    """The compiled functions and settings of one run's fast path (see the module docstring)."""
+class FastPath(Steps):
+    """The steps compiled: the fast path of one run (see the module docstring)."""
 
     device: torch.device
     settings: FastSettings = field(default_factory=FastSettings)
+    option: str = "on"  # the --fast setting that chose it (auto or on)
+
+    fast = "on"
 
     def __post_init__(self) -> None:
         s = self.settings
+        self.device = torch.device(self.device)
         # one graph per mode and input shape of each compiled function: a run's sampling pass alone
-        # meets training sampling, SCST's and validation's greedy passes and the validation samples,
-        # each at a full and a last batch; past torch's default of 8 it would run eagerly, silently
+        # meets training sampling, SCST's and validation's greedy passes and the validation samples;
+        # past torch's default of 8 it would run eagerly, silently
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._tf = self._compile(_teacher_forced, s.train_mode)
         self._decode = self._compile(static_decode, s.sample_mode) if s.compile_sampling else static_decode
@@ -154,11 +262,14 @@ class FastPath:
         return torch.compile(fn, backend=self.settings.backend, dynamic=False, fullgraph=True, **kw)
 
     @property
-    def log_every(self) -> int:
+    def log_every(self) -> int:  # type: ignore[override]
         return self.settings.log_every
 
+    def pending_logs(self) -> PendingLogs:
+        """The steps' numbers stay on the device, read every ``log_every`` steps in one transfer."""
+        return PendingLogs(self.log_every)
+
     def describe(self) -> str:
-        """One line for the run's summary table."""
         s = self.settings
         parts = [f"torch.compile ({s.backend}, {s.train_mode or 'default'} mode)"]
         parts += ["the sampling pass compiled as one function"] if s.compile_sampling else []
@@ -193,7 +304,8 @@ class FastPath:
                fc: Tensor | None = None, drop: DropoutMasks | None = None, uniforms: Tensor | None = None
                ) -> Decoded:
         """``static_decode`` compiled as one function: the whole greedy or sampling pass, its
-        randomness (``drop``, ``uniforms``) drawn before it (``decoding.decode.draw_uniforms``)."""
+        randomness (``drop``, ``uniforms``) drawn before it (``decoding.decode.draw_uniforms``); the
+        captions keep their ``max_len`` columns."""
         cfg.check()
         return self._decode(model, att, cfg, att_mask, fc, drop, uniforms)
 
@@ -211,6 +323,11 @@ class FastPath:
         drop = traceable_dropout(unwrap(net), drop, att.shape[0], att.shape[1])
         return self._tf(net, att, seqs, att_mask, drop, fc)
 
+    def traceable(self, model: nn.Module, drop: DropoutMasks | None, batch: int, regions: int
+                  ) -> DropoutMasks | None:
+        """``drop`` with anything a compiled region cannot read drawn out now (``traceable_dropout``)."""
+        return traceable_dropout(model, drop, batch, regions)
+
     def compiled_step(self, fn):
         """``fn`` (a training step's function, with gradients) compiled as the teacher-forced pass is:
         one compiled function per ``fn``, kept (scheduled sampling's and label smoothing's XE step)."""
@@ -219,19 +336,28 @@ class FastPath:
             self._compiled[key] = self._compile(fn, self.settings.train_mode)
         return self._compiled[key]
 
+    def scoring(self, cider, data, index, device: torch.device) -> tuple[Any, Any]:
+        """CIDEr-D on the device (``DeviceTrainCider``) against the padded reference table of the
+        whole data artifact, built there once (``ReferenceTable``): the same numbers to ~1e-15."""
+        from rdpp_cli.metrics.train_cider_torch import reference_table
+
+        return device_cider(cider, device), reference_table(data, device).take(index)
+
+    def words(self, bridge, tokens: Tensor) -> Tensor:
+        """The captions as they are: the fast path runs only models that speak the data's words."""
+        return tokens
+
     def optimizer(self, params, lr: float, **adam) -> torch.optim.Adam:
         """Adam as the eager loop builds it (``adam``: its betas and eps), fused where the settings say."""
         fused = {"fused": True} if self.settings.fused_adam else {}
         return torch.optim.Adam(params, lr=lr, **adam, **fused)
 
     def xe_dropout(self, model: nn.Module, labels: Tensor, regions: int) -> DropoutMasks | None:
-        """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass, laid
-        out at the label width (None in eval mode or without dropout). On a CPU the very draws eager
-        dropout makes (``model.eager_dropout``), so the fast step gives the eager numbers; elsewhere
-        one draw each at the label width (no host wait)."""
+        """The dropout of an XE step over ``labels`` (B, k, L), drawn before the compiled pass as the
+        RL step draws its masks (``model.draw_dropout`` over the batch's images, its caption rows and
+        L+1 steps; None in eval mode): the eager step's distribution, from another stream."""
         if not model.training:
             return None
-        if self.device.type != "cpu":
-            seqs = labels.reshape(-1, labels.shape[-1])
-            return model.draw_dropout(labels.shape[0], seqs.shape[0], seqs.shape[1] + 1, regions)
-        return model.eager_dropout(labels, regions)
+        seqs = labels.reshape(-1, labels.shape[-1])
+        return model.draw_dropout(labels.shape[0], seqs.shape[0], seqs.shape[1] + 1, regions)
+
