@@ -623,3 +623,66 @@ def test_validation_on_the_fast_path_gives_the_eager_cider(tiny):
     got = greedy_cider(model, tiny, images, batch_size=8, steps=F.FastPath(torch.device("cpu"), AOT))
     assert got.keys() == want.keys() and got["_n"] == want["_n"] == len(images)
     assert got["val_cider"] == pytest.approx(want["val_cider"], rel=1e-9, abs=1e-12)
+
+
+# -- one owner: the steps chosen once -----------------------------------------------------------------
+
+@pytest.mark.unit
+def test_the_static_cache_is_a_named_state_that_beam_search_can_reorder(tiny):
+    """The Transformer's fixed-size state is a ``StaticKV`` (positions and caches), moved on by
+    ``update`` and reordered row-wise by ``select_rows`` as any state."""
+    from rdpp_cli.models.base import select_rows
+
+    model = _any_model("transformer", tiny).eval()
+    state = model.init_static_state(3, 5)
+    caches = tuple(c + i for i, c in enumerate(state.caches))
+    moved = state.update(caches)
+    assert isinstance(moved, StaticKV) and moved.at.tolist() == [1, 1, 1] and moved.caches[2].eq(2).all()
+    picked = select_rows(moved._replace(at=torch.tensor([0, 4, 2])), torch.tensor([2, 2, 0]))
+    assert isinstance(picked, StaticKV) and picked.at.tolist() == [2, 2, 0] and len(picked.caches) == 4
+
+
+@pytest.mark.unit
+def test_the_fast_path_is_only_built_for_a_model_that_speaks_the_datas_words(tiny):
+    """The fast reward scores the model's ids as the data's words: a model with a token bridge of its
+    own that claimed the fast path is refused where the steps are chosen; the hf model (which has
+    one) has no fast path: --fast on is one line, auto is eager."""
+    from rdpp_cli.models.att2in import Att2in
+    from rdpp_cli.models.bridge import WordBridge
+
+    class Bridged(Att2in):
+        def bridge(self, words, seq_length):
+            return WordBridge(words, seq_length)
+
+    bridged = Bridged(_model(tiny).config)
+    with pytest.raises(TypeError, match="has a token bridge of its own, so it must not claim supports_fast"):
+        F.run_steps("on", "cpu", bridged)
+    assert isinstance(F.run_steps("on", "cpu", _model(tiny)), F.FastPath)
+    assert type(F.run_steps("off", "cpu", bridged)) is F.Steps
+    hf_cls = model_spec("hf").cls
+    assert not hf_cls.supports_fast and getattr(hf_cls, "bridge", None) is not None
+
+
+@pytest.mark.integration
+def test_finetune_resolves_fast_once_with_the_model_and_the_probe_times_that_step(tmp_path, monkeypatch):
+    """Where --fast auto is on for the model (here Att2in on the CPU, as on CUDA), the precision
+    probe is asked to time the fast step, the step the run takes, and the manifest says on."""
+    import dataclasses
+
+    from helpers import tiny_workspace
+    from rdpp_cli.models.registry import MODELS
+    from rdpp_cli.training import finetune as FT
+
+    ws = tiny_workspace(tmp_path / "ws", xe_epochs=1)
+    monkeypatch.setitem(MODELS, "att2in", dataclasses.replace(MODELS["att2in"], fast_auto=("cpu",)))
+    probed = []
+
+    def probe(option, device, shape=None):
+        probed.append(shape.fast)
+        raise Crash("probed")
+
+    monkeypatch.setattr(FT, "resolve_precision", probe)
+    with pytest.raises(Crash):
+        finetune(ws / "xe" / "att2in-small-v1", reward="dpp", m=2, epochs=1, device="cpu", fast="auto",
+                 workspace=ws)
+    assert probed == ["on"]
