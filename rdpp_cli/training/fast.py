@@ -42,7 +42,8 @@ the GPU's generator (the same distribution, another stream, as on another device
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -57,6 +58,29 @@ from rdpp_cli.training.loggers import PendingLogs
 
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function (torch's default: 8), see FastPath.__post_init__
+WARMUP_CALLS = 3  # calls of a compiled function during which any failure is its compiling's (CUDA graphs capture late)
+BACKEND_ENV = "RDPP_COMPILE_BACKEND"  # torch.compile's backend instead of the settings' (e.g. aot_eager, to debug)
+
+
+class CompileFailed(Exception):
+    """The fast path could not compile (or capture) a function under ``--fast auto``: it now runs
+    eagerly, and the step or validation that was under way is taken again (``TrainingRecipe``)."""
+
+
+def _first_line(e: BaseException) -> str:
+    """``e`` in one line for a note or an error: its type and its message's first line, of the error
+    the compiler met where torch wraps it ("backend='inductor' raised:" says nothing)."""
+    while getattr(e, "inner_exception", None) is not None:
+        e = e.inner_exception
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are always a compiler's (dynamo's, inductor's), whenever they come."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    return (TorchDynamoException,)
 
 
 @dataclass(frozen=True)
@@ -121,14 +145,22 @@ def run_steps(option: str, device: torch.device | str, model: nn.Module) -> "Ste
     if getattr(m, "bridge", None) is not None:  # its ids are not the data's words: the fast reward would misread them
         raise TypeError(f"the fast path scores token ids as the data's words; {type(m).__name__} has a token bridge "
                         "of its own, so it must not claim supports_fast")
-    return FastPath(device, SETTINGS.get(device.type, FastSettings()), option=option)
+    return FastPath(device, _settings(device), option=option)
+
+
+def _settings(device: torch.device) -> FastSettings:
+    """The fast path's settings on ``device``'s type, with ``$RDPP_COMPILE_BACKEND`` as its backend
+    when set."""
+    s = SETTINGS.get(device.type, FastSettings())
+    backend = os.environ.get(BACKEND_ENV)
+    return replace(s, backend=backend) if backend else s
 
 
 def fast_path(option: str, device: torch.device | str, model: nn.Module | None = None) -> "FastPath | None":
     """The ``FastPath`` of ``run_steps`` (without a model: as ``resolve_fast`` says), or None where the
     run is eager (for the benchmarks and tests that hold a fast path alone)."""
     if model is None:
-        return FastPath(torch.device(device), SETTINGS.get(torch.device(device).type, FastSettings()),
+        return FastPath(torch.device(device), _settings(torch.device(device)),
                         option=option) if resolve_fast(option, device) == "on" else None
     steps = run_steps(option, device, model)
     return steps if isinstance(steps, FastPath) else None
@@ -206,6 +238,10 @@ class Steps:
         """What the run's manifest records of its steps beside ``fast``."""
         return {}
 
+    def manifest_config(self) -> dict[str, Any]:
+        """What the steps change in the manifest's config after the run (``fast`` once compiling failed)."""
+        return {}
+
 
 EAGER = Steps()
 
@@ -247,6 +283,7 @@ class FastPath(Steps):
     def __post_init__(self) -> None:
         s = self.settings
         self.device = torch.device(self.device)
+        self.failed: str | None = None  # the first line of the compile failure that made it eager
         # one graph per mode and input shape of each compiled function: a run's sampling pass alone
         # meets training sampling, SCST's and validation's greedy passes and the validation samples;
         # past torch's default of 8 it would run eagerly, silently
@@ -257,9 +294,30 @@ class FastPath(Steps):
         self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
         self._skips_before, self.graphs_skipped = _graph_skips(), False
 
-    def _compile(self, fn, mode: str | None):
+    def _compile(self, fn, mode: str | None) -> "_Compiled":
         kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
-        return torch.compile(fn, backend=self.settings.backend, dynamic=False, fullgraph=True, **kw)
+        return _Compiled(self, torch.compile(fn, backend=self.settings.backend, dynamic=False, fullgraph=True, **kw),
+                         fn)
+
+    def fail(self, e: BaseException) -> None:
+        """A compiled function failed to compile or capture (``e``): under ``--fast on`` one RdppError
+        (nothing of the step was applied; the run resumes with ``--fast off``); under ``auto`` a note,
+        every function runs uncompiled from now on, and ``CompileFailed`` unwinds the step under way
+        so that it is taken again."""
+        line = _first_line(e)
+        if self.option == "on":
+            raise RdppError(f"--fast on: compiling the fast path failed ({line}); nothing of this step was "
+                            "applied: rerun the same command with --fast off (it resumes from the last "
+                            "checkpoint)") from None
+        from rdpp_cli.console import note
+
+        self.failed = line
+        note(f"--fast auto: compiling the fast path failed ({line}); the run continues eagerly")
+        raise CompileFailed(line) from e
+
+    def manifest_config(self) -> dict[str, Any]:
+        """``fast`` as the run ended: "off (compile failed: ...)" once compiling failed."""
+        return {"fast": f"off (compile failed: {self.failed})"} if self.failed is not None else {}
 
     @property
     def log_every(self) -> int:  # type: ignore[override]
@@ -271,6 +329,8 @@ class FastPath(Steps):
 
     def describe(self) -> str:
         s = self.settings
+        if self.failed is not None:
+            return f"off (compile failed: {self.failed}; the steps ran uncompiled from then on)"
         parts = [f"torch.compile ({s.backend}, {s.train_mode or 'default'} mode)"]
         parts += ["the sampling pass compiled as one function"] if s.compile_sampling else []
         parts += ["fused Adam"] if s.fused_adam else []
@@ -361,3 +421,26 @@ class FastPath(Steps):
         seqs = labels.reshape(-1, labels.shape[-1])
         return model.draw_dropout(labels.shape[0], seqs.shape[0], seqs.shape[1] + 1, regions)
 
+
+class _Compiled:
+    """One compiled function of a ``FastPath``: ``compiled`` (torch.compile's, lazy: it compiles at its
+    first call per input shape) until the fast path has failed to compile, ``plain`` (the function
+    itself) from then on. A failure that is a compiler's (``_compile_errors``), or any failure of
+    its first ``WARMUP_CALLS`` calls (a CUDA graph is captured at a later call than the compile), goes
+    to ``FastPath.fail``; an RdppError is the input's, as eagerly."""
+
+    def __init__(self, owner: FastPath, compiled: Callable, plain: Callable):
+        self.owner, self.compiled, self.plain, self.calls = owner, compiled, plain, 0
+
+    def __call__(self, *args, **kw):
+        if self.owner.failed is not None:
+            return self.plain(*args, **kw)
+        self.calls += 1
+        try:
+            return self.compiled(*args, **kw)
+        except (RdppError, torch.OutOfMemoryError):  # the input's or the device's, as eagerly
+            raise
+        except Exception as e:
+            if isinstance(e, _compile_errors()) or self.calls <= WARMUP_CALLS:
+                self.owner.fail(e)
+            raise

@@ -97,7 +97,7 @@ from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.models.registry import model_name
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision, tf32_matmuls
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import EAGER, Steps
+from rdpp_cli.training.fast import EAGER, CompileFailed, Steps
 from rdpp_cli.training.loggers import Logger, MetricsCsv
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
@@ -398,14 +398,19 @@ class TrainingRecipe:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on ``batch``; returns the step function's numbers (with the fast path
-        those of the last step read back, see ``flush``)."""
+        those of the last step read back, see ``flush``). Where the fast path fails to compile under
+        ``--fast auto`` (``CompileFailed``: it runs uncompiled from then on), the step is taken again
+        from the random state it began with: no step lost or taken twice."""
         self.net.train()
         batch = batch.to(self.rt.device)
         batch = dataclasses.replace(batch, labels=self.bridge.model_labels(batch.labels))  # in the model's ids
-        loss, logs = self.compute_loss(batch)
-        if self.pending is None:
-            self.check_loss(logs["loss"], self.position.step + 1, batch)
-        self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
+        began = rng_state()
+        try:
+            logs = self.take_step(batch)
+        except CompileFailed:
+            self.optimizer.zero_grad(set_to_none=True)
+            set_rng_state(began)
+            logs = self.take_step(batch)
         self.position.step += 1
         self.position.batch = batch.batch + 1
         if self.pending is None:
@@ -414,6 +419,15 @@ class TrainingRecipe:
         if self.pending.add(self.position.step, batch.size, logs):
             self.flush()
         return self.shown
+
+    def take_step(self, batch: Batch) -> dict[str, Any]:
+        """The step's loss (checked here unless its numbers wait on the device), backward, Adam; its
+        numbers."""
+        loss, logs = self.compute_loss(batch)
+        if self.pending is None:
+            self.check_loss(logs["loss"], self.position.step + 1, batch)
+        self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
+        return logs
 
     def record(self, step: int, images: int, logs: dict[str, float]) -> None:
         """Account for one step's numbers: the epoch's sums, the loggers."""
@@ -515,12 +529,18 @@ class TrainingRecipe:
         """Greedy val CIDEr-D (and ``epoch_metrics_fn``'s columns), means over every process's share."""
         self.bar.update(self.task, info="validating")
         with autocast(self.precision, self.rt.device):  # decoding in the run's precision, scoring in numpy
-            sums = greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
-                                device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn,
-                                steps=self.steps)
+            try:
+                sums = self.validation_sums()
+            except CompileFailed:  # the fast path went eager (a note said why): validate again
+                sums = self.validation_sums()
         val = merge_sums(D.all_gather_object(sums))
         n_val = val.pop("_n")
         return {k: v / n_val for k, v in val.items()}
+
+    def validation_sums(self) -> dict[str, float]:
+        return greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
+                            device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn,
+                            steps=self.steps)
 
     def keep_best(self) -> None:
         """best.pt when the epoch's val CIDEr-D is the best so far (every epoch without validation)."""
@@ -557,7 +577,8 @@ class TrainingRecipe:
                 head["val_cider"] = self.best
             head.update(self.summary)
             head.update(self.steps.manifest_summary())
-            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, "stage": self.stage,
+            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, **self.steps.manifest_config(),
+                                                        "stage": self.stage,
                                                         "architecture": model_name(model), "precision": self.precision,
                                                         "model_config": model_config},
                            inputs=self.inputs, summary=head)
