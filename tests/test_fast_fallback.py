@@ -25,7 +25,7 @@ from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.xe import XELoss, train_xe
 
-from helpers import att2in_for, drawn_xe_dropout, error_line, rdpp, state_dict, write_tiny_data
+from helpers import att2in_for, drawn_xe_dropout, error_line, rdpp, scoring_att2in, state_dict, write_tiny_data
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -111,16 +111,9 @@ def test_a_failed_compile_under_auto_continues_eagerly_in_both_stages(tiny, tmp_
 
 @pytest.fixture(scope="module")
 def captioner(tiny, tmp_path_factory):
-    """A tiny Att2in trained eagerly until its greedy captions score (val CIDEr-D > 0): its weights."""
     from rdpp_cli.data.dataset import DataArtifact
 
-    data = DataArtifact.open(tiny)
-    torch.manual_seed(0)
-    model = att2in_for(data, 32, 0.3).train()
-    opts = TrainLoopOptions(epochs=8, batch_size=4, lr=1e-2, val_images=0, device="cpu", seed=0)
-    TrainingRecipe(stage="xe", model=model, data=data, out_dir=tmp_path_factory.mktemp("c") / "m", opts=opts,
-                   step_fn=XELoss(), inputs=[data.artifact], manifest_config={}).run()
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    return scoring_att2in(DataArtifact.open(tiny), tmp_path_factory.mktemp("c") / "m")
 
 
 @pytest.mark.integration

@@ -1,4 +1,5 @@
-"""The training fast path (``--fast on``): the same steps, shaped for a GPU's limits.
+"""A run's steps, chosen once (``run_steps``): ``Steps`` (eager) or the fast path (``--fast on``,
+``FastPath``): the same steps, shaped for a GPU's limits.
 
 A training step of an LSTM captioner at the paper's shapes is bound by kernel launches and host work (a Python
 loop over 17 time steps forward and backward), not by arithmetic. With ``--fast on`` the stages
@@ -12,8 +13,8 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   (one graph per input shape); scheduled sampling and label smoothing compile the XE step's own
   function (``FastPath.compiled_step``).
 - **dropout drawn before it.** The compiled region holds no random numbers (CUDA graphs cannot
-  replay them): the XE step's masks are drawn first (``xe_dropout``; on a CPU the very draws eager
-  dropout makes, so the numbers are eager's), the RL step's are the sampling pass's, as always.
+  replay them): the XE step's masks are drawn first (``xe_dropout``: ``draw_dropout`` at the label
+  width, as the RL step draws its own), the RL step's are the sampling pass's, as always.
 - **the RL step's sampling as one graph**: the whole decoding pass (encoding, every one of the
   ``max_len + 1`` steps with finished rows masked, the packing; ``decoding.decode.static_decode``)
   is one compiled function (``FastSettings.sample_mode``), its randomness -- the dropout masks and
@@ -32,18 +33,25 @@ run the same mathematics another way (docs/training.md, "The fast path"):
   back in one transfer (``loggers.PendingLogs``); the divergence check runs on each of them then, in
   order, and before every validation and checkpoint, so no non-finite weights are ever saved.
 
+- **a compiler that fails** (``FastPath.fail``): under ``--fast auto`` a note, the functions run
+  uncompiled from then on and the step (or validation) under way is taken again; under ``--fast
+  on`` one RdppError; ``$RDPP_COMPILE_BACKEND`` picks torch.compile's backend.
+- **compiling paid once**: inductor's FX-graph and AOT autograd caches in rdpp's cache folder
+  (``keep_compiled_code``), a partial batch padded to the full one's graph (``_Compiled.fixed``),
+  the compile seconds in the manifest (``compile_s``).
+
 ``--fast auto`` (the default) is on where the model's registry line (``fast_auto``) says it was measured
 both faster and equal (benchmarks/models_speed.py --fast), per device type: so far one model on CUDA. It is recorded in
 the manifest (``fast``, ``fast_option``) and is not part of the resume identity, like ``--device``:
-on a CPU it gives the
-eager numbers to float32 rounding; on CUDA the XE step's dropout is drawn at the label width from
-the GPU's generator (the same distribution, another stream, as on another device).
+the XE step's dropout is drawn at the label width (the same distribution, another stream, as on
+another device).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -198,9 +206,9 @@ class Steps:
         """``drop`` as the step's pass reads it (the eager pass reads it as it is)."""
         return drop
 
-    def compiled(self, fn: Callable) -> Callable:
+    def compiled(self, fn: Callable, row_wise: bool = False) -> Callable:
         """``fn`` (a function of tensors without gradients: the reward, validation's CIDEr-D) as the
-        steps run it."""
+        steps run it (``row_wise``: one number per image, see ``FastPath.compiled``)."""
         return fn
 
     def compiled_step(self, fn: Callable) -> Callable:
@@ -262,6 +270,36 @@ def _teacher_forced(net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor 
     return call(net, "static_token_logprobs", att, seqs, att_mask=att_mask, drop=drop, fc=fc)
 
 
+def compile_cache() -> Path:
+    """Where compiled code is kept across runs and processes: ``$TORCHINDUCTOR_CACHE_DIR`` where the
+    user set it, else ``$XDG_CACHE_HOME/rdpp/inductor`` (``~/.cache/rdpp/inductor``), not /tmp."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdpp" / "inductor"
+
+
+def keep_compiled_code() -> Path:
+    """Before the first compile: inductor's FX-graph cache and AOT autograd's cache on, in
+    ``compile_cache()`` (torch reads the folder from ``$TORCHINDUCTOR_CACHE_DIR``, set here unless the
+    user set it), so that a second run of the same shapes loads its kernels instead of compiling."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    folder = compile_cache()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    return folder
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling so far (dynamo's capture and the backend's compile of
+    every graph, and AOT autograd's lazy compile of the backward graphs; torch's own timers)."""
+    from torch._dynamo.utils import compilation_time_metrics as timers
+
+    return float(sum(sum(timers.get(k, ())) for k in ("_compile.compile_inner", "backward._backward_impl")))
+
+
 def _graph_skips() -> int:
     """How often inductor has given up CUDA graphs for a compiled function in this process
     (torch's "skipping cudagraphs due to ..."), from its counters."""
@@ -284,20 +322,23 @@ class FastPath(Steps):
         s = self.settings
         self.device = torch.device(self.device)
         self.failed: str | None = None  # the first line of the compile failure that made it eager
+        self.cache = keep_compiled_code()
+        self._compile_s0 = compile_seconds()
         # one graph per mode and input shape of each compiled function: a run's sampling pass alone
         # meets training sampling, SCST's and validation's greedy passes and the validation samples;
         # past torch's default of 8 it would run eagerly, silently
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self._tf = self._compile(_teacher_forced, s.train_mode)
-        self._decode = self._compile(static_decode, s.sample_mode) if s.compile_sampling else static_decode
+        self._tf = self._compile(_teacher_forced, s.train_mode, fixed=_fixed_teacher_forced)
+        self._decode = (self._compile(static_decode, s.sample_mode, fixed=_fixed_decode) if s.compile_sampling
+                        else static_decode)
         self._compiled: dict[Any, Any] = {}
         self._graphs = "reduce-overhead" in (s.train_mode, s.sample_mode) and self.device.type == "cuda"
         self._skips_before, self.graphs_skipped = _graph_skips(), False
 
-    def _compile(self, fn, mode: str | None) -> "_Compiled":
+    def _compile(self, fn, mode: str | None, fixed: "Callable | None" = None) -> "_Compiled":
         kw = {"mode": mode} if self.settings.backend == "inductor" and mode else {}
         return _Compiled(self, torch.compile(fn, backend=self.settings.backend, dynamic=False, fullgraph=True, **kw),
-                         fn)
+                         fn, fixed)
 
     def fail(self, e: BaseException) -> None:
         """A compiled function failed to compile or capture (``e``): under ``--fast on`` one RdppError
@@ -334,7 +375,13 @@ class FastPath(Steps):
         parts = [f"torch.compile ({s.backend}, {s.train_mode or 'default'} mode)"]
         parts += ["the sampling pass compiled as one function"] if s.compile_sampling else []
         parts += ["fused Adam"] if s.fused_adam else []
-        return ", ".join(parts) + f", losses read every {s.log_every} steps"
+        return (", ".join(parts) + f", losses read every {s.log_every} steps; compiling took {self.compile_s:.1f} s "
+                f"(compiled code kept in {self.cache})")
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling since this fast path was made (``compile_seconds``)."""
+        return compile_seconds() - self._compile_s0
 
     def begin_step(self) -> None:
         """Mark a new training step for CUDA graphs (the last step's outputs are no longer read);
@@ -357,8 +404,9 @@ class FastPath(Steps):
 
     def manifest_summary(self) -> dict[str, Any]:
         """What the run's manifest records of the fast path beside ``fast``: whether CUDA graphs were
-        skipped."""
-        return {"fast_cuda_graphs": ("skipped" if self.check_graphs() else "used") if self._graphs else "off"}
+        skipped, and the seconds spent compiling (``compile_s``)."""
+        return {"fast_cuda_graphs": ("skipped" if self.check_graphs() else "used") if self._graphs else "off",
+                "compile_s": round(self.compile_s, 2)}
 
     def decode(self, model: nn.Module, att: Tensor, cfg: DecodeConfig, att_mask: Tensor | None = None,
                fc: Tensor | None = None, drop: DropoutMasks | None = None, uniforms: Tensor | None = None
@@ -369,11 +417,13 @@ class FastPath(Steps):
         cfg.check()
         return self._decode(model, att, cfg, att_mask, fc, drop, uniforms)
 
-    def compiled(self, fn):
+    def compiled(self, fn, row_wise: bool = False):
         """``fn`` (a function of tensors, no gradient) compiled once per fast path, ``fullgraph`` (a
-        host sync in it is an error), no CUDA graphs: how the reward and validation's CIDEr run."""
+        host sync in it is an error), no CUDA graphs: how the reward and validation's CIDEr run.
+        ``row_wise``: ``fn(scorer, tokens, refs)`` gives one number per image (validation's scores),
+        so a partial batch is padded to the full one (``_fixed_rows``)."""
         if fn not in self._compiled:
-            self._compiled[fn] = self._compile(torch.no_grad()(fn), None)
+            self._compiled[fn] = self._compile(torch.no_grad()(fn), None, fixed=_fixed_rows if row_wise else None)
         return self._compiled[fn]
 
     def token_logprobs(self, net: nn.Module, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None,
@@ -422,25 +472,84 @@ class FastPath(Steps):
         return model.draw_dropout(labels.shape[0], seqs.shape[0], seqs.shape[1] + 1, regions)
 
 
+
+# -- one graph per stage: a partial batch padded to the full one --------------------------------------
+
+def _pad(x: Tensor | None, images: int, full: int) -> Tensor | None:
+    """``x`` with ``images`` images first ((images, ...) or (images * k, ...), image-major) padded to
+    ``full`` images by repeating its last image's rows (real numbers: no padding value can overflow)."""
+    if x is None or images >= full:
+        return x
+    per = x.shape[0] // images
+    last = x[(images - 1) * per:]
+    return torch.cat([x, last.repeat((full - images,) + (1,) * (x.dim() - 1))])
+
+
+def _pad_drop(drop: DropoutMasks | None, images: int, full: int) -> DropoutMasks | None:
+    if drop is None or images >= full:
+        return drop
+    return DropoutMasks({k: _pad(v, images, full) for k, v in drop.image.items()},
+                        {k: _pad(v, images, full) for k, v in drop.row.items()})
+
+
+def _fixed_teacher_forced(full: dict, net, att, seqs, att_mask, drop, fc):
+    """``_teacher_forced``'s call at the fullest batch of its shapes (``full``: the most images seen
+    per the other shapes), and how to take the real rows back out of its result."""
+    B, N = att.shape[0], seqs.reshape(-1, seqs.shape[-1]).shape[0]
+    key = (N // B, seqs.shape[-1], tuple(att.shape[1:]), drop is None)
+    F = full[key] = max(full.get(key, B), B)
+    args = (net, _pad(att, B, F), _pad(seqs, B, F), _pad(att_mask, B, F), _pad_drop(drop, B, F), _pad(fc, B, F))
+    return args, lambda out: tuple(o[:N] for o in out)
+
+
+def _fixed_decode(full: dict, model, att, cfg, att_mask, fc, drop, uniforms):
+    """``static_decode``'s call at the fullest batch of its shapes (``_fixed_teacher_forced``): the
+    uniforms (steps, rows) are padded along their rows."""
+    B = att.shape[0]
+    key = (repr(cfg), tuple(att.shape[1:]), model.training, drop is None, uniforms is None)
+    F = full[key] = max(full.get(key, B), B)
+    u = None if uniforms is None else _pad(uniforms.t(), B, F).t()
+    args = (model, _pad(att, B, F), cfg, _pad(att_mask, B, F), _pad(fc, B, F), _pad_drop(drop, B, F), u)
+    return args, lambda d: Decoded(d.tokens[:B], d.logprobs[:B], d.lengths[:B], d.seq_logprob[:B])
+
+
+def _fixed_rows(full: dict, scorer, tokens, refs):
+    """A row-wise score (one number per caption row of ``tokens``, validation's) at the fullest batch."""
+    B = tokens.shape[0]
+    refs_t, counts = refs if isinstance(refs, tuple) else (refs, None)
+    key = (tuple(tokens.shape[1:]), tuple(refs_t.shape[1:]) if isinstance(refs_t, Tensor) else None)
+    F = full[key] = max(full.get(key, B), B)
+    refs = (_pad(refs_t, B, F), _pad(counts, B, F)) if isinstance(refs, tuple) else refs
+    return (scorer, _pad(tokens, B, F), refs), lambda out: (tuple(o[:B] for o in out) if isinstance(out, tuple)
+                                                           else out[:B])
+
+
 class _Compiled:
     """One compiled function of a ``FastPath``: ``compiled`` (torch.compile's, lazy: it compiles at its
     first call per input shape) until the fast path has failed to compile, ``plain`` (the function
-    itself) from then on. A failure that is a compiler's (``_compile_errors``), or any failure of
+    itself) from then on. ``fixed(full, *args)``, where given, pads a partial batch to the fullest of
+    its shapes seen so far and takes the real rows back out of the result, so that the last batch of
+    an epoch (or of validation) reuses the full batch's graph instead of compiling another. A failure that is a compiler's (``_compile_errors``), or any failure of
     its first ``WARMUP_CALLS`` calls (a CUDA graph is captured at a later call than the compile), goes
     to ``FastPath.fail``; an RdppError is the input's, as eagerly."""
 
-    def __init__(self, owner: FastPath, compiled: Callable, plain: Callable):
-        self.owner, self.compiled, self.plain, self.calls = owner, compiled, plain, 0
+    def __init__(self, owner: FastPath, compiled: Callable, plain: Callable, fixed: Callable | None = None):
+        self.owner, self.compiled, self.plain, self.fixed, self.calls = owner, compiled, plain, fixed, 0
+        self.full: dict = {}  # the most images seen per the other shapes (``fixed``)
 
-    def __call__(self, *args, **kw):
+    def __call__(self, *args):
         if self.owner.failed is not None:
-            return self.plain(*args, **kw)
+            return self.plain(*args)
         self.calls += 1
+        unpad = None
+        if self.fixed is not None:
+            args, unpad = self.fixed(self.full, *args)
         try:
-            return self.compiled(*args, **kw)
+            out = self.compiled(*args)
         except (RdppError, torch.OutOfMemoryError):  # the input's or the device's, as eagerly
             raise
         except Exception as e:
             if isinstance(e, _compile_errors()) or self.calls <= WARMUP_CALLS:
                 self.owner.fail(e)
             raise
+        return out if unpad is None else unpad(out)

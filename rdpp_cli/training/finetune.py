@@ -310,7 +310,7 @@ class RewardStep:
                                                                      batch.att.device))
         scorer, refs = self.steps.scoring(self.cider, self.data, batch.index, batch.att.device)
         with full_precision(batch.att.device):
-            q, div = self.steps.compiled(_sample_scores)(scorer, self.steps.words(self.bridge, dec.tokens), refs)
+            q, div = self.steps.compiled(_sample_scores, row_wise=True)(scorer, self.steps.words(self.bridge, dec.tokens), refs)
         return {"val_sample_cider": q, "val_self_cider": div}
 
 

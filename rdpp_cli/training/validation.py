@@ -79,7 +79,7 @@ def _greedy_scores(model: nn.Module, data: DataArtifact, batch, cfg, cider, brid
     tokens = steps.decode(model, batch.att, cfg, batch.att_mask, batch.fc).tokens[:, 0]
     scorer, refs = steps.scoring(cider, data, batch.index, tokens.device)
     with full_precision(tokens.device):  # the reward never runs under autocast
-        scores = steps.compiled(_score)(scorer, steps.words(bridge, tokens), refs)
+        scores = steps.compiled(_score, row_wise=True)(scorer, steps.words(bridge, tokens), refs)
     return scores.cpu().numpy()
 
 
