@@ -702,6 +702,15 @@ def test_compiled_code_is_kept_in_rdpps_cache_folder_unless_the_user_chose_one(t
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
+    import subprocess
+    import sys
+
+    show = ("import os, torch; from rdpp_cli.training import fast as F; F.FastPath(torch.device('cpu')); "
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    fresh = subprocess.run([sys.executable, "-c", show], env={**env, "XDG_CACHE_HOME": str(tmp_path / "new")},
+                           capture_output=True, text=True, check=True)  # a new process: torch not yet imported
+    assert fresh.stdout.strip() == str(tmp_path / "new" / "rdpp" / "inductor")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(inductor_config, "fx_graph_cache", False)

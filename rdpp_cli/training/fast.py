@@ -282,11 +282,11 @@ def keep_compiled_code() -> Path:
     """Before the first compile: inductor's FX-graph cache and AOT autograd's cache on, in
     ``compile_cache()`` (torch reads the folder from ``$TORCHINDUCTOR_CACHE_DIR``, set here unless the
     user set it), so that a second run of the same shapes loads its kernels instead of compiling."""
+    folder = compile_cache()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))  # before inductor's import: it settles the folder
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    folder = compile_cache()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
     inductor_config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
     return folder
@@ -415,6 +415,7 @@ class FastPath(Steps):
         randomness (``drop``, ``uniforms``) drawn before it (``decoding.decode.draw_uniforms``); the
         captions keep their ``max_len`` columns."""
         cfg.check()
+        drop = traceable_dropout(model, drop, att.shape[0], att.shape[1])  # masks only: a batch can be padded
         return self._decode(model, att, cfg, att_mask, fc, drop, uniforms)
 
     def compiled(self, fn, row_wise: bool = False):
