@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Every GPU figure of the README in one call, rdpp against self-critical.pytorch's own code in the
-# same process, ending with one summary table; designed for at most 8 minutes on one H100/H200 (each
-# step has a time limit), no network:
-#   1. tests/test_cuda.py: the CUDA path against the CPU in float64, the fast path in CUDA graphs
+# same process, ending with one summary table; at most 8 minutes on one H100/H200, compiling
+# included (each step's time limit covers its own compiling; `--plan` prints the steps and limits),
+# no network:
+#   1. tests/test_cuda.py: the CUDA path against the CPU in float64, the fast path in CUDA graphs, the
+#      sampling pass compiled at the paper's shapes
 #   2. Att2in against the peer's Att2in2Model, batch 50: XE fp32 / bf16 / scheduled sampling, SCST and
 #      R-DPP m = 5 (and the published R-DPP way), decoding 5 samples; the fast path against eager
 #      (benchmarks/models_speed.py --model att2in ... --fast fast)
-#   3. UpDown and the Transformer against the peer's UpDownModel / TransformerModel, batch 50
+#   3. UpDown and the Transformer against the peer's UpDownModel / TransformerModel, batch 50, and their
+#      fast paths (XE, R-DPP m = 5, decoding)
 #   4. whole epochs over COCO-shaped rows as the paper presets run them, loading and validation
-#      included: XE at the preset's batch without and with scheduled sampling, R-DPP m = 5 at the
-#      preset's batch, cold page cache (benchmarks/data.py epochs), then the paper recipe's projected
-#      GPU-hours (benchmarks/data.py recipe)
-#   5. the summary table of every figure above (benchmarks/models_speed.py --summary)
-# Each step's log (JSON lines included) goes to $OUT (default /tmp/rdpp-cuda-check); STEPS="2 3" runs some;
-# FAST=fast,fast-default also times the fast path compiled without CUDA graphs.
+#      included: XE at the preset's batch, R-DPP m = 5 at the preset's batch, cold page cache, each
+#      after an untimed warm-up whose seconds (compiling) are printed apart (benchmarks/data.py
+#      epochs; XE_CONFIGS adds e.g. scheduled sampling), then the paper recipe's projected GPU-hours,
+#      validation included (benchmarks/data.py recipe)
+#   5. the summary table of every figure above, the fast sides' compile seconds included
+#      (benchmarks/models_speed.py --summary)
+# Every step prints its rows as they finish (a call cut short still shows what it measured); each
+# step's whole log (JSON lines included) goes to $OUT (default /tmp/rdpp-cuda-check). STEPS="2 3"
+# runs some; FAST=fast,fast-default also times the fast path compiled without CUDA graphs. The steps
+# share one compile cache (TORCHINDUCTOR_CACHE_DIR, default /tmp/rdpp-inductor-cache: a second call on
+# the same machine reuses what the first compiled).
 #
 # The peer's code is read from $SCP_REPO, else .peer/self-critical.pytorch-4c48a33 in this
 # repository, else ../shared/peers/self-critical.pytorch-4c48a33 (benchmarks/peer.py). A GPU machine
@@ -23,72 +31,102 @@
 #   mkdir -p .peer && cp -r ../shared/peers/self-critical.pytorch-4c48a33 .peer/
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl yacs==0.1.8
-# then run:  command "bash benchmarks/cuda_check.sh"   carry [".peer", ".whl"]   timeout_s 590
+# then run:  command "bash benchmarks/cuda_check.sh"   carry [".peer", ".whl"]   timeout_s 540
 #
-# The same script on a CPU at tiny sizes (checks every code path, measures nothing):
+# The same script on a CPU at tiny sizes (checks every code path, measures nothing; limits x10):
 #   bash benchmarks/cuda_check.sh --device cpu
+# The steps and their time limits (on CUDA; they sum to at most 480 s), without running anything:
+#   bash benchmarks/cuda_check.sh --device cpu --plan
 
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEVICE=cuda
-[[ "${1:-}" == "--device" ]] && DEVICE=${2:?--device cpu or cuda}
+DEVICE=cuda PLAN=0
+while (( $# )); do
+  case $1 in
+    --device) DEVICE=${2:?--device cpu or cuda}; shift 2 ;;
+    --plan) PLAN=1; shift ;;
+    *) echo "cuda_check.sh: unknown option $1 (--device cpu|cuda, --plan)" >&2; exit 2 ;;
+  esac
+done
 OUT=${OUT:-/tmp/rdpp-cuda-check}
 PY=${PY:-python3}
-mkdir -p "$OUT"
 export RDPP_NO_PROGRESS=1 COLUMNS=150 PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/rdpp-inductor-cache}  # one cache for every step
+export TORCHINDUCTOR_FX_GRAPH_CACHE=1 TORCHINDUCTOR_AUTOGRAD_CACHE=1
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 STEPS=" ${STEPS:-1 2 3 4} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
-run() {  # run LOG SECONDS CMD...: the command's output to $OUT/LOG, its tables (not its JSON) to stdout
-  local log=$1 limit=$(( $2 * ${SLOW:-1} )); shift 2
-  timeout "$limit" "$@" > "$OUT/$log" 2>&1; local rc=$?
-  grep -v '^{' "$OUT/$log" | grep -v -E '^(USDT|ERROR:.*gpuGetDeviceCount|  - |.*dispatch mode)' | tail -${TAIL:-30}
-  echo "exit $rc ($log)"
+TOTAL=0
+run() {  # run LOG SECONDS CMD...: the command's output to $OUT/LOG, its rows (not its JSON) to stdout as they come
+  local log=$1 limit=$2; shift 2
+  TOTAL=$(( TOTAL + limit ))
+  if (( PLAN )); then
+    printf '%5d s  %-22s %s\n' "$limit" "$log" "$*"
+    return 0
+  fi
+  timeout "$(( limit * ${SLOW:-1} ))" "$@" 2>&1 | tee "$OUT/$log" \
+    | grep --line-buffered -v -E '^(\{|USDT|ERROR:.*gpuGetDeviceCount|  - |.*dispatch mode)'
+  local rc=${PIPESTATUS[0]}
+  echo "exit $rc ($log$( (( rc == 124 )) && echo ": stopped at its limit of $(( limit * ${SLOW:-1} )) s"))"
 }
+step() { (( PLAN )) && echo "$*" || stamp "$*"; }
 
-if compgen -G ".whl/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rdpp-site .whl/*.whl \
-    && export PYTHONPATH=/tmp/rdpp-site${PYTHONPATH:+:$PYTHONPATH}
+if (( ! PLAN )); then
+  mkdir -p "$OUT" "$TORCHINDUCTOR_CACHE_DIR"
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rdpp-site .whl/*.whl \
+      && export PYTHONPATH=/tmp/rdpp-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [[ -z "${SCP_REPO:-}" && -d .peer/self-critical.pytorch-4c48a33 ]]; then
   export SCP_REPO=$PWD/.peer/self-critical.pytorch-4c48a33
 fi
 
-if [[ "$DEVICE" == cuda ]]; then  # the measurement: the paper's shapes; repeat counts sized to the time limit
+if [[ "$DEVICE" == cuda ]]; then  # the measurement: the paper's shapes; repeat counts sized to the time limits
   SPEED="--batch 50 --repeat 5 --threads 8 --matmul-size 4096" FAST=${FAST:-fast} BACKEND=inductor
   EPOCHS="--preset paper --rows 5000 --val 500 --workers 4 --caches cold --threads 8"
-  nvidia-smi -L
+  (( PLAN )) || nvidia-smi -L
 else  # a check of the code paths on a CPU: tiny sizes, nothing worth reading in the times
   SPEED="--quick --threads 2" FAST=${FAST:-fast} BACKEND=aot_eager SLOW=${SLOW:-10}  # time limits x10: a shared 2-core machine
   EPOCHS="--preset small --rows 60 --val 10 --workers 0 --caches warm --threads 2"
 fi
-$PY -c "import torch, rdpp_cli; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available()
-      else 'no GPU', '| rdpp', rdpp_cli.__version__)" || exit 1
+if (( PLAN )); then
+  echo "cuda_check.sh --device $DEVICE: the steps and their time limits on CUDA$( [[ $DEVICE == cpu ]] && echo " (x${SLOW} on this CPU)")"
+else
+  $PY -c "import torch, rdpp_cli; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available()
+        else 'no GPU', '| rdpp', rdpp_cli.__version__)" || exit 1
+fi
 
 if want 1; then
-  stamp "1. tests/test_cuda.py"
-  TAIL=4 run test_cuda.log 120 $PY -m pytest -o addopts="" -q -p no:cacheprovider -m "not slow or slow" tests/test_cuda.py
+  step "1. tests/test_cuda.py"
+  run test_cuda.log 90 $PY -m pytest -o addopts="" -q -p no:cacheprovider -m "not slow or slow" --durations=5 tests/test_cuda.py
 fi
 if want 2; then
-  stamp "2. Att2in against the peer's Att2in2Model: XE, SCST / R-DPP m = 5, decoding; the fast path"
-  run models_att2in.log 200 $PY benchmarks/models_speed.py --model att2in --device "$DEVICE" $SPEED \
+  step "2. Att2in against the peer's Att2in2Model: XE, SCST / R-DPP m = 5, decoding; the fast path"
+  run models_att2in.log 135 $PY benchmarks/models_speed.py --model att2in --device "$DEVICE" $SPEED \
     --precision fp32,bf16 --ss 0.25 --fast "$FAST" --backend $BACKEND --json
 fi
 if want 3; then
   for model in updown transformer; do
-    stamp "3. $model against the peer's own module: XE, SCST / R-DPP m = 5, decoding"
-    run models_$model.log 90 $PY benchmarks/models_speed.py --model $model --device "$DEVICE" $SPEED --json
+    step "3. $model against the peer's own module: XE, R-DPP m = 5, decoding; the fast path"
+    run models_$model.log 70 $PY benchmarks/models_speed.py --model $model --device "$DEVICE" $SPEED \
+      --what xe,dpp,decode --fast "$FAST" --backend $BACKEND --warmup 2 --json
   done
 fi
 if want 4; then
-  stamp "4. whole epochs as the paper presets run them (loading and validation included), then the recipe"
-  rm -rf /tmp/rdpp-cuda-epochs
-  TAIL=14 run epochs.log 150 $PY benchmarks/data.py epochs --device "$DEVICE" $EPOCHS --rl-epoch dpp \
-    --dir /tmp/rdpp-cuda-epochs --json
-  run recipe.log 30 $PY benchmarks/data.py recipe "$OUT/epochs.log" --json
+  step "4. whole epochs as the paper presets run them (loading and validation included), then the recipe"
+  (( PLAN )) || rm -rf /tmp/rdpp-cuda-epochs
+  run epochs.log 100 $PY benchmarks/data.py epochs --device "$DEVICE" $EPOCHS --xe-configs "${XE_CONFIGS:-preset:fp32}" \
+    --rl-epoch dpp --dir /tmp/rdpp-cuda-epochs --json
+  run recipe.log 5 $PY benchmarks/data.py recipe "$OUT/epochs.log" --json
 fi
-stamp "5. summary"
-$PY benchmarks/models_speed.py --summary "$OUT"/test_cuda.log "$OUT"/models_*.log "$OUT"/epochs.log "$OUT"/recipe.log
-stamp "done"
+step "5. summary"
+run summary.log 5 $PY benchmarks/models_speed.py --summary "$OUT"/test_cuda.log "$OUT"/models_*.log "$OUT"/epochs.log \
+  "$OUT"/recipe.log
+if (( PLAN )); then
+  echo "total: $TOTAL s (the CUDA limits: at most 480 s)"
+else
+  stamp "done"
+fi

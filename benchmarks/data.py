@@ -226,14 +226,17 @@ def show_loader(res: dict, args) -> None:
 
 # -- epochs --------------------------------------------------------------------------------------------
 
-def parse_configs(spec: str) -> list[tuple[int, str, bool]]:
+def parse_configs(spec: str, preset_batch: int = 0) -> list[tuple[int, str, bool]]:
     """``128:fp32,128:fp32:ss`` -> [(128, "fp32", False), (128, "fp32", True)]: XE epochs' batch size,
-    precision and whether scheduled sampling runs (at the schedule's largest probability)."""
+    precision and whether scheduled sampling runs (at the schedule's largest probability); the batch
+    ``preset`` is the preset's (``preset_batch``)."""
     out = []
     for item in filter(None, spec.split(",")):
         b, prec, *ss = item.split(":")
+        b = str(preset_batch) if b == "preset" and preset_batch else b
         if not b.isdigit() or prec not in ("fp32", "bf16", "fp16") or ss not in ([], ["ss"]):
-            raise SystemExit(f"--xe-configs {spec}: give BATCH:PRECISION[:ss] items, e.g. 128:fp32,128:fp32:ss")
+            raise SystemExit(f"--xe-configs {spec}: give BATCH:PRECISION[:ss] items (BATCH a number or preset), "
+                             "e.g. 128:fp32,128:fp32:ss")
         out.append((int(b), prec, bool(ss)))
     return out
 
@@ -291,13 +294,16 @@ def bench_epochs(work: Path, args) -> dict:
             out = init if stage == "xe" and not init.exists() else work / f"run-{stage}"
             t = time.perf_counter()
             train(out)
-            if cache != "untimed":
+            if cache == "untimed":  # the warm-up: compiling (the fast path), caches; reported apart
+                res.setdefault("warmup", []).append({"stage": stage, **kw, "s": time.perf_counter() - t})
+            else:
                 res["epochs"].append({"stage": stage, **kw, "cache": cache, "workers": w,
                                       **epoch_row(out, time.perf_counter() - t, rows - val)})
+            show_progress(res, args, (res["warmup"] if cache == "untimed" else res["epochs"])[-1])
             if out != init:
                 shutil.rmtree(out, ignore_errors=True)
 
-        for batch, prec, ss in parse_configs(args.xe_configs):
+        for batch, prec, ss in parse_configs(args.xe_configs, recipe("att2in", "xe", args.preset)["batch_size"]):
             epoch("xe", lambda out: train_xe(xe_options(ss, out=out, preset=args.preset, epochs=1, batch_size=batch,
                                                         precision=prec, **run)),
                   batch=batch, precision=prec, ss="ss" if ss else "")
@@ -305,6 +311,19 @@ def bench_epochs(work: Path, args) -> dict:
             epoch(reward, lambda out: finetune(init, reward=reward, m=args.m, preset="paper", epochs=1, out=out, **run),
                   m=args.m, batch=rl_batch, precision="fp32")
     return res
+
+
+def show_progress(res: dict, args, e: dict) -> None:
+    """The epoch (or warm-up) ``e`` just run, printed at once, and with ``--json`` every result so far as
+    the JSON line ``data.py recipe`` reads: a run stopped at its time limit still reports what it measured."""
+    what = e["stage"] + (" ss" if e.get("ss") else "") + f" batch {e['batch']} {e['precision']}"
+    if "cache" not in e:
+        print(f"warm-up (untimed; compiling included) {what}: {e['s']:.1f} s", flush=True)
+    else:
+        print(f"epoch {what}, {e['cache']} cache, {e['workers']} workers: {e['images_per_s']:,.0f} images/s, "
+              f"{e['epoch_s']:.1f} s (validation {e['val_s']:.1f} s)", flush=True)
+    if args.json:
+        print(json.dumps({"benchmark": "data_epochs", "partial": True, "xe_epoch": res}), flush=True)
 
 
 def show_epochs(res: dict, args) -> None:
@@ -315,6 +334,9 @@ def show_epochs(res: dict, args) -> None:
                 f"({res.get('gpu', args.device)}; data loading included)",
                 ["stage", "batch", "precision", "cache", "workers", "images/s", "epoch s", "val s",
                  "a COCO epoch (113,287 images) s"], rows)
+    for e in res.get("warmup", []):
+        print(f"warm-up (untimed; compiling included) {e['stage'] + (' ss' if e.get('ss') else '')} batch {e['batch']} "
+              f"{e['precision']}: {e['s']:.1f} s")
 
 
 # -- write ---------------------------------------------------------------------------------------------
@@ -509,7 +531,7 @@ def show_recipe(args) -> None:
     for (stage, batch, prec, ss), r in sorted(rates.items()):
         print(f"  {stage + (' ss' if ss else ''):<8}{batch:>6}{prec:>6}{r['images_per_s']:>8,.0f} images/s"
               f"{coco_epoch(r, val):>8,.0f} s")
-    rows = recipes(rates, recipe("att2in", "xe"), recipe("att2in", "finetune"), val)
+    rows = recipes(rates, recipe("att2in", "xe", res["preset"]), recipe("att2in", "finetune"), val)  # RL: always paper
     for r in rows:
         print(f"  {r['recipe']}: {r['gpu_hours']:.2f} {'GPU-hours' if res.get('gpu') else 'hours on the ' + res['device']}")
     if not rows:
@@ -541,7 +563,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="paper", help="the XE epochs' model (small: a CPU check of the code path)")
     b = recipe("att2in", "xe", "paper")["batch_size"]
-    p.add_argument("--xe-configs", default=f"{b}:fp32,{b}:fp32:ss", help="BATCH:PRECISION[:ss],... (ss: scheduled sampling)")
+    p.add_argument("--xe-configs", default=f"{b}:fp32,{b}:fp32:ss", help="BATCH:PRECISION[:ss],... (ss: scheduled sampling; BATCH preset: the preset's)")
     p.add_argument("--val", type=int, default=0, help="rows in the val split, validated after every epoch")
     p.add_argument("--caches", default="warm,cold", help="warm, cold or both")
     p.add_argument("--rl-epoch", default="", help="also RL epochs of these rewards (dpp,scst) from the first XE epoch's model")

@@ -394,29 +394,25 @@ def decode_sides(b: Bench) -> tuple[dict, list, dict]:
     return sides, pairs, check
 
 
-def run(b: Bench) -> tuple[dict, list, dict, dict]:
+def run(b: Bench):
     """Each asked row group (in the order of ``ALL``) built, checked (SystemExit when rdpp and the
-    peer disagree), timed, dropped."""
+    peer disagree), timed, dropped; yields (group, timed, pairs, checks, rates) as each one ends."""
     rewards = [w for w in ("scst", "dpp") if w in b.args.what]
     build = {"xe": lambda: xe_sides(b), "rl": lambda: rl_sides(b, rewards), "decode": lambda: decode_sides(b)}
-    timed, pairs, checks, rates = {}, [], {}, {}
     for name in [g for g in build if g in b.args.what or g == "rl" and rewards]:
-        sides, p, checks[name] = build[name]()
+        sides, p, check = build[name]()
         warm = {k: f for k, f in sides.items() if any(v in k.split() for v in VARIANTS)}
         for k, fn in warm.items():  # the fast sides' extra warm-ups (CUDA graphs record here)
             err = guarded(lambda fn=fn: [fn() for _ in range(b.args.warmup)] and {})
             if err:
-                checks[name][k] = err
+                check[k] = err
                 del sides[k]
         step = lambda: steps(sides, b.args.repeat, b.device, flops=set(sides) - set(warm))  # noqa: E731
         t, mm = on_roofline(step, b.args.precision, b.device, b.args.matmul_size) if b.args.matmul_size else (step(), {})
-        rates.update(mm)
-        timed.update(t)
-        pairs += [x for x in p if x[1] in t and x[2] in t]
         if b.args.profile:
             profile(sides, b.device, 12)
         sides.clear(), warm.clear()  # the group's models go before the next group's are built
-    return timed, pairs, checks, rates
+        yield name, t, [x for x in p if x[1] in t and x[2] in t], {name: check}, mm
 
 
 def profile(sides: dict, device: torch.device, rows: int) -> None:
@@ -807,41 +803,63 @@ def main(argv=None) -> None:
     if "select" in args.what:
         selection(b)
     if timing:
-        report(b, *run(b))
+        for i, group in enumerate(run(b)):  # each group's rows printed as it ends: a run cut short still reports
+            report(b, *group, header=i == 0)
     if not ok:
         sys.exit(1)
 
 
-def report(b: Bench, t: dict, pairs: list, checks: dict, rates: dict) -> None:
+def report(b: Bench, group: str, t: dict, pairs: list, checks: dict, rates: dict, header: bool = True) -> None:
+    """One row group's table, ratios and checks (``header``: the run's title first), flushed; with
+    ``--json`` its JSON line (one per group: ``--summary`` reads them all)."""
     args, m = b.args, machine_info()
     where = m["gpu"] if b.device.type == "cuda" else f"{m['machine']}; {m['threads']} threads"
-    print(f"{b.title} against {b.peer_title}, {'quick sizes' if args.quick else 'paper preset'}, batch {args.batch} "
-          f"images, vocab {b.s.vocab}, {b.s.regions}x{b.s.feat} att, on {where}; seconds, medians of {args.repeat} "
-          f"interleaved runs per side")
-    print(f"{'step':<58}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}  decode / reward / backward")
+    if header:
+        print(f"{b.title} against {b.peer_title}, {'quick sizes' if args.quick else 'paper preset'}, batch {args.batch} "
+              f"images, vocab {b.s.vocab}, {b.s.regions}x{b.s.feat} att, on {where}; seconds, medians of {args.repeat} "
+              f"interleaved runs per side")
+        print(f"{'step':<58}{'median':>9}{'best':>9}{'images/s':>10}{'GFLOP':>8}{'peak MiB':>10}  decode / reward / backward")
     for name, o in t.items():
         timed_in_parts = o["results"] and isinstance(o["results"][-1], dict)  # the RL steps
         parts = " / ".join(f"{np.median([r[p] for r in o['results']]):.4f}" for p in PHASES) if timed_in_parts else ""
         print(f"{name:<58}{o['median']:>9.4f}{o['best']:>9.4f}{args.batch / o['median']:>10.1f}"
               f"{o['gflop']:>8.0f}{o['peak_mib']:>10,.0f}  {parts}")
     if rates:
-        print("matmul rate (torch.mm, median of before and after): "
+        print(f"matmul rate ({group}; torch.mm, median of before and after): "
               + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in rates.items()))
     ratios = {label: t[ref]["median"] / t[mine]["median"] for label, mine, ref in pairs}
-    print("ratios of medians (how many times faster rdpp's side is):", *(f"  {k}: {v:.2f}" for k, v in ratios.items()), sep="\n")
+    if ratios:
+        print("ratios of medians (how many times faster rdpp's side is):",
+              *(f"  {k}: {v:.2f}" for k, v in ratios.items()), sep="\n")
     for k, c in checks.items():
         print(f"checked first ({k}): {json.dumps(c, default=float)}")
     if args.json:
         rows = {k: {kk: v for kk, v in o.items() if kk != "results"} for k, o in t.items()}
-        print(json.dumps({"benchmark": "models_speed", "model": args.model, "title": b.title, "batch": args.batch,
-                          "quick": args.quick, "device": args.device, "machine": m, "steps": rows, "ratios": ratios,
-                          "pairs": pairs, "matmul_gflops": rates, "checks": checks}, default=float))
+        print(json.dumps({"benchmark": "models_speed", "model": args.model, "title": b.title, "group": group,
+                          "batch": args.batch, "quick": args.quick, "device": args.device, "machine": m, "steps": rows,
+                          "ratios": ratios, "pairs": pairs, "matmul_gflops": rates, "checks": checks}, default=float))
+    sys.stdout.flush()
+
+
+def fast_compiles(r: dict) -> list[tuple[str, str]]:
+    """(side, its compile seconds or error) of every fast side a models_speed line checked."""
+    out = []
+    for group, checks in r.get("checks", {}).items():
+        for name, c in checks.items():
+            if not isinstance(c, dict) or not ("compile_s" in c or name in VARIANTS or name.split()[-1] in VARIANTS):
+                continue
+            side = f"{r['title']} {group} {name}" if name in VARIANTS else name.removeprefix("rdpp ")
+            out.append((side, f"{c['compile_s']:.1f} s" if "compile_s" in c else c.get("error", "?")))
+    return out
 
 
 def summary(paths: list[str]) -> None:
     """One table of every figure the logs' JSON lines hold: each model's rows against the peer and
-    the fast path, the epochs and the recipe's projection (benchmarks/cuda_check.sh ends with it)."""
+    the fast path, every fast side's compile seconds (or why it has none), the epochs (their warm-ups
+    apart) and the recipe's projection (benchmarks/cuda_check.sh ends with it)."""
     lines = [json.loads(ln) for p in paths if Path(p).is_file() for ln in open(p) if ln.startswith("{")]
+    epochs = [r for r in lines if r.get("benchmark") == "data_epochs"][-1:]  # the last holds every epoch so far
+    lines = [r for r in lines if r.get("benchmark") != "data_epochs"] + epochs
     print(f"{'figure':<64}{'rdpp':>12}{'other side':>12}{'ratio':>8}")
     for r in lines:
         if r.get("benchmark") == "models_speed":
@@ -849,7 +867,12 @@ def summary(paths: list[str]) -> None:
                 x = r["ratios"][label]
                 print(f"{r['title'] + ' ' + label:<64}{1e3 * r['steps'][mine]['median']:>10.1f}ms"
                       f"{1e3 * r['steps'][ref]['median']:>10.1f}ms{x:>7.2f}x")
+            for side, took in fast_compiles(r):
+                print(f"{'compile ' + side:<64}{took:>12}")
         elif r.get("benchmark") == "data_epochs":
+            for e in r["xe_epoch"].get("warmup", []):
+                print(f"{'warm-up (compiling) ' + e['stage'] + ' batch ' + str(e['batch']) + ' ' + e['precision'] + ' ' + e.get('ss', ''):<64}"
+                      f"{e['s']:>10.1f} s")
             for e in r["xe_epoch"]["epochs"]:
                 print(f"{'epoch ' + e['stage'] + ' batch ' + str(e['batch']) + ' ' + e['precision'] + ' ' + e.get('ss', ''):<64}"
                       f"{e['images_per_s']:>8,.0f} im/s{'':>12}")

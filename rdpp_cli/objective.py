@@ -24,6 +24,7 @@ Needs torch (the weights and the loss are tensors): the trainer extra, ``pip ins
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +41,16 @@ except ImportError:  # the core install: say what to install, in one line
 from rdpp_cli.data import vocab as V
 from rdpp_cli.data.karpathy import tokenize as _karpathy_tokenize
 from rdpp_cli.errors import RdppError
-from rdpp_cli.metrics.self_cider import self_cider_from_kernel
-from rdpp_cli.metrics.train_cider import TrainCider, doc_freq_with_eos, eos_id
+from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider, doc_freq_with_eos, eos_id
+from rdpp_cli.objective_checks import decoded_text, refuse_vocabulary_logprobs
+from rdpp_cli.objective_hf import Generated, generated_logprobs
+from rdpp_cli.objective_trl import trl_reward
+from rdpp_cli.training.finetune import reward_weights
 from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.rewards import pg_loss
 
-__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize"]
+__all__ = ["Objective", "StepResult", "Weights", "REWARD_NAMES", "tokenize", "generated_logprobs", "Generated",
+           "trl_reward"]
 
 # the rewards of `rdpp finetune --reward` this API computes: every one of the table but those that add the
 # model's XE loss on the references (xe-cider), which only the caller's model can compute
@@ -58,7 +63,8 @@ Decode = Callable[[list[int]], str]
 
 def tokenize(text: str) -> list[str]:
     """Words of a caption by rdpp's rule (``rdpp prepro``'s, for a sentence given as text): lower
-    case, letters and digits only, split at everything else ("A dog's toy." -> a, dog, s, toy)."""
+    case, letters and digits of any script only, split at everything else ("A dog's toy." -> a, dog,
+    s, toy; "Ein Mädchen." -> ein, mädchen). Segment a script written without spaces into words first."""
     return _karpathy_tokenize(text)
 
 
@@ -103,9 +109,7 @@ class Objective:
         if self.reward not in REWARD_NAMES:
             raise RdppError(f"reward {self.reward!r} is not one this API computes (Objective); use one of "
                             f"{', '.join(REWARD_NAMES)} (xe-cider needs the model's XE loss: add it yourself)")
-        if self.baseline not in BASELINES:
-            raise RdppError(f"baseline {self.baseline!r} is not one of {', '.join(BASELINES)} (Objective); "
-                            "pass baseline='none' or 'mean'")
+        _check_baseline(self.reward, self.baseline)
         if int(self.m) < self.spec.min_m:
             raise RdppError(f"m={self.m} is too few samples per image for reward {self.reward} (Objective): "
                             f"{self.spec.min_m_why.replace('--m ', 'm=')}")
@@ -132,6 +136,7 @@ class Objective:
         ``ref_len``: references are clipped to that many words and those as long as it scored
         without the end token (rdpp's ``captions.h5`` labels; None: no clipping). ``rdpp finetune``
         on a data artifact made with ``--max-length L`` is ``max_len=L, ref_len=L``."""
+        _check_limits(max_len=max_len, ref_len=ref_len)
         tokens = {key: [tokenize(c) for c in _caption_list(key, caps)] for key, caps in references.items()}
         if not tokens:
             raise RdppError("no references given (Objective.from_references); pass {image id: [caption, ...]}")
@@ -139,11 +144,13 @@ class Objective:
         if empty is not None:
             raise RdppError(f"image {empty!r} has {'a reference without a word' if tokens[empty] else 'no references'} "
                             "(Objective.from_references); remove it or give it captions with words")
+        words_given = words is not None
         if words is None:
             words = V.build_vocab((c for caps in tokens.values() for c in caps), int(word_count_threshold))
         words = list(words) + ([] if V.UNK in words else [V.UNK])
         w2i, unk = V.word_to_id(words), words.index(V.UNK) + 1
         ids = {key: [[w2i.get(t, unk) for t in c] for c in caps] for key, caps in tokens.items()}
+        _check_unk(ids, unk, "words=" if words_given else f"word_count_threshold={word_count_threshold}")
         eos = eos_id(len(words))
         df = doc_freq_with_eos(list(ids.values()), eos, words=words)
         cider = TrainCider(df, eos, max_len or _NO_LIMIT, ref_len or _NO_LIMIT)
@@ -169,7 +176,7 @@ class Objective:
         if decode is None:
             raise RdppError(f"{what} are token ids but no decode function was given (Objective); pass "
                             "decode=tokenizer.decode (ids -> text) or the captions as strings")
-        return [str(decode(list(c))) for c in flat]
+        return [decoded_text(decode, list(c)) for c in flat]
 
     # -- one step -----------------------------------------------------------------------------------
     def refs_for(self, image_ids: Sequence[Hashable]) -> list[np.ndarray]:
@@ -195,29 +202,12 @@ class Objective:
             raise RdppError(f"reward {self.reward} compares each sample with its image's greedy caption "
                             "(Objective); pass greedy= (B captions)")
         greedy_texts = self.texts(greedy, B, decode, "greedy") if self.spec.greedy else None
-        q, g, K = self._scores(self.encode(texts).reshape(B, m, -1),
-                               None if greedy_texts is None else self.encode(greedy_texts), refs)
-        w, more = self.spec.weight_fn()(q, g, None if K is None else torch.from_numpy(K), self.baseline)
-        logs = {"sample_cider": float(q.mean()), **{k: float(v) for k, v in more.items()}}
-        if K is not None and m > 1:
-            logs["self_cider"] = float(self_cider_from_kernel(K).mean())
-        return Weights(w.to(torch.float32), q, logs, texts)
-
-    def _scores(self, samples: np.ndarray, greedy: np.ndarray | None, refs: list[np.ndarray]
-                ) -> tuple[Tensor, Tensor | None, np.ndarray | None]:
-        """q (B, m), g (B,) or None, and the samples' kernel (B, m, m) where needed, as rdpp finetune
-        scores them (``TrainCider``)."""
-        B, m, T = samples.shape
-        want_kernel = self.spec.kernel or m > 1  # R-DPP's kernel, or the logged self-CIDEr
-        if greedy is None and want_kernel:
-            q, K = self.cider.score_and_pairwise(samples, refs)
-            return torch.from_numpy(q), None, K
-        hyps, index = samples.reshape(B * m, T), np.repeat(np.arange(B), m)
-        if greedy is not None:
-            hyps, index = _stack(hyps, greedy), np.concatenate([index, np.arange(B)])
-        scores = self.cider.score(hyps, refs, index)
-        g = torch.from_numpy(scores[B * m:]) if greedy is not None else None
-        return torch.from_numpy(scores[:B * m].reshape(B, m)), g, self.cider.pairwise(samples) if want_kernel else None
+        scorer = _KeepScores(self.cider)  # finetune's reward, on its host backend: one scoring path
+        samples_ids = torch.from_numpy(self.encode(texts)).view(B, m, -1)
+        greedy_ids = None if greedy_texts is None else torch.from_numpy(self.encode(greedy_texts))
+        w, logs = reward_weights(scorer, self.spec.weight_fn(), self.spec.kernel or m > 1, self.baseline,
+                                 samples_ids, greedy_ids, refs)
+        return Weights(w, scorer.sample_scores(B, m), {k: float(v) for k, v in logs.items()}, texts)
 
     def loss(self, weights: Tensor, logprobs: Tensor, mask: Tensor | None = None, *,
              lengths: Tensor | Sequence[int] | None = None) -> Tensor:
@@ -228,23 +218,20 @@ class Objective:
         every token the policy drew, its end token included; 0 for padding and for an end token
         forced at the length limit), or per-caption sums ``logprobs`` (B, m) or (B*m,) with
         ``lengths``, the number of tokens each sum holds. ``weights`` (B, m) carry no gradient."""
-        w = weights.detach().reshape(-1).to(logprobs.device)
+        w = _loss_weights(weights, logprobs, self.m)
+        refuse_vocabulary_logprobs(logprobs, weights)
+        per_caption = tuple(weights.shape)  # (B, m)
         N, groups = w.shape[0], self.m if self.spec.per_slot else 1
         if mask is not None:
-            if mask.shape != logprobs.shape:
-                raise RdppError(f"mask {tuple(mask.shape)} and logprobs {tuple(logprobs.shape)} differ in shape "
-                                "(Objective.loss); pass one mask entry per token")
-            if logprobs.dim() not in (2, 3) or logprobs.numel() != N * logprobs.shape[-1]:
-                raise RdppError(f"logprobs {tuple(logprobs.shape)}: expected (B, m, T) or (B*m, T) per-token log-probs "
-                                f"of the {N} captions weighted (Objective.loss); pass one row per caption")
+            mask = _token_mask(mask, logprobs, per_caption)
             return pg_loss(logprobs.reshape(N, -1), mask.reshape(N, -1).to(logprobs.device), w, groups=groups)
         if lengths is None:
             raise RdppError("logprobs without mask are per-caption sums and need lengths= (tokens in each sum) "
                             "for rdpp's normalisation (Objective.loss); pass lengths or the per-token mask")
-        if logprobs.numel() != N:
-            raise RdppError(f"logprobs {tuple(logprobs.shape)}: expected one sum per caption ({N}) or a mask= for "
-                            "per-token log-probs (Objective.loss)")
-        n = torch.as_tensor(lengths, dtype=logprobs.dtype, device=logprobs.device).reshape(N)
+        if tuple(logprobs.shape) not in (per_caption, (N,)):
+            raise RdppError(f"logprobs {tuple(logprobs.shape)}: expected one sum per caption, {per_caption} or ({N},), "
+                            "or a mask= for per-token log-probs (Objective.loss)")
+        n = _caption_lengths(lengths, N, logprobs)
         tokens = n.sum() if groups == 1 else n.view(-1, groups).sum(0)
         return pg_loss(logprobs.reshape(N, 1), torch.ones(N, 1, dtype=logprobs.dtype, device=logprobs.device), w,
                        groups=groups, tokens=tokens)
@@ -259,6 +246,27 @@ class Objective:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+class _KeepScores(NumpyScoring):
+    """``NumpyScoring`` that keeps the samples' CIDEr-D it computed (``reward_weights`` returns the
+    weights; :class:`Weights` also reports the scores)."""
+
+    _scores: Tensor | None = None
+
+    def score(self, hyps: Any, refs: list[np.ndarray], ref_index: Any = None) -> Tensor:
+        self._scores = super().score(hyps, refs, ref_index)
+        return self._scores
+
+    def score_and_pairwise(self, samples: Any, refs: list[np.ndarray]) -> tuple[Tensor, Tensor]:
+        q, K = super().score_and_pairwise(samples, refs)
+        self._scores = q.reshape(-1)
+        return q, K
+
+    def sample_scores(self, B: int, m: int) -> Tensor:
+        """q (B, m): the first B*m rows scored are the samples (the greedy captions follow)."""
+        assert self._scores is not None
+        return self._scores[:B * m].reshape(B, m)
+
 
 def _caption_list(key: Hashable, caps: Any) -> list[str]:
     if isinstance(caps, str) or not all(isinstance(c, str) for c in caps):
@@ -285,9 +293,20 @@ def _flatten(captions: Any, what: str) -> list:
     if isinstance(captions, str):
         return [captions]
     items = list(captions)
-    if not items or all(isinstance(c, (int, np.integer)) for c in items):  # one caption's ids
+    if not items or all(_is_id(c) for c in items):  # one caption's ids (ints, or 0-d integer tensors)
         return [[int(c) for c in items]]
     return [c for item in items for c in _flatten(item, what)]
+
+
+def _is_id(c: Any) -> bool:
+    """One token id: an int, or a 0-d integer array or tensor (what iterating over a 1-d tensor gives)."""
+    if isinstance(c, (bool, np.bool_)):
+        return False
+    if isinstance(c, (int, np.integer)):
+        return True
+    if isinstance(c, Tensor):
+        return c.dim() == 0 and not c.is_floating_point() and not c.is_complex() and c.dtype != torch.bool
+    return isinstance(c, np.ndarray) and c.ndim == 0 and c.dtype.kind in "iu"
 
 
 def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -297,6 +316,90 @@ def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
     return out
 
 
-def _stack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    T = max(a.shape[1], b.shape[1])
-    return np.concatenate([np.pad(a, ((0, 0), (0, T - a.shape[1]))), np.pad(b, ((0, 0), (0, T - b.shape[1])))])
+# -- argument checks: each bad argument is one RdppError line (what, where, what to pass) ---------
+
+def _check_baseline(reward: str, baseline: str) -> None:
+    if baseline not in BASELINES:
+        raise RdppError(f"baseline {baseline!r} is not one of {', '.join(BASELINES)} (Objective); "
+                        "pass baseline='none' or 'mean'")
+    if baseline != "none" and "baseline" not in REWARDS[reward].settings:
+        with_baseline = [r.name for r in REWARDS.values() if "baseline" in r.settings]
+        raise RdppError(f"baseline={baseline!r} applies to reward {' or '.join(with_baseline)} only (Objective); "
+                        "pass baseline='none', or reward='scst-mean' for SCST with a mean baseline")
+
+
+def _check_limits(**limits: Any) -> None:
+    """``max_len``, ``ref_len``: None (no limit) or a number of words >= 1."""
+    for name, value in limits.items():
+        if value is None:
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise RdppError(f"{name}={value!r} is not a length limit (Objective.from_references); pass a number "
+                            "of words (1 or more), or None for no limit")
+
+
+def _check_unk(ids: Mapping[Hashable, list[list[int]]], unk: int, vocabulary: str) -> None:
+    """The references' share of UNK: none of their words known is refused (every caption would score
+    alike); above ``V.HIGH_UNK`` a warning, as ``rdpp prepro`` gives."""
+    flat = [t for caps in ids.values() for c in caps for t in c]
+    share = sum(t == unk for t in flat) / len(flat)
+    if share == 1.0:
+        raise RdppError(f"every word of the references is UNK under {vocabulary} (Objective.from_references); "
+                        "pass the references' own vocabulary (words=None) or a lower word_count_threshold")
+    if share > V.HIGH_UNK:
+        warnings.warn(f"{share:.1%} of the reference words are UNK under {vocabulary} (Objective.from_references); "
+                      "CIDEr-D cannot tell those words apart: a lower word_count_threshold or a wider words= keeps "
+                      "more", stacklevel=3)
+
+
+def _loss_weights(weights: Any, logprobs: Any, m: int) -> Tensor:
+    """``weights`` (B, m) as a flat (B*m,) tensor on the log-probs' device, after checking both are tensors."""
+    if isinstance(weights, (Weights, StepResult)):
+        raise RdppError(f"loss() takes the weights tensor, got a {type(weights).__name__} object (Objective.loss); "
+                        "pass its .weights")
+    for name, value in (("weights", weights), ("logprobs", logprobs)):
+        if not isinstance(value, Tensor):
+            raise RdppError(f"{name} is a {type(value).__name__}, not a torch tensor (Objective.loss); pass the "
+                            f"{'weights tensor (B, m)' if name == 'weights' else 'log-probs as a tensor with their graph'}")
+    if weights.dim() != 2 or weights.shape[1] != m:
+        raise RdppError(f"weights {tuple(weights.shape)}: expected (B, {m}) (Objective.loss); pass the weights "
+                        "that weights() or step() returned")
+    return weights.detach().reshape(-1).to(logprobs.device)
+
+
+def _token_mask(mask: Any, logprobs: Tensor, per_caption: tuple[int, int]) -> Tensor:
+    """The per-token mask as a tensor, after checking that ``logprobs`` is (B, m, T) or (B*m, T) and the
+    mask has its shape."""
+    B, m = per_caption
+    if logprobs.dim() not in (2, 3) or (logprobs.dim() == 3 and tuple(logprobs.shape[:2]) != (B, m)) \
+            or (logprobs.dim() == 2 and logprobs.shape[0] != B * m):
+        raise RdppError(f"logprobs {tuple(logprobs.shape)}: expected (B, m, T) = ({B}, {m}, T) or (B*m, T) = ({B * m}, T) "
+                        "per-token log-probs "
+                        "of the captions weighted (Objective.loss); pass one row per caption, image-major")
+    if not isinstance(mask, Tensor):
+        try:
+            mask = torch.as_tensor(np.asarray(mask))
+        except (TypeError, ValueError, RuntimeError):
+            raise RdppError(f"mask is a {type(mask).__name__} that is not an array of 0/1 (Objective.loss); pass "
+                            "a tensor or array shaped as logprobs") from None
+    if mask.shape != logprobs.shape:
+        raise RdppError(f"mask {tuple(mask.shape)} and logprobs {tuple(logprobs.shape)} differ in shape "
+                        "(Objective.loss); pass one mask entry per token")
+    return mask
+
+
+def _caption_lengths(lengths: Any, N: int, logprobs: Tensor) -> Tensor:
+    """``lengths``: N token counts, each 1 or more (every caption holds at least its end token or a word)."""
+    try:
+        n = torch.as_tensor(np.asarray(lengths.detach().cpu() if isinstance(lengths, Tensor) else lengths),
+                            dtype=logprobs.dtype)
+    except (TypeError, ValueError, RuntimeError):
+        raise RdppError(f"lengths is a {type(lengths).__name__}, not numbers (Objective.loss); pass the tokens "
+                        f"in each of the {N} sums") from None
+    if n.numel() != N:
+        raise RdppError(f"lengths holds {n.numel()} counts for {N} captions (Objective.loss); pass the tokens in "
+                        "each caption's sum, image-major")
+    if not bool(torch.isfinite(n).all()) or bool((n < 1).any()):
+        raise RdppError(f"lengths holds {float(n.min()):g} (Objective.loss); each caption's sum holds 1 token or "
+                        "more: pass the tokens in each sum")
+    return n.reshape(N).to(logprobs.device)

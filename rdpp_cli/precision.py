@@ -25,16 +25,17 @@ CPU flag alone never picks bf16: on an H200 bf16 was slower than fp32 in every t
 measured). A device that lists no bf16 arithmetic (a GPU before compute capability 8.0; a CPU
 without ``avx512_bf16``, ``amx_bf16`` or Arm's ``bf16`` in ``/proc/cpuinfo``) is fp32 without
 measuring. The result is cached per machine (``$XDG_CACHE_HOME/rdpp/precision.json``, keyed by the
-device's name, torch version, threads, the model and its widths, the batch and the fast path:
-``probe_key``), so the probe runs once per kind of run. fp16 is never chosen by ``auto`` (on a CPU
-without float16 matrix units it is ~13x slower than fp32). docs/training.md ("Precision") has the
-measurements.
+device's name, torch version, threads, the model and a hash of its config, the batch and the fast
+path: ``probe_key``; a cache that cannot be written is said so, and the next run measures again), so the probe runs once per kind of run. fp16 is never chosen by ``auto`` (on a CPU
+without float16 matrix units it is many times slower than fp32). docs/training.md ("Precision") says
+why; benchmarks/README.md has the measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -280,13 +281,24 @@ def _device_name(device: torch.device) -> str:
     return model
 
 
+def model_hash(shape: ProbeShape) -> str:
+    """The first 16 hex digits of the sha256 of the probe model's config fields (``model_fields``,
+    as sorted JSON): the key's stand-in for a config that can be large (a Hugging Face model's holds
+    its whole config and its tokenizer's files)."""
+    fields = shape.model_fields()
+    text = json.dumps({k: fields[k] for k in fields if k not in ("vocab_size", "att_feat_size")}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def probe_key(shape: ProbeShape, device: torch.device | str = "cpu") -> str:
     """The cache key: what the measurement depends on (the device's model, torch, threads, the model
-    and its widths, the batch, the fast path, what the probe times: an entry measured by another
-    probe is measured again)."""
+    and a hash of its config fields, the batch, the fast path, what the probe times: an entry
+    measured by another probe is measured again). A few hundred characters whatever the model."""
     device = torch.device(device)
-    fields = shape.model_fields()
-    widths = "/".join(f"{k}={fields[k]}" for k in sorted(fields) if k not in ("vocab_size", "att_feat_size"))
+    widths = f"config {model_hash(shape)}"
+    if shape.rnn_size is not None:
+        widths = f"rnn {shape.rnn_size} {widths}"
     return (f"{_device_name(device)} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
             f"{shape.model} {shape.preset} {widths} | att {shape.regions}x{shape.att_feat_size} vocab "
             f"{shape.vocab_size} | batch {shape.images}x{shape.seq_per_img}x{shape.steps} | fast {shape.fast} "
@@ -307,16 +319,30 @@ def read_cache(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def write_cache(path: Path, key: str, entry: dict) -> None:
+def write_cache(path: Path, key: str, entry: dict) -> str | None:
     """Add ``entry`` under ``key`` (atomically: a temporary file renamed over the old one). A cache
-    that cannot be written is skipped: the next run measures again."""
+    that cannot be written is skipped, its temporary file removed, and the reason returned (None:
+    written); the next run measures again."""
     data = read_cache(path)
     data[key] = entry
-    with contextlib.suppress(OSError):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return e.strerror or type(e).__name__
+    return None
+
+
+def _cache_entry(shape: ProbeShape, timing: dict[str, float | None]) -> dict:
+    """What the cache keeps of a measurement: the timings, the choice, the rule, the shape (its model
+    config as ``model_hash``, not the config itself) and when."""
+    return {**timing, "choice": choose_precision(timing["fp32_s"], timing["bf16_s"]), "min_speedup": BF16_MIN_SPEEDUP,
+            "shape": {**asdict(dataclasses.replace(shape, config=())), "config": model_hash(shape)},
+            "measured": time.strftime("%Y-%m-%d %H:%M")}
 
 
 def auto_precision(shape: ProbeShape, device: torch.device) -> str:
@@ -333,12 +359,13 @@ def auto_precision(shape: ProbeShape, device: torch.device) -> str:
         from rdpp_cli.console import note
 
         timing = probe_cpu_bf16(shape) if device.type == "cpu" else probe_bf16(shape, device)
-        entry = {**timing, "choice": choose_precision(timing["fp32_s"], timing["bf16_s"]),
-                 "min_speedup": BF16_MIN_SPEEDUP, "shape": asdict(shape), "measured": time.strftime("%Y-%m-%d %H:%M")}
-        write_cache(path, key, entry)
+        entry = _cache_entry(shape, timing)
+        failed = write_cache(path, key, entry)
         ratio = f"{timing['fp32_s'] / timing['bf16_s']:.2f}x fp32's speed" if timing["bf16_s"] else "far slower"
+        kept = (f"measured once, cached in {path}" if failed is None else
+                f"not cached: {path} cannot be written ({failed}), so the next run measures again")
         note(f"--precision auto: bf16 ran at {ratio} for this run's {shape.model} step on this {device.type} (bf16 "
-             f"needs {BF16_MIN_SPEEDUP:.2f}x): {entry['choice']} (measured once, cached in {path})")
+             f"needs {BF16_MIN_SPEEDUP:.2f}x): {entry['choice']} ({kept})")
     return entry["choice"]
 
 

@@ -291,11 +291,14 @@ def assert_decodes_like_the_peer(model, ref, att, fc=None, att_mask=None) -> Non
 # -- a tiny Hugging Face captioner (the `hf` extra) -----------------------------------------------------
 
 def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int = 16, dec_dim: int = 32,
-                      layers: int = 2, dropout: float = 0.1, seed: int = 0, eos: bool = True) -> Path:
+                      layers: int = 2, dropout: float = 0.1, seed: int = 0, eos: bool = True, positions: int = 64,
+                      embeddings: int | None = None) -> Path:
     """A tiny random ``VisionEncoderDecoderModel`` (a 2-layer ViT of 32x32 images in 8x8 patches,
     ``enc_dim`` wide, and a GPT-2 decoder with cross-attention, ``dec_dim`` wide) with a byte-level BPE
     tokenizer trained on ``texts`` (default: the tiny data's captions) and a ViT image processor,
-    written with ``save_pretrained`` to ``path``. ``eos=False``: a tokenizer without an end token."""
+    written with ``save_pretrained`` to ``path``. ``eos=False``: a tokenizer without an end token;
+    ``positions``: the decoder's ``n_positions``; ``embeddings``: its ``vocab_size`` (default: the
+    tokenizer's size)."""
     import transformers as tf
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -312,7 +315,7 @@ def tiny_hf_captioner(path: Path, texts: list[str] | None = None, enc_dim: int =
     enc = tf.ViTConfig(hidden_size=enc_dim, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=2 * enc_dim,
                        image_size=32, patch_size=8)
     start = fast.eos_token_id if eos else 0
-    dec = tf.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=dec_dim, n_layer=layers, n_head=4,
+    dec = tf.GPT2Config(vocab_size=embeddings or len(fast), n_positions=positions, n_embd=dec_dim, n_layer=layers, n_head=4,
                         add_cross_attention=True, is_decoder=True, bos_token_id=start, eos_token_id=fast.eos_token_id,
                         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     cfg = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
@@ -346,3 +349,20 @@ def scoring_att2in(data: DataArtifact, out: Path) -> dict:
     TrainingRecipe(stage="xe", model=model, data=data, out_dir=out, opts=opts, step_fn=XELoss(),
                    inputs=[data.artifact], manifest_config={}).run()
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+class WrappedFile:
+    """A file object passed through to ``f`` (a context manager too), for a test to override ``write``
+    with a fault: a lost write, a full disk."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)

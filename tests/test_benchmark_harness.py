@@ -101,3 +101,43 @@ def test_the_summary_reads_the_harness_lines(models_speed, tmp_path, capsys):
     models_speed.main(["--summary", str(log)])
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("Att2in xe fp32") and "10.0ms" in row and "20.0ms" in row and "2.00x" in row
+
+
+@pytest.mark.unit
+def test_the_summary_has_every_fast_sides_compile_seconds_and_the_last_epochs(models_speed, tmp_path, capsys):
+    """A fast side that compiled shows its seconds, one that failed its error; of the epochs' lines (one
+    after every epoch, so that a run stopped at its limit still reports) only the last counts."""
+    log = tmp_path / "models_att2in.log"
+    xe = {"benchmark": "models_speed", "title": "Att2in", "group": "xe", "ratios": {}, "pairs": [], "steps": {},
+          "checks": {"xe": {"logprob": 1e-6, "float64": {"loss_abs_diff": 0.0}, "fast": {"equal": True, "compile_s": 47.7}}}}
+    rl = {**xe, "group": "rl", "checks": {"rl": {"reward": {"q": 0.0}, "rdpp Att2in dpp m=5 fast": {"error": "InductorError: x"},
+                                                 "rdpp Att2in scst m=5 fast": {"equal": True, "compile_s": 61.25}}}}
+    log.write_text(json.dumps(xe) + "\n" + json.dumps(rl) + "\n")
+    epochs = tmp_path / "epochs.log"
+    first = {"stage": "xe", "batch": 128, "precision": "fp32", "ss": "", "images_per_s": 1000.0}
+    line = lambda eps: json.dumps({"benchmark": "data_epochs", "xe_epoch": {  # noqa: E731
+        "warmup": [{"stage": "xe", "batch": 128, "precision": "fp32", "ss": "", "s": 34.0}], "epochs": eps}})
+    epochs.write_text(line([first]) + "\n" + line([first, {**first, "stage": "dpp", "images_per_s": 700.0}]) + "\n")
+    models_speed.main(["--summary", str(log), str(epochs)])
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[-2:] for ln in out if ln.startswith("compile ")] == [["47.7", "s"], ["InductorError:", "x"],
+                                                                             ["61.2", "s"]]
+    assert any(ln.startswith("compile Att2in xe fast") for ln in out)
+    assert [ln.split()[1] for ln in out if ln.startswith("epoch ")] == ["xe", "dpp"]  # the last line's, once each
+    assert [ln for ln in out if ln.startswith("warm-up (compiling) xe batch 128")][0].split()[-2:] == ["34.0", "s"]
+
+
+@pytest.mark.unit
+def test_cuda_checks_plan_lists_every_step_within_eight_minutes():
+    """``cuda_check.sh --device cpu --plan`` runs nothing: each step with its time limit on CUDA, which
+    together fit one 8-minute call."""
+    import re
+    import subprocess
+
+    out = subprocess.run(["bash", str(BENCHMARKS / "cuda_check.sh"), "--device", "cpu", "--plan"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    limits = {log: int(s) for s, log in re.findall(r"^\s*(\d+) s\s+(\S+\.log)\s", out, re.M)}
+    assert set(limits) == {"test_cuda.log", "models_att2in.log", "models_updown.log", "models_transformer.log",
+                           "epochs.log", "recipe.log", "summary.log"}, out
+    assert sum(limits.values()) <= 480 and f"total: {sum(limits.values())} s" in out
+    assert re.search(r"models_updown\.log .*--fast fast", out) and re.search(r"models_transformer\.log .*--fast fast", out)

@@ -3,6 +3,7 @@ refusals, and the page in headless Chromium (skipped where Debian's chromium is 
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -312,7 +313,7 @@ def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_pat
     from rdpp_cli.captioning import contact_sheet
 
     root, data, arts, _, test_ids = ws
-    real_write, real_thumbnail, calls = Path.write_bytes, contact_sheet.thumbnail, []
+    real_fdopen, real_thumbnail, calls = os.fdopen, contact_sheet.thumbnail, []
 
     def thumbnail(*a, **kw):  # Ctrl-C while the third photo is read
         calls.append(1)
@@ -320,12 +321,20 @@ def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_pat
             raise KeyboardInterrupt
         return real_thumbnail(*a, **kw)
 
-    def write_bytes(self, content):  # the disk full when the third thumbnail is written
-        if self.suffix == ".jpg" and self.parent.name == "thumbs":
-            calls.append(self.name)
+    from helpers import WrappedFile
+
+    class Full(WrappedFile):  # a file on a full disk: its writes fail
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fdopen(fd, *a, **kw):  # the disk full when the third thumbnail is written (its temp file)
+        f = real_fdopen(fd, *a, **kw)
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if target.parent.name == "thumbs" and ".jpg." in target.name:
+            calls.append(target.name)
             if len(calls) == 3:
-                raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(self, content)
+                return Full(f)
+        return f
 
     out = tmp_path / "page"
     args = ("compare", *(a.path for a in arts[:2]), "--out", out, "--workspace", root)
@@ -333,7 +342,7 @@ def test_a_compare_interrupted_at_the_thumbnails_finishes_when_rerun(ws, tmp_pat
         if fault == "interrupt":
             m.setattr(contact_sheet, "thumbnail", thumbnail)
         else:
-            m.setattr(Path, "write_bytes", write_bytes)
+            m.setattr(os, "fdopen", fdopen)
         r = rdpp(*args)
     assert r.exit_code == (130 if fault == "interrupt" else 1), r.output
     if fault == "full disk":

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from rdpp_cli.data import vocab as V
-from rdpp_cli.data.karpathy import load_karpathy, tokenize
+from rdpp_cli.data.karpathy import load_karpathy, records_from_dataset, tokenize
 from rdpp_cli.data.prepro import prepro_coco
 
 FIXTURE = Path(__file__).parent / "fixtures" / "karpathy_small.json"
@@ -192,3 +192,14 @@ def test_auto_threshold_on_the_fixture_and_a_bad_value(tmp_path):
     assert json.loads((art.path / "vocab.json").read_text())["words"] == ["a", "cat", "dog", "ran", "UNK"]
     with pytest.raises(RdppError, match="neither a count nor 'auto'"):
         run_fixture(tmp_path / "bad", word_count_threshold="many")
+
+
+@pytest.mark.unit
+def test_tokenize_keeps_letters_of_every_script():
+    """Letters outside ASCII are letters ("Mädchen", not "m dchen"); ASCII text is tokenized as before."""
+    assert tokenize("Ein Mädchen, café-au-lait!") == ["ein", "mädchen", "café", "au", "lait"]
+    assert tokenize("Ma\u0308dchen ＡＢＣ") == ["mädchen", "abc"]  # NFKC: composed, full-width folded
+    assert tokenize("A dog\u2019s toy") == ["a", "dog", "s", "toy"]
+    recs = records_from_dataset({"images": [{"filename": "a.jpg", "cocoid": 1, "split": "train",
+                                             "sentences": [{"raw": "Zwei Mädchen spielen."}]}]}, "x.json")
+    assert recs[0].captions == (("zwei", "mädchen", "spielen"),)

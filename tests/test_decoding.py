@@ -315,6 +315,75 @@ def test_inverse_cdf_draw_matches_the_distribution():
     assert freq[1] == 0 and (draws[:, 1] == 3).all()
 
 
+def _plain_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse CDF by one cumulative sum over the whole row: the first index whose sum passes u of the total."""
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+
+
+def _dyadic_rows() -> torch.Tensor:
+    """Rows of 300 words (two blocks of 128 and a padded one of 44) in multiples of 2**-12, whose sums are
+    exact in float32: zeros scattered, at a block's edges (127, 128, 255, 256) and trailing (250-299); one
+    row with only its last word, one with only its first."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(0, 9, (4, 300), generator=g).float()
+    w[:, [127, 128, 255, 256]] = 0
+    w[1, 250:] = 0
+    w[2] = 0
+    w[2, 299] = 5
+    w[3] = 0
+    w[3, 0] = 7
+    return w / 2 ** 12
+
+
+@pytest.mark.unit
+def test_the_blocked_draw_is_the_plain_inverse_cdf():
+    """Where float sums are exact (no rounding to differ on), the blocked cumulative sums are the plain
+    ones and every uniform draws the plain inverse CDF's index -- including rows of fewer words than a
+    block (top-k's), and zeros at the blocks' edges and in the padding."""
+    from rdpp_cli.models.base import blocked_cumsum, draw_by_cdf
+
+    probs = _dyadic_rows()
+    assert torch.equal(blocked_cumsum(probs), probs.cumsum(-1))
+    u = torch.linspace(0, 1, 2001)[:-1]  # [0, 1)
+    rows = probs.repeat_interleave(len(u), 0)
+    us = u.repeat(len(probs))
+    got = draw_by_cdf(rows, us)
+    assert torch.equal(got, _plain_inverse_cdf(rows, us))
+    assert (rows.gather(1, got.unsqueeze(1)) > 0).all()
+    assert set(got.view(4, -1)[2].tolist()) == {299} and set(got.view(4, -1)[3].tolist()) == {0}
+    short = probs[[0, 1, 3], :100].repeat_interleave(len(u), 0)  # one block (row 2 has no word there)
+    assert torch.equal(draw_by_cdf(short, us[:len(short)]), _plain_inverse_cdf(short, us[:len(short)]))
+
+
+@pytest.mark.unit
+def test_a_target_at_the_total_draws_the_last_word_of_positive_probability():
+    """u = 1 (or a product rounded up to the row's total) passes every cumulative sum: the draw is the
+    last word that can be drawn, never a word of probability 0 after it (nor padding)."""
+    from rdpp_cli.models.base import draw_by_cdf
+
+    probs = _dyadic_rows()
+    last = [int(torch.nonzero(r).max()) for r in probs]
+    assert last[1] < 250 and last[2] == 299
+    assert draw_by_cdf(probs, torch.ones(4)).tolist() == last
+    assert draw_by_cdf(torch.tensor([[0.5, 0.5, 0.0, 0.0]]), torch.ones(1)).tolist() == [1]
+
+
+@pytest.mark.unit
+def test_the_blocked_draw_picks_the_plain_index_at_the_papers_vocabulary():
+    """Softmax rows at 9,488 words: the blocked sums differ from the plain ones by float rounding only,
+    so the same uniforms draw the same words (a draw could differ only for a uniform within rounding of a
+    boundary: none among these 25,000)."""
+    from rdpp_cli.models.base import blocked_cumsum, draw_by_cdf
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(250, 9488, generator=g), -1)
+    torch.testing.assert_close(blocked_cumsum(probs), probs.cumsum(-1), rtol=0, atol=1e-6)
+    for _ in range(100):
+        u = torch.rand(250, generator=g)
+        assert torch.equal(draw_by_cdf(probs, u), _plain_inverse_cdf(probs, u))
+
+
 @pytest.mark.unit
 def test_nucleus_beyond_the_top_128_words_matches_a_full_sort():
     """Rows whose nucleus is wider than the top-128 shortcut fall back to a full sort: same set."""

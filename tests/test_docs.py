@@ -175,3 +175,172 @@ def test_workspace_doc_lists_the_schemas_the_code_writes_and_reads():
             documented[kind] = (int(written), [int(x) for x in read.split(",")])
     assert documented == {k: (manifest.SCHEMAS[k], list(range(manifest.OLDEST_READ[k], manifest.SCHEMAS[k] + 1)))
                           for k in manifest.SCHEMAS}
+
+
+# -- the recipe tables of docs/training.md are the registry's (rdpp_cli/models/registry.py) ------------------
+
+def _num(v: float) -> str:
+    """A setting as the tables write it: 5e-4, 0.999, 1e-8, 30, 1."""
+    if v == int(v) and abs(v) >= 1:
+        return str(int(v))
+    return re.sub(r"e-0*", "e-", f"{v:.0e}") if abs(v) < 1e-2 else f"{v:g}"
+
+
+def _schedule(r: dict) -> str:
+    if r["lr_schedule"] == "noam":
+        return f"noam, {r['warmup']} warm-up steps"
+    if r["lr_schedule"] == "plateau":
+        return "plateau"
+    if r["lr_decay_every"] <= 0:
+        return "step, no decay"
+    return f"step, ×{_num(r['lr_decay_rate'])} every {r['lr_decay_every']} epochs"
+
+
+def recipe_cells(stage: str, r: dict) -> list[str]:
+    """The checked cells of a recipe row, from the registry's recipe ``r``."""
+    cells = [str(r["epochs"]), str(r["batch_size"]), _num(r["lr"]), _schedule(r)]
+    if stage == "train-xe":
+        ss = r["ss_start"]
+        cells += [f"{_num(r['adam_beta2'])}, {_num(r['adam_eps'])}", "off" if ss < 0 else f"from epoch {ss}"]
+    return cells
+
+
+def doc_table(text: str, title: str) -> dict[str, list[str]]:
+    """The table that follows the line starting with ``title``: first cell (code marks dropped) -> cells."""
+    lines = text[text.index(title):].splitlines()[1:]
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = {}
+    for line in lines[first + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_recipe_cells_render_the_registry_as_the_tables_write_it():
+    from rdpp_cli.models.registry import model_spec
+    assert recipe_cells("train-xe", model_spec("att2in").recipe("train-xe", "paper")) == [
+        "30", "128", "5e-4", "step, ×0.8 every 15 epochs", "0.999, 1e-8", "from epoch 0"]
+    assert recipe_cells("finetune", model_spec("transformer").recipe("finetune", "paper")) == [
+        "35", "10", "1e-5", "plateau"]
+    assert _num(2e-5) == "2e-5" and _num(1.0) == "1" and _num(0.98) == "0.98"
+
+
+@pytest.mark.parametrize("stage,preset", [("train-xe", "paper"), ("finetune", "paper"),
+                                          ("train-xe", "small"), ("finetune", "small")])
+def test_the_recipe_tables_of_training_md_are_the_registrys(stage, preset):
+    """One source for the recipes: every row of the registry is in its table with every value."""
+    from rdpp_cli.models.registry import MODELS
+    table = doc_table((ROOT / "docs" / "training.md").read_text(), f"**`{stage} --preset {preset}`**")
+    assert set(table) == set(MODELS), f"{stage} --preset {preset}: rows {sorted(table)}, models {sorted(MODELS)}"
+    for name, spec in MODELS.items():
+        want = recipe_cells(stage, spec.recipe(stage, preset))
+        assert table[name][:len(want)] == want, (stage, preset, name, table[name][:len(want)], want)
+
+
+# -- every speed figure of README.md is its source row's in benchmarks/README.md -----------------------------
+
+SPEED = re.compile(r"(\d[\d,]*(?:\.\d+)?) ?(ms|s|×|x)(?![\w])")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+BENCH_LINK = re.compile(r"\]\(benchmarks/README\.md#([\w-]+)\)")
+
+
+def section(text: str, anchor: str) -> str:
+    """The text under the heading whose GitHub anchor is ``anchor``, to the next heading of its level or above."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(#{1,6}) +(.+?) *#*$", line)
+        if m and slug(m.group(2)) == anchor:
+            level = len(m.group(1))
+            end = next((j for j in range(i + 1, len(lines))
+                        if re.match(rf"^#{{1,{level}}} ", lines[j])), len(lines))
+            return "\n".join(lines[i:end])
+    return ""
+
+
+def _found(figure: str, numbers: list[str]) -> bool:
+    """``figure`` is one of ``numbers`` at the precision it is written with (84 is 84.0; 697 is 697.3)."""
+    from decimal import ROUND_HALF_UP, Decimal
+    want = Decimal(figure.replace(",", ""))
+    step = Decimal(1).scaleb(want.as_tuple().exponent)
+    return any(Decimal(n.replace(",", "")).quantize(step, rounding=ROUND_HALF_UP) == want for n in numbers)
+
+
+def unsourced_speed_figures(readme: str, bench: str) -> list[str]:
+    """Speed figures (a number then ms, s, × or x) in the tables of README's "How fast" section that are
+    not in the benchmarks/README.md section their row links to (or, for a row without a link, the
+    section the paragraph above its table links to)."""
+    how = readme[readme.index("## How fast"):]
+    how = how[:how.find("\n## ", 1)] if "\n## " in how[1:] else how
+    bad, paragraph_source = [], None
+    for block in re.split(r"\n\s*\n", how):
+        rows = [line for line in block.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+        if not rows:
+            links = BENCH_LINK.findall(block)
+            paragraph_source = links[-1] if links else paragraph_source
+            continue
+        for row in rows:
+            cells = [c.strip() for c in row.strip().strip("|").split("|")]
+            sources = BENCH_LINK.findall(row) or ([paragraph_source] if paragraph_source else [])
+            numbers = [n for s in sources for n in NUMBER.findall(section(bench, s))]
+            for cell in cells[1:]:
+                for figure, unit in SPEED.findall(re.sub(r"\[[^\]]*\]\([^)]*\)", "", cell)):
+                    if not _found(figure, numbers):
+                        bad.append(f"{cells[0]}: {figure} {unit} not in benchmarks/README.md#{' #'.join(sources) or '(no link)'}")
+    return bad
+
+
+def test_the_speed_check_finds_a_figure_its_source_lacks():
+    bench = "# B\n\n## Steps\n\n| a | 41.4 | 697.3 | 4.76× |\n\n## Other\n\n13.3 ms\n"
+    good = ("## How fast\n\n| step | t | r |\n|---|---|---|\n"
+            "| XE | 41.4 ms, 697 ms | 4.76× [s](benchmarks/README.md#steps) |\n")
+    assert unsourced_speed_figures(good, bench) == []
+    wrong = good.replace("4.76×", "3.1×").replace("41.4 ms", "13.3 ms")  # 13.3 is in another section
+    assert unsourced_speed_figures(wrong, bench) == [
+        "XE: 13.3 ms not in benchmarks/README.md#steps", "XE: 3.1 × not in benchmarks/README.md#steps"]
+    # a row without a link takes the link of the paragraph above its table
+    para = "## How fast\n\nSee [b](benchmarks/README.md#steps).\n\n| step | t |\n|---|---|\n| XE | 41.4 ms |\n| SCST | 9 ms |\n"
+    assert unsourced_speed_figures(para, bench) == ["SCST: 9 ms not in benchmarks/README.md#steps"]
+
+
+def test_every_speed_figure_of_the_readme_is_its_benchmark_rows():
+    bad = unsourced_speed_figures((ROOT / "README.md").read_text(), (ROOT / "benchmarks" / "README.md").read_text())
+    assert not bad, "README.md's speed figures must be those of their source in benchmarks/README.md:\n" + "\n".join(bad)
+
+
+# -- the capabilities the stages look up on a model by name are documented beside the Protocol ---------------
+
+LOOKUP = re.compile(r"\b(?:getattr|hasattr)\(\s*(?:unwrap\()?(?:model|net|c)\b(?:\.config)?\)?,\s*\"(\w+)\"")
+NOT_CAPABILITIES = {"module", "config"}  # DistributedDataParallel's wrapper; the config itself (in the Protocol)
+
+
+def looked_up_names(text: str) -> set[str]:
+    return set(LOOKUP.findall(text)) - NOT_CAPABILITIES
+
+
+def test_the_lookup_scan_finds_capabilities_and_only_those():
+    code = ('a = getattr(unwrap(model), "supports_fast", False)\nb = hasattr(net, "export")\n'
+            'c2 = getattr(model.config, "d_model", None)\nd = getattr(model, "module", model)\n'
+            'e = getattr(opts, "hf_model")\n')
+    assert looked_up_names(code) == {"supports_fast", "export", "d_model"}
+
+
+def test_every_model_capability_looked_up_by_name_is_documented_in_models_base():
+    """models/base.py's docstring lists every method or config field that code outside the model files
+    looks up on a model by name (CONTRIBUTING.md, "A new model", points there)."""
+    import rdpp_cli.models.base as base
+
+    model_files = {"att2in.py", "updown.py", "transformer.py", "hf.py"}
+    hf_models = {"objective_hf.py"}  # looks up a transformers model's own API (get_encoder), not rdpp's
+    found = {}
+    for p in sorted((ROOT / "rdpp_cli").rglob("*.py")):
+        if p.name not in model_files | hf_models:
+            for name in looked_up_names(p.read_text()):
+                found.setdefault(name, p.relative_to(ROOT).as_posix())
+        if ".from_folder(" in p.read_text() and p.name not in model_files:
+            found.setdefault("from_folder", p.relative_to(ROOT).as_posix())
+    assert len(found) >= 4, found  # the scan sees the lookups (its own test above pins what it matches)
+    missing = [f"{name} (looked up in {where})" for name, where in sorted(found.items())
+               if f"``{name}" not in base.__doc__ and f"``config.{name}``" not in base.__doc__]
+    assert not missing, "document these in rdpp_cli/models/base.py's docstring:\n" + "\n".join(missing)

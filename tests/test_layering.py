@@ -24,7 +24,7 @@ LAYERS = [
     {"data", "models", "precision"},  # precision: --precision auto times the model itself
     {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
-    {"demo", "objective"},  # objective: the public API of the finetune objective (docs/api.md)
+    {"demo", "objective", "objective_checks", "objective_hf", "objective_trl"},  # objective*: the public API of the finetune objective (docs/api.md)
     {"cli", "__main__"},
 ]
 RANK = {pkg: k for k, layer in enumerate(LAYERS) for pkg in layer}

@@ -19,16 +19,17 @@ import torch
 from rdpp_cli.artifacts import is_complete, read_artifact
 from rdpp_cli.models import load_checkpoint
 
-from helpers import failure_line, model_artifact, rdpp, write_tiny_data
+from helpers import WrappedFile, failure_line, model_artifact, rdpp, write_tiny_data
 
 pytestmark = pytest.mark.integration
 
 
-class _Lossy:
+class _Lossy(WrappedFile):
     """A file object that loses its first write of at least ``least`` bytes (dropped or zeroed)."""
 
     def __init__(self, f, how: str, least: int, lost: list):
-        self._f, self._how, self._least, self._lost = f, how, least, lost
+        super().__init__(f)
+        self._how, self._least, self._lost = how, least, lost
 
     def write(self, data):
         n = len(memoryview(data).cast("B"))
@@ -38,15 +39,6 @@ class _Lossy:
                 self._f.write(bytes(n))
             return n  # reported written
         return self._f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self._f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self._f.__exit__(*exc)
 
 
 def lose_a_write(monkeypatch, name: str, how: str, least: int = 1) -> list:
@@ -111,3 +103,18 @@ def test_a_lost_samples_or_manifest_write_is_caught_and_a_rerun_finishes(ws, tmp
     recs = json.loads((read_artifact(out, "rdpp.samples").file("samples.json")).read_text())
     assert len(recs) == 2 and all(len(rec["captions"]) == 2 for rec in recs)
     assert torch.isfinite(torch.tensor([lp for rec in recs for lp in rec["logprobs"]])).all()
+
+
+@pytest.mark.parametrize("name", ["000003.png"])
+def test_a_lost_write_of_a_toy_image_is_caught_and_a_rerun_finishes(tmp_path, monkeypatch, name):
+    """The toy set's images are read back like every file rdpp writes (before, PIL wrote them straight)."""
+    args = ("prepro", "toy", "--images", "30", "--workspace", tmp_path / "ws")
+    with monkeypatch.context() as m:
+        lost = lose_a_write(m, name, "zeroed")
+        r = rdpp(*args)
+    assert lost, "the fault was never injected"
+    failure_line(r, name, "a write was lost", "rerun the same command")
+    assert not is_complete(tmp_path / "ws" / "data" / "toy-v1")
+    r = rdpp(*args)
+    assert r.exit_code == 0, r.output
+    assert is_complete(tmp_path / "ws" / "data" / "toy-v1")

@@ -152,7 +152,7 @@ def test_bad_input_is_one_line(data):
         (lambda: obj.weights([1], torch.ones(1, 2, 3, dtype=torch.long), greedy=["a"]), "no decode function"),
         (lambda: obj.weights([1], ["a", "b"]), "pass greedy="),
         (lambda: obj.loss(torch.ones(1, 2), torch.zeros(2, requires_grad=True)), "need lengths="),
-        (lambda: obj.loss(torch.ones(1, 2), torch.zeros(3, 5), torch.ones(3, 5)), "expected (B, m, T) or (B*m, T)"),
+        (lambda: obj.loss(torch.ones(1, 2), torch.zeros(3, 5), torch.ones(3, 5)), "expected (B, m, T) = (1, 2, T)"),
         (lambda: objective("xe-cider", 2), "xe-cider needs the model's XE loss"),
         (lambda: objective("dpp", 1), "use m=2 or more"),
         (lambda: Objective.from_references({1: "a dog"}), "not a list of caption strings"),

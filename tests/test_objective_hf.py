@@ -90,3 +90,40 @@ def test_the_documented_hugging_face_loop():
     assert out.scores.max() > 1.0 and out.weights.abs().max() > 0.1
     out.loss.backward()
     assert model.decoder.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_generated_logprobs_are_the_models_forward_with_the_encoder_run_once_per_image():
+    """rdpp_cli.objective_hf.generated_logprobs: the log-probs of the model's own forward on every
+    row (1e-5), the words-plus-first-end-token mask, one encoder call on the B images, and a
+    gradient that reaches the encoder through the repeated encoder output."""
+    from rdpp_cli.objective_hf import generated_logprobs
+
+    tokenizer = _tokenizer()
+    pixel_values = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    model = _captioner(tokenizer, pixel_values)
+    m, eos = 4, tokenizer.eos_token_id
+    torch.manual_seed(2)
+    gen = model.generate(pixel_values=pixel_values, do_sample=True, top_k=0, num_return_sequences=m,
+                         max_new_tokens=6, return_dict_in_generate=True)
+    seqs = gen.sequences
+    calls = []
+    hook = model.encoder.register_forward_hook(lambda mod, args, kwargs_out: calls.append(1))
+    try:
+        rows = generated_logprobs(model, pixel_values, gen, m=m)
+    finally:
+        hook.remove()
+    assert len(calls) == 1  # the B images once, not the B*m rows
+    full = model(pixel_values=pixel_values.repeat_interleave(m, 0), decoder_input_ids=seqs[:, :-1]).logits
+    want = full.log_softmax(-1).gather(-1, seqs[:, 1:, None])[..., 0]
+    assert rows.logprobs.shape == want.shape == rows.ids.shape == rows.mask.shape
+    assert float((rows.logprobs - want).detach().abs().max()) < 1e-5 and torch.equal(rows.ids, seqs[:, 1:])
+    ended = (rows.ids == eos).any(1)
+    first = (rows.ids == eos).int().argmax(1)
+    lengths = torch.where(ended, first + 1, torch.full_like(first, rows.ids.shape[1]))
+    assert ended.any() and not ended.all()  # captions that ended and captions cut at max_new_tokens
+    assert torch.equal(rows.mask.sum(1), lengths) and rows.mask.dtype == torch.bool
+    objective = Objective.from_references(REFS, reward="dpp", m=m)
+    out = objective.step(["red", "blue"], rows.ids, rows.logprobs, rows.mask,
+                         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    out.loss.backward()
+    assert model.encoder.embeddings.patch_embeddings.projection.weight.grad.abs().sum() > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,41 @@ def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypat
     monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert P.resolve_precision("auto", "cpu", P.ProbeShape(rnn_size=128)) == "fp32"
     assert len(calls) == 3
+
+
+@pytest.mark.unit
+def test_a_cache_that_cannot_be_written_is_said_so_and_leaves_no_file(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    calls = []
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: calls.append(shape) or {"fp32_s": 2.0, "bf16_s": 1.0})
+    (tmp_path / "rdpp" / "precision.json").mkdir(parents=True)  # a folder where the cache file goes
+    for run in (1, 2):
+        assert P.resolve_precision("auto", "cpu") == "bf16" and len(calls) == run  # measured again
+        err = capsys.readouterr().err
+        assert "not cached" in err and "cannot be written" in err and "cached in" not in err
+        assert [p.name for p in (tmp_path / "rdpp").iterdir()] == ["precision.json"]  # no temporary file
+    shutil.rmtree(tmp_path / "rdpp" / "precision.json")
+    assert P.resolve_precision("auto", "cpu") == "bf16" and "cached in" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_the_cache_key_holds_a_hash_of_a_large_model_config(monkeypatch, tmp_path):
+    """A Hugging Face model's config holds its whole config and tokenizer files (megabytes for GPT-2's):
+    the key and the entry hold their hash, and another tokenizer is another key."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.9})
+
+    def hf(vocab: str) -> P.ProbeShape:
+        return P.ProbeShape(model="hf", config=(("hf_config", {"n_embd": 768, "architectures": ["X"] * 1000}),
+                                                ("tokenizer_files", {"vocab.json": vocab * 1_000_000})))
+    big, other = hf("a"), hf("b")
+    assert len(P.cpu_key(big)) < 300 and P.cpu_key(big) != P.cpu_key(other)
+    assert P.model_hash(big) in P.cpu_key(big) and P.cpu_key(big) == P.cpu_key(hf("a"))
+    assert P.resolve_precision("auto", "cpu", big) == "fp32"
+    path = tmp_path / "rdpp" / "precision.json"
+    assert path.stat().st_size < 2000 and json.loads(path.read_text())[P.cpu_key(big)]["shape"]["config"] == P.model_hash(big)
 
 
 @pytest.mark.unit

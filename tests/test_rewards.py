@@ -277,3 +277,17 @@ def test_pg_loss_divides_by_the_given_token_counts():
     # two slots: slot 0 (3 over 2 tokens), slot 1 (6 over 1 token); given counts (3, 2) instead
     assert float(pg_loss(logp, mask, w, groups=2)) == pytest.approx((3 / 2 + 6 / 1) / 2)
     assert float(pg_loss(logp, mask, w, groups=2, tokens=torch.tensor([3.0, 2.0]))) == pytest.approx((3 / 3 + 6 / 2) / 2)
+
+
+def test_pg_loss_ignores_minus_inf_under_the_mask():
+    """Filtered sampling (top-k, generate's scores) gives -inf log-probs at padding positions; under
+    mask 0 they count for nothing: the loss and its gradient are those of the by-hand case above."""
+    inf = float("inf")
+    logp = t([[-1.0, -2.0, -inf], [-0.5, -inf, -inf]]).requires_grad_()
+    mask = t([[1, 1, 0], [1, 0, 0]])
+    for groups in (1, 2):
+        loss = pg_loss(logp, mask, t([2.0, -1.0]), groups=groups)
+        want = 5.5 / 3 if groups == 1 else (6.0 / 2 + (-0.5) / 1) / 2
+        assert loss.item() == pytest.approx(want, rel=1e-12)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert torch.isfinite(grad).all() and (grad[mask == 0] == 0).all()

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -81,11 +82,13 @@ def _read_back(tmp: str, written: _Hashing, path: Path) -> None:
                            "write was lost although it reported success); nothing was replaced", str(path))
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
     """Call ``write(f)`` on a temp file in the same folder, fsync, read it back (``LostWrite`` unless
     the disk holds what was written), then rename it over ``path``: readers see the old file or the
     whole new one, never a half-written or a damaged one. Ctrl-C and SIGTERM wait for it to end
-    (``artifacts.interrupt``)."""
+    (``artifacts.interrupt``). ``durable=False`` skips the fsync (the read-back stays): for many small
+    files that a rerun makes again (the toy set's images), where an fsync each costs more than the
+    file."""
     path = Path(path)
     with uninterrupted():
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -94,7 +97,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
                 hashing = _Hashing(f)
                 write(hashing)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             _read_back(tmp, hashing, path)
             os.replace(tmp, path)
         except BaseException as e:
@@ -116,7 +120,11 @@ def write_failure(e: BaseException, path: Path, needed: int | None = None) -> OS
     Ctrl-C), to be raised as it is."""
     if isinstance(e, OSError) and e.filename:
         return None  # names its file already
-    if isinstance(e, OSError):
+    if type(e).__name__ == "SafetensorError":  # safetensors' writer (save_pretrained): "... (os error 28)"
+        code = re.search(r"os error (\d+)", str(e))
+        errno = int(code.group(1)) if code else None
+        why = os.strerror(errno) if errno else "safetensors could not write the whole file"
+    elif isinstance(e, OSError):
         # HDF5 puts a many-line report in strerror: the errno says it in a few words
         errno, why = e.errno, os.strerror(e.errno) if e.errno else (str(e.strerror or e) or 'OSError').splitlines()[0]
     elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):
@@ -135,8 +143,18 @@ def write_failure(e: BaseException, path: Path, needed: int | None = None) -> OS
     return OSError(errno, why, str(path))
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    atomic_write(path, lambda f: f.write(data), durable)
+
+
+def figure_bytes(save: Callable[[BinaryIO], None]) -> bytes:
+    """What ``save(buffer)`` writes (a matplotlib ``savefig``, a PIL ``Image.save``), to be written
+    with ``atomic_write_bytes`` and read back like every file."""
+    import io
+
+    buf = io.BytesIO()
+    save(buf)
+    return buf.getvalue()
 
 
 def _non_finite(obj: Any, where: str = "") -> str | None:

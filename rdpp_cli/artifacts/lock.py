@@ -109,6 +109,12 @@ def acquire(folder: Path | str) -> None:
         from rdpp_cli.console import note
 
         note(f"taking over {folder}: the run that held it ({describe(prev)}) is no longer running")
+    _write_record(fd)
+    _held[key] = (fd, os.fstat(fd).st_ino)
+
+
+def _write_record(fd: int) -> None:
+    """This run's record (pid, host, start, command) into the lock file ``fd``."""
     rec = {"pid": os.getpid(), "host": _host(),
            "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "command": " ".join(["rdpp", *sys.argv[1:]]) if Path(sys.argv[0]).name in ("rdpp", "__main__.py") else None}
@@ -116,7 +122,31 @@ def acquire(folder: Path | str) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
     os.fsync(fd)
-    _held[key] = (fd, os.fstat(fd).st_ino)
+
+
+def beside(target: Path | str) -> Path:
+    """The lock file of an output that is replaced whole by a rename and so cannot hold its lock
+    inside (``rdpp export-hf``'s folder): ``<parent>/.<name>.rdpp-lock``."""
+    target = Path(target)
+    return target.parent / f".{target.name}{LOCK}"
+
+
+@contextlib.contextmanager
+def locked_beside(target: Path | str) -> Iterator[None]:
+    """Hold ``beside(target)`` (an exclusive ``flock`` with this run's record) for the block, then
+    remove it; RdppError naming the holder while another live run holds it. The kernel drops the
+    ``flock`` of a process that dies, so a lock file left behind is taken over."""
+    path = beside(target)
+    fd = _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB if fcntl is not None else 0)
+    if fd is None:
+        raise _busy(Path(target), _read(path))
+    try:
+        _write_record(fd)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        _release_fd(fd)
 
 
 def _open_locked(path: Path, flags: int) -> int | None:

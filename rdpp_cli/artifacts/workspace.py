@@ -117,10 +117,17 @@ def _partial_matches(path: Path, kind: str, config: dict) -> bool:
     return saved is not None and saved.get("kind") == kind and saved.get("config") == _identity(config)
 
 
-def _mark_partial(path: Path, kind: str, config: dict) -> None:
+def same_identity(saved: dict, config: dict) -> bool:
+    """Whether a marker's identity ``saved`` is ``config``'s, as JSON sees both."""
+    return saved == _identity(config)
+
+
+def _mark_partial(path: Path, kind: str, config: dict, settings: dict | None = None) -> None:
     """The unfinished-run marker, with the workspace's next sequence number when ``path`` is in a
     workspace: the order of claims decides which artifact is the newest, not the clock."""
     marker = {"kind": kind, "config": _identity(config)}
+    if settings:
+        marker["settings"] = _identity(settings)
     root = workspace_root(path)
     if root is not None:
         marker["sequence"] = _lock.next_number(root / SEQUENCE)
@@ -143,6 +150,7 @@ def prepare_output(
     config: dict,
     force: bool = False,
     reads: Iterable[Path | str | None] = (),
+    settings: dict | None = None,
 ) -> Path:
     """Choose and claim the folder a stage writes to, and lock it for this run (``artifacts.lock``;
     ``finish`` releases it).
@@ -161,7 +169,8 @@ def prepare_output(
 
     ``config`` is the run's identity: what decides its result (options and the manifest hashes of
     its inputs, never paths, so that a moved workspace still resumes). A folder another live run
-    holds is refused with one line naming it.
+    holds is refused with one line naming it. ``settings``: what the run resolved beyond its identity
+    (``--fast auto``'s choice), kept in a new folder's marker for a rerun to read (``unfinished_run``).
     """
     ident = _identity(config)  # a NaN option is refused before any folder is made
     refuse_unwritable(out, workspace=workspace, group=group)
@@ -170,7 +179,7 @@ def prepare_output(
         parent.mkdir(parents=True, exist_ok=True)
         key = hashlib.sha256(json.dumps([kind, name, ident], sort_keys=True).encode()).hexdigest()[:16]
         with _lock.claiming(parent, key):
-            return _new_or_resumed_version(parent, name, kind, config)
+            return _new_or_resumed_version(parent, name, kind, config, settings)
 
     path = Path(out)
     refuse_overlap(path, reads)
@@ -184,11 +193,29 @@ def prepare_output(
                 info(f"resuming unfinished {path}")
                 return path
             _make_room(path, kind, force, workspace)
-        _mark_partial(path, kind, config)
+        _mark_partial(path, kind, config, settings)
     return path
 
 
-def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict) -> Path:
+def unfinished_run(out: Path | str | None, *, workspace: Path | str | None, group: str, name: str,
+                   kind: str) -> tuple[Path, dict] | None:
+    """The unfinished run of ``kind`` a stage would resume if its identity matched (``out``, else the
+    newest version of ``name`` in ``<workspace>/<group>``) and its marker (``kind``, ``config``: the
+    identity, ``settings``); None when there is none. Reads only."""
+    if out is not None:
+        path = Path(out)
+    else:
+        versions = _versions(workspace_dir(workspace) / group, name)
+        if not versions:
+            return None
+        path = versions[-1][1]
+    saved = read_partial(path) if path.is_dir() and not is_complete(path) else None
+    if saved is None or saved.get("kind") != kind or not isinstance(saved.get("config"), dict):
+        return None
+    return path, saved
+
+
+def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict, settings: dict | None = None) -> Path:
     versions = _versions(parent, name)
     if versions:
         k, newest = versions[-1]
@@ -208,7 +235,7 @@ def _new_or_resumed_version(parent: Path, name: str, kind: str, config: dict) ->
         except FileExistsError:
             k += 1
     _lock.acquire(path)
-    _mark_partial(path, kind, config)
+    _mark_partial(path, kind, config, settings)
     return path
 
 

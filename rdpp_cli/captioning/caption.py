@@ -33,7 +33,7 @@ from rdpp_cli.artifacts import Artifact, atomic_write_bytes, atomic_write_json, 
 from rdpp_cli.captioning.contact_sheet import SheetEntry, render_html
 from rdpp_cli.captioning.options import CaptionOptions
 from rdpp_cli.console import console, info, summary_table
-from rdpp_cli.data.backbones import Backbone, build_backbone, file_sha256
+from rdpp_cli.data.backbones import HF_PREFIX, Backbone, build_backbone, file_sha256
 from rdpp_cli.data.caption_files import IMAGE_SUFFIXES, ids_from_names
 from rdpp_cli.data.features import DTYPES, check_images, default_workers, iter_features
 from rdpp_cli.decoding.config import DecodeConfig
@@ -73,6 +73,11 @@ def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, 
     if not name or name == "imported" or not cfg.get("att_size"):
         raise RdppError(f"data artifact {data.path} holds imported features ({cfg.get('features_from')}), not a CNN's; "
                         "rdpp caption needs a model trained on features rdpp extracted (prepro with --backbone)")
+    if name.startswith(HF_PREFIX):
+        return _hf_backbone_of(data, weights), cfg.get("dtype", "float16")
+    if weights is not None and Path(weights).is_dir():
+        raise RdppError(f"--weights {weights} is a folder; data artifact {data.path} was made with {name}: pass its "
+                        "weights file")
     recorded, want = cfg.get("weights"), cfg.get("weights_sha256")
     path = Path(weights) if weights is not None else (data.resolve_path(recorded) if recorded else None)
     needs = f"the file with sha256 {want}" if want else "the same file"
@@ -88,6 +93,25 @@ def backbone_of(data: Artifact, weights: Path | None = None) -> tuple[Backbone, 
         raise RdppError(f"the {name} weights found ({bb.weights}) are not the ones data artifact {data.path} was "
                         "made with; pass --weights PATH to that file")
     return bb, cfg.get("dtype", "float16")
+
+
+def _hf_backbone_of(data: Artifact, folder: Path | None) -> Backbone:
+    """The vision encoder of a data artifact made with ``--backbone hf:DIR``: the recorded folder, or
+    ``folder`` (``--weights DIR``) where it moved; either must hold the weights file of the recorded sha256."""
+    from rdpp_cli.models.hf import check_same_encoder
+
+    cfg = data.config
+    recorded, want = cfg["backbone"][len(HF_PREFIX):], cfg.get("weights_sha256")
+    needs = f"the folder whose weights file has sha256 {want[:12]}…" if want else "the folder it moved to"
+    if folder is None and not Path(recorded).is_dir():
+        raise RdppError(f"the vision encoder folder {recorded} that data artifact {data.path} was made with is gone "
+                        f"(or relative to another folder); pass --weights DIR, {needs}")
+    if folder is not None and not Path(folder).is_dir():
+        raise RdppError(f"--weights {folder}: data artifact {data.path} was made with the vision encoder of a folder "
+                        f"(hf:{recorded}); pass --weights DIR, {needs}")
+    where = Path(folder) if folder is not None else Path(recorded)
+    check_same_encoder(where, want, f"data artifact {data.path}", "--weights " if folder is not None else "hf:")
+    return build_backbone(HF_PREFIX + str(where), att_size=int(cfg["att_size"]), image_size=cfg.get("image_size"))
 
 
 @takes(CaptionOptions)

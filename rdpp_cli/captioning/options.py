@@ -24,8 +24,8 @@ class CaptionOptions(DecodingOptions):
                                "--from", identity=False, record=False)
     method: str = method_option("beam")
     n: int = option(1, "Captions per photo.", check=at_least(1))
-    weights: Path | None = option(None, "The backbone's weights file, when it moved since prepro (same sha256).",
-                                  identity=False, record=False, cli={"dir_okay": False})
+    weights: Path | None = option(None, "The backbone's weights file (for an hf:DIR backbone, its folder), when it "
+                                  "moved since prepro (same sha256).", identity=False, record=False)
     batch_size: int | None = option(None, "Images per extraction batch (default: the data's).", identity=False,
                                     record=False, check=at_least(1))
     workers: int | None = option(None, "Processes decoding images (default: on a GPU the cores but one; on a CPU a "
@@ -44,14 +44,23 @@ class CaptionOptions(DecodingOptions):
 
 @dataclass
 class ExportHFOptions(Options):
-    """`rdpp export-hf MODEL OUT`: a model artifact of ``--model hf`` as a Hugging Face folder."""
+    """`rdpp export-hf MODEL --out DIR`: a model artifact of ``--model hf`` as a Hugging Face folder."""
 
     section = "export_hf"
 
     model: str | None = argument("Model artifact (name or path) of a --model hf run.", required=True, from_alias=True)
-    out: Path | None = argument("The folder to write (VisionEncoderDecoderModel.from_pretrained loads it).",
-                                required=True)
+    target: Path | None = argument("Same as --out (rdpp export-hf MODEL OUT).", cli={"metavar": "OUT"})
+    out: Path | None = option(None, "The folder to write (VisionEncoderDecoderModel.from_pretrained loads it).",
+                              identity=False, record=False)
     hf_model: str | None = option(None, "The save_pretrained folder whose vision encoder and image processor go with "
                                   "the decoder (default: the one the model was trained from).")
-    replace: bool = option(False, "Replace what OUT already holds.", "--force", identity=False, record=False)
+    replace: bool = option(False, "Replace an earlier export in --out.", "--force", identity=False, record=False)
     workspace: Path | None = workspace_option()
+
+    def validate(self) -> None:
+        if self.target is not None and self.out is not None and Path(self.target) != Path(self.out):
+            raise RdppError(f"OUT {self.target} and --out {self.out} name different folders; give one of them")
+        self.out = self.out if self.out is not None else self.target
+        self.target = None
+        if self.out is None:
+            raise RdppError("no folder to write; pass --out DIR (rdpp export-hf MODEL --out DIR)")

@@ -48,9 +48,8 @@ class Backbone:
     weights: str  # where the weights came from: "imagenet (hub cache)", a path, "random init", "none"
     threads: int | None = None  # torch threads while extracting (None: torch's default)
     # images per forward pass on a CPU, in channels-last layout (None: the whole batch, as on a GPU).
-    # A CNN's activations for one 448-px image fit the CPU's caches and a batch's do not: MobileNetV2
-    # took ~18 ms an image one at a time in channels-last against ~60-110 ms in batches of 8
-    # (benchmarks/prepro.py, docs/data.md "Extraction speed").
+    # A CNN's activations for one 448-px image fit the CPU's caches and a batch's do not, so one at a
+    # time is faster there (benchmarks/README.md, "Feature extraction and writing", has the figures).
     cpu_chunk: int | None = None
     weights_sha256: str | None = None  # of the weights file (None: no file)
     missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
@@ -165,7 +164,7 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
     """``hf:DIR``: the vision encoder of a VisionEncoderDecoderModel folder, with its image
     processor's size and normalisation (the images are resized by rdpp's reader, then scaled to
     [0, 1] and normalised with the processor's mean and std)."""
-    from rdpp_cli.models.hf import read_folder, require_transformers
+    from rdpp_cli.models.hf import read_folder, require_transformers, weights_sha256
 
     model, _ = read_folder(folder, option="--backbone hf:")
     tf = require_transformers()
@@ -181,13 +180,13 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
     module = HFEncoder(model.encoder.eval()).eval()
     with torch.no_grad():
         fc, att = module(torch.zeros(1, 3, size, size))
-    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
     patch = getattr(model.config.encoder, "patch_size", None)
     grid = size // patch if patch else int(att.shape[1] ** 0.5)
-    return Backbone(HF_PREFIX + str(folder), module, int(fc.shape[1]), grid, size,
+    folder = str(Path(folder).resolve())  # recorded as an absolute path: `rdpp caption` finds it from any folder
+    return Backbone(HF_PREFIX + folder, module, int(fc.shape[1]), grid, size,
                     tuple(proc.image_mean) if proc.do_normalize else None,
                     tuple(proc.image_std) if proc.do_normalize else None, str(folder),
-                    weights_sha256=file_sha256(files[0]) if files else None, tokens=int(att.shape[1]), cpu_chunk=None)
+                    weights_sha256=weights_sha256(folder), tokens=int(att.shape[1]), cpu_chunk=None)
 
 
 def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pretrained: bool) -> Backbone:

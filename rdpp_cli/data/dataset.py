@@ -221,8 +221,8 @@ class RowReader:
     of one row, no filters; or a contiguous dataset), a row is one ``os.preadv`` of its bytes into
     the output array: no HDF5 selection machinery, no chunk cache, no intermediate copy; rows not
     in the page cache are fetched from disk concurrently (see ``_pread``). (h5py's
-    fancy indexing ``ds[[i, j, ...]]`` on one-row chunks ran at ~70 COCO images/s here; see
-    docs/data.md.) Any other layout (compressed or multi-row chunks, non-native byte order) is
+    fancy indexing ``ds[[i, j, ...]]`` on one-row chunks is far slower; benchmarks/README.md
+    has the figures.) Any other layout (compressed or multi-row chunks, non-native byte order) is
     read through h5py, one row at a time. The extents are checked once against h5py's own read of
     the first and last row; a file whose bytes disagree is read through h5py too.
     """

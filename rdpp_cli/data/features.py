@@ -230,8 +230,8 @@ def default_workers(device: str = "cuda") -> int:
 
     GPU: one per core left over after the main process, at most 8 (decoding JPEGs is the bottleneck
     there). CPU: a quarter of the cores, rounded down (0 on 2 cores). There the CNN's forward runs on
-    torch's threads on every core and a decoding process takes cores from it: on this project's idle
-    2-core machine 0 workers extracted 45 MobileNetV2 images/s and 1 worker 32 (benchmarks/prepro.py).
+    torch's threads on every core and a decoding process takes cores from it (benchmarks/README.md,
+    "Feature extraction and writing", has the figures).
     Decoding a COCO photo costs about a quarter of the CPU time of its forward pass, hence a quarter
     of the cores on larger CPUs (derived from those per-image costs, not measured on such a machine).
     Never more than the cores, which makes torch warn on every run."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from rdpp_cli.errors import RdppError
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 # Karpathy's split file keeps lower-case letters and digits and splits at everything else
 # ("bear's" -> "bear s", "upside-down" -> "upside down"): equal to its tokens for every sentence of
-# ../shared/data/coco-real-390 (tested).
+# ../shared/data/coco-real-390 (tested). Letters and digits of any script count (a word's combining
+# marks with it): "Mädchen" is one word, as neuraltalk2's prepro, which strips ASCII punctuation only.
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -36,8 +38,19 @@ class ImageRecord:
 
 def tokenize(raw: str) -> list[str]:
     """Karpathy-style tokens for a sentence given only as ``raw``: lower case, letters and digits
-    only, split at everything else (punctuation, apostrophes, hyphens)."""
-    return _TOKEN.findall(raw.lower())
+    (of any script, Unicode NFKC-normalised, combining marks kept with their letter) only, split at
+    everything else (punctuation, apostrophes, hyphens, symbols). Text in a script written without
+    spaces (Chinese, Japanese) comes out as one word per run: segment it into words first."""
+    if raw.isascii():
+        return _TOKEN.findall(raw.lower())
+    words, word = [], []
+    for ch in unicodedata.normalize("NFKC", raw).lower():
+        if ch.isalnum() or unicodedata.category(ch)[0] == "M":
+            word.append(ch)
+        elif word:
+            words.append("".join(word))
+            word = []
+    return words + (["".join(word)] if word else [])
 
 
 def load_karpathy(path: Path | str, restval_to_train: bool = True, need_files: bool = True) -> list[ImageRecord]:

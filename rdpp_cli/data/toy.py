@@ -24,11 +24,13 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from rdpp_cli.artifacts import Artifact, atomic_write_bytes
+from rdpp_cli.artifacts.files import figure_bytes
 from rdpp_cli.console import info, progress
 from rdpp_cli.data.options import PreproCocoOptions, PreproToyOptions
 from rdpp_cli.data.prepro import claim_output, plan_prepro, weights_ref, write_data_artifact
@@ -199,7 +201,9 @@ def generate_toy(root: Path, images: int = 3000, seed: int = 0) -> Path:
             shapes = draw_shapes(rng)
             image_id = i + 1
             filename = f"{image_id:06d}.png"
-            render(shapes, rng).save(root / "images" / filename, compress_level=1)
+            image = render(shapes, rng)
+            atomic_write_bytes(root / "images" / filename,
+                               figure_bytes(partial(image.save, format="PNG", compress_level=1)), durable=False)
             sents = []
             for template, tokens in references(shapes, rng):
                 sents.append({"tokens": tokens, "raw": " ".join(tokens), "imgid": i, "sentid": sentid,
@@ -230,7 +234,7 @@ def prepro_toy(opts: PreproToyOptions) -> Artifact:
     image_size = bb.image_size  # a Hugging Face encoder's is its image processor's
     text = {"word_count_threshold": 5, "max_length": 16, "dtype": "float16"}  # fixed: the set's own vocabulary
     config = {"source": "toy", "images": opts.images, "seed": opts.seed, "generator": GENERATOR,
-              "backbone": opts.backbone, "att_size": bb.att_size, "image_size": image_size,
+              "backbone": bb.name, "att_size": bb.att_size, "image_size": image_size,
               "weights": weights_ref(opts.weights, opts.out, opts.workspace), "weights_sha256": bb.weights_sha256,
               **text, "batch_size": opts.batch_size}
     out_dir = claim_output(opts.out, workspace=opts.workspace, name="toy", config=config, force=opts.force,

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from rdpp_cli.decoding.config import METHODS, DecodeConfig
-from rdpp_cli.models.base import select_rows, static_state
+from rdpp_cli.models.base import blocked_cumsum, draw_by_cdf, select_rows, static_state
 
 __all__ = ["METHODS", "SAMPLING", "DecodeConfig", "Decoded", "decode", "draw_uniforms", "static_decode"]
 
@@ -134,19 +134,19 @@ def _device(model) -> torch.device:
 
 def _draw(probs: Tensor, generator: torch.Generator | None, u: Tensor | None = None) -> Tensor:
     """One index per row of ``probs`` (N, K) (non-negative, any scale), by inverse-CDF sampling
-    with the uniforms ``u`` (N,) (None: drawn now from ``generator``).
+    (``draw_by_cdf``: blocked cumulative sums, so that it compiles at any vocabulary) with the
+    uniforms ``u`` (N,) (None: drawn now from ``generator``).
 
-    The same distribution as ``torch.multinomial(probs, 1)``, ~18× cheaper at 9,488 words on CPU.
+    The same distribution as ``torch.multinomial(probs, 1)``, and cheaper on a CPU
+    (benchmarks/README.md, "models_speed.py --what draw", has the figure).
     Without ``u``, on a GPU, where each kernel launch costs more than the arithmetic,
     ``torch.multinomial`` itself.
     """
     if u is None and probs.device.type != "cpu":
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    cdf = probs.cumsum(-1)
     if u is None:
-        u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=cdf.dtype)
-    idx = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(1) * cdf[:, -1:], right=True)
-    return idx.squeeze(1).clamp_(max=probs.shape[-1] - 1)
+        u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=probs.dtype)
+    return draw_by_cdf(probs, u)
 
 
 _NUCLEUS_K = 128  # the nucleus is looked for among the top 128 words first (a full sort is slow)
@@ -156,7 +156,7 @@ def _draw_from_prefix(p: Tensor, i: Tensor, top_p: float, generator: torch.Gener
                       u: Tensor | None = None) -> Tensor:
     """Word ids drawn from the smallest prefix of the descending probabilities ``p`` (ids ``i``)
     that reaches ``top_p`` (never empty)."""
-    keep = (p.cumsum(-1) - p) < top_p
+    keep = (blocked_cumsum(p) - p) < top_p
     keep[:, 0] = True
     return i.gather(1, _draw(p * keep, generator, u).unsqueeze(1)).squeeze(1)
 

@@ -28,22 +28,60 @@ one line in ``rdpp_cli.models.registry`` and its tests (CONTRIBUTING.md, "A new 
   the two passes see the same dropout, so the log-probs that carry the policy gradient are those
   the captions were drawn with (on-policy RL).
 
-Class attributes: ``uses_fc`` (whether ``encode`` reads ``fc``) and ``supports_fast`` (whether the
-training fast path, ``rdpp_cli.training.fast``, can compile it). The fast path needs:
+Class attributes (in the Protocol): ``uses_fc`` (whether ``encode`` reads ``fc``) and
+``supports_fast`` (whether the training fast path, ``rdpp_cli.training.fast``, can compile it).
+
+Optional capabilities, looked up by name
+----------------------------------------
+Beyond the Protocol, the stages look a few methods and config fields up by name (``getattr`` /
+``hasattr``); a model that lacks one gets the fallback said here. This list is the whole set: a
+new lookup on a model belongs here too (CONTRIBUTING.md, "A new model").
+
+The fast path (``supports_fast = True`` promises the first two; ``training.fast.run_steps`` reads
+``supports_fast`` with ``getattr(..., False)`` (``training.fast.run_steps``): absent or False, ``--fast auto`` is off and
+``--fast on`` is refused in one line):
 
 - ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
   with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device); its
-  dropout comes drawn in advance (``draw_dropout``), as the RL step's does;
-- the data's words as its ids (no ``bridge`` of its own): the fast reward scores the ids as words;
-
-and, optionally (``static_state`` and ``traceable_dropout`` below fall back when absent):
-
+  dropout comes drawn in advance (``draw_dropout``), as the RL step's does. The fast path compiles
+  it; ``precision.probe_step`` times it for ``--precision auto`` when the run's ``--fast`` is on and
+  the model has it (``hasattr``), else the eager ``token_logprobs``.
+- the data's words as its ids (no ``bridge`` of its own): the fast reward scores the ids as words
+  (``training.fast.run_steps`` refuses a model that claims ``supports_fast`` with a bridge).
 - ``init_static_state(rows, steps) -> state``: a decoding state whose tensors keep their shapes
   for ``steps`` steps (the Transformer's ``StaticKV``: a preallocated key/value cache, written at
-  each row's position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
-  every step; models whose ``init_state`` is fixed-size already need none;
+  each row's position), so that a compiled or captured sampling loop calls ``step`` with the same
+  shapes at every step. Looked up by ``static_state`` below; absent: ``init_state``, which must then
+  be fixed-size already (the LSTM models').
 - ``traceable_dropout(drop, batch, regions) -> DropoutMasks``: ``drop`` with anything a compiled
-  region cannot read (a generator's seed) drawn out into masks now.
+  region cannot read (a generator's seed) drawn out into masks now. Looked up by
+  ``traceable_dropout`` below; absent: ``drop`` as it is.
+
+A model with a vocabulary of its own (a tokenizer's, as ``models.hf``):
+
+- ``bridge(words, data_seq_length) -> bridge``: the two-way map between the model's token ids and
+  the data's words (``models.bridge.bridge_for``, used by the training loop, the RL reward,
+  validation and ``rdpp sample``/``caption``). Absent: ``WordBridge``, the model's ids are the
+  data's word ids. Its presence also tells ``checkpoint.own_vocabulary`` that the checkpoint's
+  ``vocab`` is the data's words, not the model's output ids.
+- ``export(out, encoder_folder)``: writes the model back in its library's own format
+  (``captioning.export_hf``, ``rdpp export-hf``). Absent: ``rdpp export-hf`` refuses the model in
+  one line. It reads ``config.source`` (the folder the model was read from) when ``--hf-model``
+  is not given.
+
+A pretrained model read from a folder instead of built from sizes:
+
+- ``from_folder(folder, data_seq_length=...)`` (a classmethod): called by
+  ``training.xe.folder_model`` when the model's registry line names a ``folder_option`` (the
+  ``train-xe`` option holding the folder, declared in ``training/options.py``). Absent (no
+  ``folder_option``): the model is built from its registry sizes.
+
+Config fields read by name besides ``vocab_size``, ``seq_length`` and ``att_feat_size``:
+
+- ``config.d_model``: the Noam schedule's scale (``training.loop``); a model without it refuses
+  ``--lr-schedule noam`` in one line.
+- ``config.fc_feat_size``: the pooled features' size for the precision probe's batch
+  (``precision.ProbeShape.of``; absent: 2048).
 """
 
 from __future__ import annotations
@@ -202,13 +240,45 @@ def traceable_dropout(model, drop: "DropoutMasks | None", batch: int, regions: i
     return drop if drop is None or fn is None else fn(drop, batch, regions)
 
 
+SCAN_BLOCK = 128  # blocked_cumsum's block: both of its scans stay short for any vocabulary
+
+
+def blocked_cumsum(x: Tensor, block: int = SCAN_BLOCK) -> Tensor:
+    """``x.cumsum(-1)`` for ``x`` (N, K), taken as two short scans: within blocks of ``block``
+    columns (the last one padded with zeros), then over the blocks' totals, added back as each
+    block's offset. The same sums up to float rounding, and still non-decreasing where ``x`` is
+    non-negative (each block starts from the running total the previous one ended on). Inductor
+    lowers a scan over a whole 9,488-word row to a split scan whose Triton code it cannot generate;
+    scans of at most ``block`` (and K / block) elements it lowers as plain ones."""
+    return _padded_cumsum(x, block)[:, :x.shape[-1]]
+
+
+def _padded_cumsum(x: Tensor, block: int = SCAN_BLOCK) -> Tensor:
+    """``blocked_cumsum`` before the padding is cut off: (N, a multiple of ``block`` >= K), the
+    padded columns holding the row's total."""
+    N, K = x.shape
+    if K <= block:
+        return x.cumsum(-1)
+    nb = -(-K // block)
+    inner = torch.nn.functional.pad(x, (0, nb * block - K)).view(N, nb, block).cumsum(-1)
+    ends = inner[..., -1].cumsum(-1)  # the running total at the end of each block
+    offset = torch.nn.functional.pad(ends[:, :-1], (1, 0))  # ... at its start
+    return (inner + offset.unsqueeze(-1)).view(N, nb * block)
+
+
 def draw_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """One index per row of ``probs`` (N, K) (non-negative, any scale) from uniforms ``u`` (N,) in
     [0, 1): the first index whose cumulative probability passes ``u`` of the row's total (inverse-CDF
-    sampling: ``torch.multinomial``'s distribution, with the randomness drawn beforehand)."""
-    cdf = probs.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1), right=True)
-    return idx.squeeze(1).clamp(max=probs.shape[-1] - 1)
+    sampling: ``torch.multinomial``'s distribution, with the randomness drawn beforehand). The
+    cumulative sums are ``blocked_cumsum``'s, so the draw compiles at any vocabulary. An index of
+    probability 0 is never drawn: where the target reaches the total (u = 1, or rounding), the draw
+    is the last index of positive probability, the first where the sums reach the total (adding a 0
+    leaves a float sum as it is)."""
+    cdf = _padded_cumsum(probs)
+    total = cdf[:, -1:].contiguous()
+    idx = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(1) * total, right=True)
+    last = torch.searchsorted(cdf, total)  # the last index of positive probability
+    return torch.minimum(idx, last).squeeze(1)
 
 
 def scheduled_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,

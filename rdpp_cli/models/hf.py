@@ -81,6 +81,7 @@ class HFCaptionerConfig:
     eos_token_id: int = 0  # the Hugging Face id of the end token (rdpp id 0)
     decoder_start_token_id: int = 0  # the first input
     source: str = ""  # the folder it was read from
+    encoder_sha256: str = ""  # of the folder's weights file (``weights_sha256``): its vision encoder's weights
 
 
 # nothing to size: the folder is the model (both presets keep it as it is)
@@ -126,9 +127,9 @@ def read_folder(path: str | Path, option: str = "--hf-model "):
     try:
         model = tf.VisionEncoderDecoderModel.from_pretrained(path)
         tok = tf.AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except _load_errors() as e:  # a file missing, cut short or damaged (a truncated model.safetensors)
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise RdppError(f"{option}{path} cannot be loaded ({first}); pass a complete save_pretrained folder "
+        raise RdppError(f"{option}{path} cannot be loaded ({first[:200]}); pass a complete save_pretrained folder "
                         "with its tokenizer") from None
     if end_token(model.config, tok) is None:
         raise RdppError(f"{option}{path}: its tokenizer has no end token (eos_token) and its config no "
@@ -136,10 +137,83 @@ def read_folder(path: str | Path, option: str = "--hf-model "):
     return model.eval(), tok
 
 
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What loading a damaged save_pretrained folder raises: a file missing or unreadable, JSON cut
+    short, a safetensors file whose header or data is cut short (``SafetensorError``)."""
+    from safetensors import SafetensorError
+
+    return OSError, ValueError, RuntimeError, SafetensorError
+
+
+def read_back(out: Path, model, tokenizer) -> None:
+    """``LostWrite`` naming the file unless the folder ``out``, just saved from ``model`` and
+    ``tokenizer``, loads back as them: every tensor equal, the same generation config and vocabulary
+    (a write the disk lost while reporting success is found before the folder is renamed into place)."""
+    from rdpp_cli.artifacts.files import LostWrite
+
+    tf = require_transformers()
+    lost = "(a write was lost although it reported success); nothing was replaced"
+    try:
+        again = tf.VisionEncoderDecoderModel.from_pretrained(out)
+        tok = tf.AutoTokenizer.from_pretrained(out)
+    except _load_errors() as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise LostWrite(5, f"read back after writing, it does not load ({first[:160]}) {lost}", str(out)) from None
+    theirs, mine = again.state_dict(), model.state_dict()
+    bad = [k for k, v in mine.items() if k not in theirs or not torch.equal(v, theirs[k])]
+    if bad:
+        raise LostWrite(5, f"read back after writing, {len(bad)} of {len(mine)} tensors differ from those written "
+                           f"(such as {bad[0]}) {lost}", str(out / "model.safetensors"))
+    if again.generation_config.to_dict() != model.generation_config.to_dict():
+        raise LostWrite(5, f"read back after writing, its generation settings differ from those written {lost}",
+                        str(out / "generation_config.json"))
+    if tok.get_vocab() != tokenizer.get_vocab():
+        raise LostWrite(5, f"read back after writing, its tokenizer differs from the one written {lost}", str(out))
+
+
+def weights_sha256(folder: str | Path) -> str | None:
+    """sha256 of a save_pretrained folder's weights file (its first ``*.safetensors``, else ``*.bin``;
+    None without one): what a data artifact made with ``--backbone hf:DIR`` records as
+    ``weights_sha256``, and what tells one encoder from another of the same config."""
+    from rdpp_cli.artifacts import sha256_file
+
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    return sha256_file(files[0]) if files else None
+
+
+def check_same_encoder(folder: str | Path, want: str | None, made: str, option: str) -> None:
+    """RdppError unless ``folder``'s weights file has the sha256 ``want`` (None: nothing recorded,
+    nothing to compare) that ``made`` (the data artifact or model whose features came from it) records."""
+    got = weights_sha256(folder) if want else None
+    if want and got != want:
+        raise RdppError(f"{option}{folder}: its weights (sha256 {(got or 'none')[:12]}…) are not those of the vision "
+                        f"encoder {made} was made with ({want[:12]}…), so the att features came from another "
+                        "encoder; pass that folder, or make the data with this one (--backbone hf:DIR)")
+
+
 def end_token(config, tokenizer) -> int | None:
     """The end token's id: the tokenizer's eos token, else the decoder config's eos_token_id."""
     eos = getattr(tokenizer, "eos_token_id", None)
     return eos if eos is not None else getattr(config.decoder, "eos_token_id", None)
+
+
+def _fit_limits(path: Path, decoder_config, tokens: int, seq_length: int) -> int:
+    """``seq_length``, capped (with a note) where the decoder has fewer positions than a caption of
+    that many tokens needs (the start token and the tokens: ``seq_length + 1``); RdppError for a
+    tokenizer with more tokens than the decoder's embeddings (its ids would index past them)."""
+    rows = decoder_config.vocab_size
+    if tokens > rows:
+        raise RdppError(f"--hf-model {path}: its tokenizer has {tokens} tokens but the decoder's embeddings hold {rows} "
+                        "(vocab_size); pass a folder whose decoder was resized to its tokenizer "
+                        "(model.decoder.resize_token_embeddings(len(tokenizer)), then save_pretrained)")
+    positions = decoder_config.n_positions
+    if seq_length + 1 > positions:
+        from rdpp_cli.console import note
+
+        note(f"--hf-model {path}: its decoder has {positions} positions, fewer than the {seq_length + 1} a caption of "
+             f"{seq_length} tokens needs; captions are decoded to at most {positions - 1} tokens")
+        seq_length = positions - 1
+    return seq_length
 
 
 def tokenizer_files(tokenizer) -> dict[str, str]:
@@ -192,13 +266,15 @@ class HFCaptioner(nn.Module):
         seq_length = seq_length or TOKENS_PER_WORD * data_seq_length
         hf, tok = read_folder(path)
         vcfg = hf.config
+        seq_length = _fit_limits(Path(path), vcfg.decoder, len(tok), seq_length)
         start = vcfg.decoder_start_token_id
         if start is None:
             start = vcfg.decoder.bos_token_id if vcfg.decoder.bos_token_id is not None else end_token(vcfg, tok)
         config = HFCaptionerConfig(
             hf_config=vcfg.to_dict(), tokenizer_files=tokenizer_files(tok), vocab_size=vcfg.decoder.vocab_size - 1,
             seq_length=seq_length, att_feat_size=vcfg.encoder.hidden_size, eos_token_id=int(end_token(vcfg, tok)),
-            decoder_start_token_id=int(start), source=str(Path(path).resolve()))
+            decoder_start_token_id=int(start), source=str(Path(path).resolve()),
+            encoder_sha256=weights_sha256(path) or "")
         model = cls(config)
         model.decoder.load_state_dict(hf.decoder.state_dict())
         if model.enc_to_dec_proj is not None:
@@ -216,11 +292,20 @@ class HFCaptioner(nn.Module):
         """The translation between this model's token ids and a data artifact's ``words``."""
         return TokenBridge(self.tokenizer, self.hf_of.cpu(), words, data_seq_length, self.config.seq_length)
 
+    def check_data(self, data_config: dict, data_path: Path, option: str) -> None:
+        """RdppError unless this model's folder holds the vision encoder that made the data's att
+        features (the data artifact's ``weights_sha256``, when it was made with ``--backbone hf:DIR``)."""
+        if str(data_config.get("backbone", "")).startswith("hf:"):
+            check_same_encoder(self.config.source, data_config.get("weights_sha256"), f"data artifact {data_path}",
+                               option)
+
     def export(self, out: Path, encoder_folder: str | Path) -> None:
         """Write this model as a Hugging Face folder (``VisionEncoderDecoderModel.save_pretrained``,
         the tokenizer and the image processor) into ``out`` (an empty folder): the vision encoder and
-        image processor of ``encoder_folder`` (the folder the model came from), this decoder."""
+        image processor of ``encoder_folder`` (the folder the model came from: its weights file has
+        the ``encoder_sha256`` recorded in training), this decoder."""
         tf = require_transformers()
+        check_same_encoder(encoder_folder, self.config.encoder_sha256 or None, "this model", "--hf-model ")
         hf, _ = read_folder(encoder_folder)
         mine = tf.VisionEncoderDecoderConfig.from_dict(self.config.hf_config).encoder.to_dict()
         if {k: v for k, v in hf.config.encoder.to_dict().items() if k != "_name_or_path"} != \
@@ -232,13 +317,16 @@ class HFCaptioner(nn.Module):
             hf.enc_to_dec_proj.load_state_dict(self.enc_to_dec_proj.state_dict())
         hf.generation_config.decoder_start_token_id = self.config.decoder_start_token_id
         hf.generation_config.eos_token_id = self.config.eos_token_id
+        # rdpp's captions hold at most seq_length tokens: generate ends one cut there with the end token
         hf.generation_config.max_new_tokens = self.config.seq_length + 1
+        hf.generation_config.forced_eos_token_id = self.config.eos_token_id
         hf.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         try:
             tf.AutoImageProcessor.from_pretrained(encoder_folder).save_pretrained(out)
         except (OSError, ValueError):
             pass  # a folder without an image processor: the model still loads
+        read_back(out, hf, self.tokenizer)
 
     # -- the CaptionModel interface --------------------------------------------------------------
     def encode(self, att: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,

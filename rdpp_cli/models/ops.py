@@ -2,12 +2,12 @@
 
 Each computes exactly what a one-line torch expression computes (the same arithmetic up to float
 rounding); it exists only to be faster and to hold less memory than autograd would for that line
-(docs/model.md, "Speed", has the measurements).
+(docs/model.md, "Speed", says how; benchmarks/README.md has the measurements).
 
 - :func:`attention_scores` -- ``e[b, j, r] = w · tanh(k[b, r] + q[b, j])`` for keys k (B, R, A),
   queries q (B, n, A) and w (A,): Att2in's hottest spot (B·n·R·A = 25 M tanh per step at COCO
   shapes). ``tanh(u) = 2σ(2u) − 1``, so ``e = 2 (σ(2k + 2q) @ w) − Σw``, and torch's CPU sigmoid is
-  ~3.5× cheaper than its tanh (the two differ by ~1e-7). It runs a few images at a time so that the
+  cheaper than its tanh (the two differ by ~1e-7). It runs a few images at a time so that the
   (b, n, R, A) block stays in cache (on a GPU all images form one block: a launch per image would
   cost more than the arithmetic), and its backward recomputes the block instead of keeping a 100 MB
   tensor alive for every time step. It takes the keys doubled, ``k2 = 2k`` (the model stores them so).
@@ -46,7 +46,7 @@ def f32(x: Tensor) -> Tensor:
 
 def _images_per_block(per_image: int, x: Tensor) -> int:
     """Cache-sized blocks on a CPU; on a GPU one block (a kernel per image would make the launches,
-    not the arithmetic, the cost: 4x slower than the plain expression on an H200)."""
+    not the arithmetic, the cost)."""
     if x.device.type != "cpu":
         return x.shape[0]
     return max(1, _CHUNK // per_image)

@@ -112,8 +112,7 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
                        "finetune": {"paper": {"epochs": 100, "batch_size": 128, "lr": 5e-4, "lr_decay_every": 15,
                                               "lr_decay_rate": 0.8, "lr_schedule": "step"},
                                     "small": _FT_SMALL}},
-              # one H200, 2026-11-27, batch 50, m = 5, fp32, medians of interleaved steps: XE 13.3 ms against
-              # 63.5 eager, R-DPP 50.8 against 100.1, SCST 63.5 against 97.3, the same numbers
+              # on CUDA: benchmarks/README.md, "GPU figures", has the measurement behind it
               fast_auto=("cuda",)),
     # self-critical.pytorch configs/updown/updown.yml and updown_sc.yml
     ModelSpec("updown", "rdpp_cli.models.updown:UpDown", "rdpp_cli.models.updown:UpDownConfig", "UpDown",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from rdpp_cli.artifacts.files import atomic_write_bytes, figure_bytes
+
 WRAP = 44  # characters per line of a caption
 FONT = 7.0
 
@@ -85,7 +87,7 @@ def draw_figure(cmp, ids: list[int], path: Path, fmt: str, k: int) -> Path:
         for m, s in enumerate(cmp.sets):
             _captions(fig.add_subplot(grid[r, 1 + m]), s, i, k, header=r == 0)
     path = Path(path)
-    fig.savefig(path, format=fmt, dpi=200 if fmt == "png" else None)
+    atomic_write_bytes(path, figure_bytes(lambda f: fig.savefig(f, format=fmt, dpi=200 if fmt == "png" else None)))
     plt.close(fig)
     return path
 

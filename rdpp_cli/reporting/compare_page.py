@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rdpp_cli.artifacts.files import write_failure
+from rdpp_cli.artifacts.files import atomic_write_bytes
 from rdpp_cli.console import progress
 from rdpp_cli.reporting.report import Table, markdown
 
@@ -82,7 +82,7 @@ def write_chunks(cmp, order: list[int], folder: Path) -> int:
     for k in range(0, len(order), CHUNK):
         recs = [_chunk_record(cmp, i) for i in order[k:k + CHUNK]]
         text = f"rdppChunk({k // CHUNK},{json.dumps(recs, ensure_ascii=True, separators=(',', ':'))});\n"
-        (folder / f"chunk-{k // CHUNK:04d}.js").write_text(text, encoding="ascii")
+        atomic_write_bytes(folder / f"chunk-{k // CHUNK:04d}.js", text.encode("ascii"))
         n += 1
     return n
 
@@ -96,10 +96,7 @@ def _thumb(src: Path, dest: Path) -> bool:
         return False
     buf = io.BytesIO()
     thumb.save(buf, format="JPEG", quality=80)
-    try:
-        dest.write_bytes(buf.getvalue())  # a failed write (a full disk) stops the page: never a silent placeholder
-    except OSError as e:
-        raise write_failure(e, dest) or e from e
+    atomic_write_bytes(dest, buf.getvalue())  # a failed write (a full disk) stops the page: never a silent placeholder
     return True
 
 
@@ -184,13 +181,13 @@ def write_page(cmp, out: Path, table: Table, record: dict, per_page: int,
     points = [(s.label, s.summary["self_cider"], s.summary["CIDEr"]) for s in cmp.sets]
     plot_points(points, cmp.human, out / "plot.png", title=f"{cmp.data.name}, {cmp.split} split",
                 why={s.label: ONE_CAPTION for s in cmp.sets if s.summary["self_cider"] is None})
-    (out / "table.md").write_text(markdown([table]), encoding="utf-8")
+    atomic_write_bytes(out / "table.md", markdown([table]).encode("utf-8"))
     title = "rdpp compare: " + " · ".join(s.label for s in cmp.sets)
     subtitle = (f"{len(cmp.image_ids):,} images of {cmp.data.name} ({cmp.split} split); CIDEr-D of every caption "
                 f"against the image's references, oracle = the set's best, self-CIDEr = the set's diversity. "
                 + (cmp.photo_note + "." if cmp.photo_note else ""))
     page = render_html(title, subtitle, table, page_index(cmp, order, thumbs, per_page))
-    (out / "index.html").write_text(page, encoding="utf-8")
+    atomic_write_bytes(out / "index.html", page.encode("utf-8"))
     if figure is not None:
         figure(out)
-    (out / "compare.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    atomic_write_bytes(out / "compare.json", json.dumps(record, indent=1, default=str).encode("utf-8"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from rdpp_cli.artifacts.files import atomic_write_bytes, figure_bytes
 from rdpp_cli.errors import RdppError
 from rdpp_cli.reporting.report import Block, Num, Table, Text, get, read_json, samples, scores
 
@@ -152,7 +153,8 @@ def contact_sheet(ws: Path, lic: Licences, out: Path) -> tuple[int, list[str]]:
            "see the attribution list in docs/reproduction.md. Captions of the others only.", fill=(90, 90, 90),
            font=fonts[0])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    img.quantize(256, dither=Image.Dither.NONE).save(out, optimize=True)  # a quarter of the bytes
+    small = img.quantize(256, dither=Image.Dither.NONE)  # a quarter of the bytes
+    atomic_write_bytes(Path(out), figure_bytes(lambda f: small.save(f, format="PNG", optimize=True)))
     return len(ids), shown
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from rdpp_cli.artifacts import read_artifact, resolve_input
+from rdpp_cli.artifacts.files import atomic_write_bytes, figure_bytes
 from rdpp_cli.artifacts.workspace import list_artifacts
 from rdpp_cli.console import console, note, summary_table
 from rdpp_cli.errors import RdppError
@@ -70,10 +71,8 @@ def plot_points(points: list[Point], human: dict | None, out_png: Path, title: s
         fig.text(0.01, 0.01, "\n".join(f"not plotted: {t}" for t in left_out), fontsize=7, color="#a33",
                  va="bottom", parse_math=False)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_png.with_name(f".{out_png.name}.tmp.png")
-    fig.savefig(tmp)
+    atomic_write_bytes(out_png, figure_bytes(lambda f: fig.savefig(f, format="png")))
     plt.close(fig)
-    tmp.replace(out_png)
     return out_png
 
 

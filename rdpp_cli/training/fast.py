@@ -135,11 +135,13 @@ def resolve_fast(option: str, device: torch.device | str, model: nn.Module | str
     return option
 
 
-def run_steps(option: str, device: torch.device | str, model: nn.Module) -> "Steps":
+def run_steps(option: str, device: torch.device | str, model: nn.Module, asked: str | None = None) -> "Steps":
     """The steps of a run of ``model`` on ``device`` with ``--fast option``, chosen once: ``FastPath``
     (compiled) or ``Steps`` (eager). A model without the fast path (``supports_fast`` False): ``auto``
     is eager, ``on`` an RdppError. The fast path scores the model's token ids as the data's words, so
-    it is only built for a model that speaks them (the identity bridge, asserted)."""
+    it is only built for a model that speaks them (the identity bridge, asserted). ``asked``: the
+    setting the user gave, where ``option`` is the one a resumed run recorded (a compile failure
+    under ``auto`` falls back, under ``on`` is an error)."""
     device = torch.device(device)
     m = unwrap(model)
     if not getattr(m, "supports_fast", False):
@@ -153,7 +155,7 @@ def run_steps(option: str, device: torch.device | str, model: nn.Module) -> "Ste
     if getattr(m, "bridge", None) is not None:  # its ids are not the data's words: the fast reward would misread them
         raise TypeError(f"the fast path scores token ids as the data's words; {type(m).__name__} has a token bridge "
                         "of its own, so it must not claim supports_fast")
-    return FastPath(device, _settings(device), option=option)
+    return FastPath(device, _settings(device), option=asked or option)
 
 
 def _settings(device: torch.device) -> FastSettings:

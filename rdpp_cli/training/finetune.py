@@ -47,8 +47,8 @@ from rdpp_cli.options import takes
 from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, FastPath, Steps, device_cider, run_steps
-from rdpp_cli.training.distributed import claim_output, unwrap
-from rdpp_cli.training.loop import TrainingRecipe, run_settings
+from rdpp_cli.training.distributed import unwrap
+from rdpp_cli.training.loop import TrainingRecipe, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.xe import probe_shape
 from rdpp_cli.training.options import FinetuneOptions
@@ -410,9 +410,10 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES},
             fast=steps.fast)
-        out_dir = claim_output(opts.out, workspace=opts.workspace, group="finetune", kind="rdpp.model",
-                               name=run_name(opts.reward, opts.m, opts.baseline, opts.lam), config=identity,
-                               force=opts.force, reads=[inp.model.path, inp.data_artifact.path])
+        out_dir, config, kept = claim_run(opts, identity, config, group="finetune",
+                                          name=run_name(opts.reward, opts.m, opts.baseline, opts.lam),
+                                          reads=[inp.model.path, inp.data_artifact.path])
+        steps = run_steps(kept["fast"], rt.device, net, asked=opts.fast) if "fast" in kept else steps  # as recorded
         bridge = bridge_for(net, inp.data.words, inp.data.seq_length)
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=bridge.max_len, seed=opts.seed, rank=rt.rank,

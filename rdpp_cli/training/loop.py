@@ -63,8 +63,9 @@ Extension points:
   ``current_position()`` gives the position of the run in progress, for an interrupt handler.
 
 The model follows the ``CaptionModel`` interface (``rdpp_cli.models.base``) and is built
-identically on every process (seed before building it). Call ``claim_output``
-(``training.distributed``) instead of ``prepare_output`` so that only rank 0 claims the folder.
+identically on every process (seed before building it). Call ``claim_run`` (``claim_output`` of
+``training.distributed``, after ``resume_as_recorded``) instead of ``prepare_output`` so that only
+rank 0 claims the folder, and a rerun resumes in what the run recorded for its ``auto`` settings.
 Beside the recipe: ``training.validation`` (the val images and their greedy CIDEr-D),
 ``training.loggers`` (metrics.csv, the fast path's pending numbers), ``training.distributed``
 (DDP: ``call``, ``unwrap``, ``claim_output``).
@@ -88,6 +89,7 @@ from torch import Tensor, nn
 from rdpp_cli.artifacts import (Artifact, read_artifact, released_on_error,
                                 write_manifest)
 from rdpp_cli.artifacts import finish as finish_output
+from rdpp_cli.artifacts.workspace import same_identity, unfinished_run
 from rdpp_cli.console import console, info, note, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch, CaptionBatches
@@ -100,6 +102,7 @@ from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, CompileFailed, Steps
 from rdpp_cli.training.loggers import Logger, MetricsCsv
 from rdpp_cli.training.options import TrainLoopOptions
+from rdpp_cli.training.distributed import claim_output
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 from rdpp_cli.training.validation import greedy_cider, merge_sums, validation_images
 
@@ -166,6 +169,57 @@ def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity
     if opts.recipe_record() is not None:
         config["recipe"] = opts.recipe_record()
     return ident, config
+
+
+# the settings `auto` resolves that decide what a run computes: a rerun resumes the unfinished run in what it
+# recorded for them, whatever `auto` resolves to now (the precision cache deleted, another thread count)
+AUTO_KEPT = {"precision": ("fp32", "bf16"), "fast": ("on", "off")}
+
+
+def resume_as_recorded(opts: TrainLoopOptions, identity: dict[str, Any], config: dict[str, Any], *,
+                       out: Path | str | None, group: str, name: str, kind: str = "rdpp.model"
+                       ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """``identity`` and ``config`` with the values the unfinished run a rerun finds (``unfinished_run``)
+    recorded for the ``AUTO_KEPT`` settings left to ``auto``, when that run is this one but for them;
+    the settings so kept (a note says which). Unchanged otherwise, and with ``--no-resume``."""
+    found = unfinished_run(out, workspace=opts.workspace, group=group, name=name, kind=kind) if opts.resume else None
+    if found is None:
+        return identity, config, {}
+    path, saved = found
+    recorded = {**(saved.get("settings") or {}), "precision": saved["config"].get("precision")}
+    kept = {k: recorded[k] for k, choices in AUTO_KEPT.items()
+            if getattr(opts, k) == "auto" and recorded.get(k) in choices and recorded[k] != config.get(k)}
+    ident = {**identity, **({"precision": kept["precision"]} if "precision" in kept else {})}
+    if not kept or not same_identity(saved["config"], ident):
+        return identity, config, {}
+    note(f"resuming unfinished {path} as it was recorded: "
+         + ", ".join(f"{k} {v} (--{k} auto now gives {config.get(k)})" for k, v in kept.items()))
+    return ident, {**config, **kept}, kept
+
+
+def claim_run(opts: TrainLoopOptions, identity: dict[str, Any], config: dict[str, Any], *, group: str, name: str,
+              reads: list) -> tuple[Path, dict[str, Any], dict[str, str]]:
+    """``claim_output`` for a training run (rank 0), after ``resume_as_recorded``; a new folder's marker
+    keeps the fast path it resolved. Returns the folder, the manifest config and the settings kept
+    from the run resumed (``{"fast": "on"}``: the stage builds that fast path instead of its own)."""
+    identity, config, kept = D.on_main(
+        lambda: resume_as_recorded(opts, identity, config, out=opts.out, group=group, name=name))
+    out_dir = claim_output(opts.out, workspace=opts.workspace, group=group, name=name, kind="rdpp.model",
+                           config=identity, force=opts.force, reads=reads, settings={"fast": config.get("fast")})
+    return out_dir, config, kept
+
+
+def fast_history(before: list[str] | None, now: str) -> list[str]:
+    """The fast path of each part of a resumed run: the parts its resume state lists (``before``;
+    None for a state from before rdpp kept them), then this one's when it differs from the last."""
+    parts = list(before or [now])
+    return parts if parts[-1] == now else [*parts, now]
+
+
+def fast_record(ran: list[str]) -> dict[str, Any]:
+    """What the manifest records of the fast path when the parts of a resumed run differed in it:
+    ``fast`` "mixed" and ``fast_ran``, the parts in order (``["on", "off"]``); nothing otherwise."""
+    return {"fast": "mixed", "fast_ran": ran} if len(set(ran)) > 1 else {}
 
 
 def noam_factor(d_model: int, warmup: int):
@@ -251,6 +305,7 @@ class TrainingRecipe:
         self.inputs, self.manifest_config, self.summary = inputs, manifest_config, dict(summary or {})
         self.epoch_metrics_fn, self.after_step, self.cider = epoch_metrics_fn, after_step, cider
         self.steps = steps
+        self.fast_ran = [steps.fast]  # the fast path of each part of the run, in order
         self.pending = self.steps.pending_logs()
         self.shown: dict[str, float] = {}  # the numbers of the last step read (the progress bar's)
         self.loggers = [MetricsCsv(self.out_dir / METRICS), *loggers]
@@ -346,7 +401,7 @@ class TrainingRecipe:
             "epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step,
             "elapsed": self.elapsed(), "history": self.history, "sums": self.sums, "best": self.best,
             "best_epoch": self.best_epoch, "last_val": self.last_val, "world_size": self.rt.world_size,
-            "stage": self.stage, "epoch_lr": self.lr_now,
+            "stage": self.stage, "epoch_lr": self.lr_now, "fast_ran": self.fast_ran,
         }
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -360,6 +415,7 @@ class TrainingRecipe:
         self.epoch_lr = st.get("epoch_lr") if self.position.batch else None  # mid-epoch: the LR its row reports
         self.elapsed0 = float(st["elapsed"])
         self.history, self.sums = list(st["history"]), dict(st["sums"])
+        self.fast_ran = fast_history(st.get("fast_ran"), self.fast_ran[-1])
         self.best, self.best_epoch, self.last_val = float(st["best"]), int(st["best_epoch"]), st["last_val"]
         if len(st["rng"]) == self.rt.world_size:
             set_rng_state(st["rng"][self.rt.rank])
@@ -577,8 +633,8 @@ class TrainingRecipe:
                 head["val_cider"] = self.best
             head.update(self.summary)
             head.update(self.steps.manifest_summary())
-            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, **self.steps.manifest_config(),
-                                                        "stage": self.stage,
+            write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, **fast_record(self.fast_ran),
+                                                        **self.steps.manifest_config(), "stage": self.stage,
                                                         "architecture": model_name(model), "precision": self.precision,
                                                         "model_config": model_config},
                            inputs=self.inputs, summary=head)

@@ -129,7 +129,8 @@ def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1,
     """Policy-gradient loss ``-Σ w_n · log p(c_n,t)`` over the sampled tokens, per token.
 
     ``token_logp`` (N, T): log-probability of each sampled token (EOS included once);
-    ``mask`` (N, T): 1 where a token (or the EOS) was sampled; ``weights`` (N,): the reward,
+    ``mask`` (N, T): 1 where a token (or the EOS) was sampled (a log-prob under a 0 is ignored, -inf
+    included); ``weights`` (N,): the reward,
     advantage or R-DPP weight of each caption (no gradient flows into it).
 
     ``groups=1``: one sum over all tokens divided by their number (self-critical.pytorch's SCST).
@@ -141,6 +142,9 @@ def pg_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, groups: int = 1,
     if token_logp.shape != mask.shape or weights.shape != token_logp.shape[:1]:
         raise ValueError(f"pg_loss: expected token_logp/mask (N, T) and weights (N,); got "
                          f"{tuple(token_logp.shape)}, {tuple(mask.shape)}, {tuple(weights.shape)}")
+    # a padding position's log-prob is never counted, whatever it holds: filtered sampling's scores
+    # give -inf there, and -inf * 0 would be NaN
+    token_logp = token_logp.masked_fill(mask == 0, 0.0)
     mask = mask.to(token_logp.dtype)
     terms = -(weights.detach().to(token_logp.dtype).unsqueeze(-1) * token_logp * mask)
     if groups == 1:

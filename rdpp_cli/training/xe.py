@@ -38,8 +38,8 @@ from rdpp_cli.options import takes
 from rdpp_cli.precision import ProbeShape, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, Steps, run_steps
-from rdpp_cli.training.distributed import call, claim_output, unwrap
-from rdpp_cli.training.loop import StepFn, TrainingRecipe, check_lr_schedule, run_settings
+from rdpp_cli.training.distributed import call, unwrap
+from rdpp_cli.training.loop import StepFn, TrainingRecipe, check_lr_schedule, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
 from rdpp_cli.training.options import XEOptions
 from rdpp_cli.training.state import seed_everything
@@ -258,6 +258,7 @@ def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
         raise RdppError(f"{flag} {folder}: its encoder's hidden size is {model.config.att_feat_size} but data artifact "
                         f"{ds.path} has {ds.att_dim}-d att features; make the data with its encoder "
                         f"(`rdpp prepro ... --backbone hf:{folder}`)")
+    model.check_data(ds.artifact.config, ds.path, f"{flag} ")  # the very encoder, not one of the same size
     return model
 
 
@@ -308,8 +309,9 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, fast=steps.fast)
         name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
-        out_dir = claim_output(opts.out, workspace=opts.workspace, group="xe", name=name, kind="rdpp.model",
-                               config=identity, force=opts.force, reads=[inp.artifact.path, inp.init_where])
+        out_dir, config, kept = claim_run(opts, identity, config, group="xe", name=name,
+                                          reads=[inp.artifact.path, inp.init_where])
+        steps = run_steps(kept["fast"], rt.device, model, asked=opts.fast) if "fast" in kept else steps  # as recorded
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
                               step_fn=step_function(opts, steps), inputs=[inp.artifact],
                               manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
