@@ -434,6 +434,28 @@ def fit_hf_captions(model, att, captions: list[str], steps: int = 40) -> None:
 
 TINY_CAPTIONERS = {"gpt2": tiny_hf_captioner, "bert": tiny_bert_captioner, "blip": tiny_blip_captioner,
                    "git": tiny_git_captioner}
+def drawn_xe_dropout(monkeypatch) -> None:
+    """Make the eager XE step draw its dropout before its pass as the fast XE step does
+    (``FastPath.xe_dropout``: ``draw_dropout`` at the label width), so that an eager run and a fast
+    run of the same seed take the same masks and can be compared number for number."""
+    from rdpp_cli.training import fast as F
+
+    monkeypatch.setattr(F.Steps, "xe_dropout", F.FastPath.xe_dropout)
+
+
+def scoring_att2in(data: DataArtifact, out: Path) -> dict:
+    """The weights of an Att2in of width 32 (dropout 0.3) trained eagerly on ``data`` (the tiny set)
+    until its greedy captions score (val CIDEr-D > 0; 8 epochs of 4 images, a few seconds)."""
+    from rdpp_cli.training.loop import TrainingRecipe
+    from rdpp_cli.training.options import TrainLoopOptions
+    from rdpp_cli.training.xe import XELoss
+
+    torch.manual_seed(0)
+    model = att2in_for(data, 32, 0.3).train()
+    opts = TrainLoopOptions(epochs=8, batch_size=4, lr=1e-2, val_images=0, device="cpu", seed=0)
+    TrainingRecipe(stage="xe", model=model, data=data, out_dir=out, opts=opts, step_fn=XELoss(),
+                   inputs=[data.artifact], manifest_config={}).run()
+    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 class WrappedFile:

@@ -97,7 +97,7 @@ def test_the_cli_prints_divergence_as_one_line(tmp_path, monkeypatch):
     write_tiny_data(ws / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
     import rdpp_cli.training.xe as xe
 
-    monkeypatch.setattr(xe, "xe_loss", lambda net, batch: torch.tensor(float("nan"), requires_grad=True))
+    monkeypatch.setattr(xe, "xe_loss", lambda net, batch, *steps: torch.tensor(float("nan"), requires_grad=True))
     line = error_line(rdpp("train-xe", "--preset", "small", "--epochs", "1", "--batch-size", "8", "--val-images",
                            "0", "--device", "cpu", "--workspace", ws))
     assert line.startswith("error: training diverged at epoch 1, step 1: the loss is nan (no finite loss yet)")

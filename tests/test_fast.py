@@ -35,9 +35,10 @@ from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.options import TrainLoopOptions, XEOptions
 from rdpp_cli.models.base import scheduled_logprobs, static_state, traceable_dropout
 from rdpp_cli.models.registry import model_spec
-from rdpp_cli.training.xe import XELoss, fast_xe_loss, train_xe, xe_loss
+from rdpp_cli.models.transformer import StaticKV
+from rdpp_cli.training.xe import XELoss, train_xe, xe_loss
 
-from helpers import Crash, att2in_for, state_dict, write_tiny_data
+from helpers import Crash, att2in_for, drawn_xe_dropout, scoring_att2in, state_dict, write_tiny_data
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = pytest.mark.usefixtures("one_thread", "dynamo")
@@ -116,22 +117,24 @@ def test_static_token_logprobs_equal_token_logprobs(tiny):
 
 
 @pytest.mark.unit
-def test_xe_dropout_on_the_cpu_is_what_eager_dropout_draws(tiny):
-    """The fast XE step's masks, drawn before the pass, are the very draws eager dropout makes in
-    ``xe_loss`` (same generator, shapes, order): the eager pass with them is bitwise the eager pass."""
+def test_the_fast_xe_steps_masks_are_drawn_once_as_the_rl_step_draws_them(tiny):
+    """The fast XE step's dropout, drawn before the compiled pass, is ``draw_dropout`` over the
+    batch's images, its caption rows and L+1 steps from torch's generator (as the RL step draws
+    its masks); the eager step draws none (its pass draws its own); eval mode: none."""
     model = _model(tiny)
     batch = _batch(tiny)
     fast = F.FastPath(torch.device("cpu"), AOT)
+    L, R = tiny.seq_length, batch.att.shape[1]
     torch.manual_seed(7)
-    want = xe_loss(model, batch)
-    after = torch.get_rng_state()
+    drop = fast.xe_dropout(model, batch.labels, R)
     torch.manual_seed(7)
-    drop = fast.xe_dropout(model, batch.labels, batch.att.shape[1])
-    assert torch.equal(torch.get_rng_state(), after)
-    tok, mask = model.token_logprobs(batch.att, batch.labels, drop=drop)
-    assert torch.equal(-tok.sum() / mask.sum(), want)
-    assert drop.embed.shape == (40, tiny.seq_length + 1, 16) and set(drop.out.unique().tolist()) == {0.0, 2.0}
-    assert fast.xe_dropout(model.eval(), batch.labels, batch.att.shape[1]) is None
+    want = model.draw_dropout(8, 40, L + 1, R)
+    for part in ("image", "row"):
+        got, exp = getattr(drop, part), getattr(want, part)
+        assert got.keys() == exp.keys() and all(torch.equal(got[k], exp[k]) for k in exp)
+    assert drop.row["embed"].shape == (40, L + 1, 16) and set(drop.row["out"].unique().tolist()) == {0.0, 2.0}
+    assert fast.xe_dropout(model.eval(), batch.labels, R) is None
+    assert F.EAGER.xe_dropout(model.train(), batch.labels, R) is None
 
 
 @pytest.mark.unit
@@ -202,27 +205,23 @@ def test_every_model_has_the_fast_path(tiny, name):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("name", MODELS)
-def test_eager_dropout_is_what_the_eager_xe_pass_draws_and_the_static_pass_gives_its_numbers(tiny, name):
-    """Each model's ``eager_dropout`` makes the very draws of ``token_logprobs`` in train mode (same
-    generator state after, the same log-probs bitwise), and ``static_token_logprobs`` with them
-    (all L+1 steps, a label width past the longest caption) gives the eager log-probs and gradients."""
+def test_the_static_pass_with_masks_drawn_once_gives_the_eager_numbers(tiny, name):
+    """Each model's ``static_token_logprobs`` (all L+1 steps, a label width past the longest
+    caption) with dropout masks drawn once (``draw_dropout``, as the RL step and the fast XE step
+    draw them) gives ``token_logprobs``' log-probs and gradients with the same masks."""
     model, batch = _any_model(name, tiny), _batch(tiny, seq_per_img=2, batch_size=4)
     labels = torch.nn.functional.pad(batch.labels, (0, 3))
     kw = dict(att_mask=batch.att_mask, fc=batch.fc)
-    torch.manual_seed(7)
-    tok, mask = model.token_logprobs(batch.att, labels, **kw)
+    drop = model.draw_dropout(4, 8, labels.shape[-1] + 1, batch.att.shape[1], torch.Generator().manual_seed(7))
+    tok, mask = model.token_logprobs(batch.att, labels, drop=drop, **kw)
     (-tok.sum()).backward()
-    g_eager, after = _grads(model), torch.get_rng_state()
-    torch.manual_seed(7)
-    drop = model.eager_dropout(labels, batch.att.shape[1])
-    assert torch.equal(torch.get_rng_state(), after)
-    assert torch.equal(model.token_logprobs(batch.att, labels, drop=drop, **kw)[0], tok)
+    g_eager = _grads(model)
     tok_s, mask_s = model.static_token_logprobs(batch.att, labels, drop=drop, **kw)
     (-tok_s.sum()).backward()
     assert tok_s.shape == (8, labels.shape[-1] + 1) and torch.equal(mask_s, mask) and tok.abs().sum() > 1
     torch.testing.assert_close(tok_s, tok, rtol=1e-5, atol=1e-6)
     _close_grads(g_eager, _grads(model))
-    assert model.eval().eager_dropout(labels, batch.att.shape[1]) is None
+    assert not hasattr(model, "eager_dropout")
 
 
 @pytest.mark.unit
@@ -242,9 +241,11 @@ def test_static_decoding_state_gives_the_eager_captions(tiny, name, method):
     assert torch.equal(b.tokens[..., :T], a.tokens) and not b.tokens[..., T:].any() and a.lengths.float().mean() > 1
     torch.testing.assert_close(b.logprobs[..., :T + 1], a.logprobs, rtol=1e-5, atol=1e-5)
     state = static_state(model, 6, L + 1)
-    assert all(s.shape[0] == 6 for s in state)
-    if name == "transformer":
-        assert len(state) == 2 * 2 + 1 and state[1].shape[2] == L + 1  # positions, then the caches
+    if name == "transformer":  # a named state: the positions and the preallocated caches
+        assert isinstance(state, StaticKV) and state.at.shape == (6,) and len(state.caches) == 2 * 2
+        assert all(c.shape[0] == 6 and c.shape[2] == L + 1 for c in state.caches)
+    else:
+        assert all(s.shape[0] == 6 for s in state)
 
 
 @pytest.mark.unit
@@ -296,7 +297,7 @@ def test_a_nan_loss_is_caught_when_read_back_and_never_saved(tiny, tmp_path):
     opts = TrainLoopOptions(epochs=3, batch_size=8, lr=1e-2, val_images=2, device="cpu", seed=0)  # 2 steps/epoch
     fast = F.FastPath(torch.device("cpu"), F.FastSettings(backend="aot_eager", log_every=3))
     recipe = TrainingRecipe(stage="xe", model=_model(tiny), data=tiny, out_dir=tmp_path / "m", opts=opts,
-                            step_fn=nan_at_step_3, inputs=[tiny.artifact], manifest_config={}, fast=fast)
+                            step_fn=nan_at_step_3, inputs=[tiny.artifact], manifest_config={}, steps=fast)
     with pytest.raises(RdppError, match=r"^training diverged at epoch 2, step 3: the loss is nan \(last finite loss"):
         recipe.run()
     last = torch.load(tmp_path / "m" / "checkpoints" / "last.pt", weights_only=True)
@@ -307,20 +308,25 @@ def test_a_nan_loss_is_caught_when_read_back_and_never_saved(tiny, tmp_path):
 # -- compiled (aot_eager) --------------------------------------------------------------------------
 
 def _eager_and_fast_xe(model, fast, batch, seed: int = 11):
-    """``xe_loss`` and the fast XE loss from the same RNG state: (eager loss, fast loss, eager
-    gradients, fast gradients)."""
+    """The eager XE loss with the masks the fast XE step draws (drawn once from the same RNG state)
+    and the fast XE loss: (eager loss, fast loss, eager gradients, fast gradients)."""
     torch.manual_seed(seed)
-    want = xe_loss(model, batch)
+    drop = fast.xe_dropout(model, batch.labels, batch.att.shape[1])
+    tok, mask = model.token_logprobs(batch.att, batch.labels, batch.att_mask, drop=drop, fc=batch.fc)
+    want = -tok.sum() / mask.sum()
     want.backward()
     g_want = _grads(model)
     torch.manual_seed(seed)
-    got = fast_xe_loss(fast)(model, batch)
+    got = xe_loss(model, batch, fast)
     got.backward()
     return want.detach(), got.detach(), g_want, _grads(model)
 
 
 @pytest.mark.integration
 def test_the_fast_xe_step_gives_the_eager_loss_and_gradients(tiny):
+    """The fast XE step of a full batch (8 images) and of a partial one (6 images, padded to 8 by
+    the fast path so that it reuses the full batch's graph): the loss and gradients of the eager
+    step of those very images on the same masks (to 1e-6); one graph for both."""
     model = _model(tiny)
     fast = F.FastPath(torch.device("cpu"), AOT)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -328,7 +334,7 @@ def test_the_fast_xe_step_gives_the_eager_loss_and_gradients(tiny):
         want, got, g_want, g_got = _eager_and_fast_xe(model, fast, batch)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
         _close_grads(g_want, g_got)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= graphs + 2  # really compiled, per shape
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1  # compiled, once for both
 
 
 @pytest.mark.integration
@@ -404,9 +410,9 @@ def test_scheduled_sampling_and_label_smoothing_on_the_fast_path_give_the_eager_
     model, batch = _any_model("att2in", tiny), _batch(tiny, seq_per_img=2, batch_size=4)
     fast = F.FastPath(torch.device("cpu"), AOT)
     out = []
-    for f in (None, fast):
+    for f in (F.EAGER, fast):
         torch.manual_seed(3)
-        loss, logs = XELoss(lambda e: 0.5, 0.1, log_ss=True, fast=f)(model, batch)
+        loss, logs = XELoss(lambda e: 0.5, 0.1, log_ss=True, steps=f)(model, batch)
         loss.backward()
         out.append((loss.detach(), _grads(model), logs))
     (a, ga, la), (b, gb, lb) = out
@@ -448,6 +454,7 @@ def test_a_toy_run_with_the_fast_path_has_the_eager_metrics(tiny, tmp_path, monk
     """XE then R-DPP, with --fast on and off: every metric the same within 1e-4 relative (float32
     rounding through a few Adam steps), the manifest records the setting."""
     monkeypatch.setitem(F.SETTINGS, "cpu", AOT)
+    drawn_xe_dropout(monkeypatch)  # the eager XE step with the fast step's masks, drawn once
     kw = dict(preset="small", epochs=2, batch_size=8, val_images=4, lr=2e-3, device="cpu", seed=1)
     xe = {f: train_xe(tiny.path, out=tmp_path / f"xe-{f}", fast=f, **kw) for f in ("off", "on")}
     ft = {f: finetune(xe["off"].path, data=tiny.path, out=tmp_path / f"dpp-{f}", reward="dpp", m=3, epochs=1,
@@ -568,13 +575,13 @@ def test_a_run_whose_cuda_graphs_were_skipped_says_so(capsys):
     from torch._dynamo.utils import counters
 
     fast = F.FastPath(torch.device("cuda"), F.FastSettings(backend="aot_eager", train_mode="reduce-overhead"))
-    assert fast.manifest_summary() == {"fast_cuda_graphs": "used"} and not fast.check_graphs()
+    assert fast.manifest_summary()["fast_cuda_graphs"] == "used" and not fast.check_graphs()
     counters["inductor"]["cudagraph_skips"] += 1
     assert fast.check_graphs() and fast.check_graphs()
-    assert fast.manifest_summary() == {"fast_cuda_graphs": "skipped"}
+    assert fast.manifest_summary()["fast_cuda_graphs"] == "skipped"
     err = capsys.readouterr().err
     assert err.count("without CUDA graphs") == 1
-    assert F.FastPath(torch.device("cpu"), AOT).manifest_summary() == {"fast_cuda_graphs": "off"}
+    assert F.FastPath(torch.device("cpu"), AOT).manifest_summary()["fast_cuda_graphs"] == "off"
 
 
 @pytest.mark.integration
@@ -611,12 +618,125 @@ def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny)
 
 
 @pytest.mark.integration
-def test_validation_on_the_fast_path_gives_the_eager_cider(tiny):
+def test_validation_on_the_fast_path_gives_the_eager_cider(tiny, tmp_path):
     """Validation's greedy pass compiled as one graph and its CIDEr-D on the device against the
-    reference table: the eager sum to 1e-9."""
-    model = _model(tiny)
-    images = tiny.split_indices("val")
-    want = greedy_cider(model, tiny, images, batch_size=8)
-    got = greedy_cider(model, tiny, images, batch_size=8, fast=F.FastPath(torch.device("cpu"), AOT))
+    reference table, its last partial batch padded to the full one's shapes: the eager sum to 1e-9."""
+    model = att2in_for(tiny, 32, 0.3)
+    model.load_state_dict(scoring_att2in(tiny, tmp_path / "m"))
+    images = tiny.split_indices("val")  # 6: batches of 4 and 2, the last padded to 4 (one graph each)
+    want = greedy_cider(model, tiny, images, batch_size=4)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    got = greedy_cider(model, tiny, images, batch_size=4, steps=F.FastPath(torch.device("cpu"), AOT))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= graphs + 2  # the greedy pass, the scores
     assert got.keys() == want.keys() and got["_n"] == want["_n"] == len(images)
-    assert got["val_cider"] == pytest.approx(want["val_cider"], rel=1e-9, abs=1e-12)
+    assert got["val_cider"] == pytest.approx(want["val_cider"], rel=1e-9, abs=1e-12) and want["val_cider"] > 0.01
+
+
+# -- one owner: the steps chosen once -----------------------------------------------------------------
+
+@pytest.mark.unit
+def test_the_static_cache_is_a_named_state_that_beam_search_can_reorder(tiny):
+    """The Transformer's fixed-size state is a ``StaticKV`` (positions and caches), moved on by
+    ``update`` and reordered row-wise by ``select_rows`` as any state."""
+    from rdpp_cli.models.base import select_rows
+
+    model = _any_model("transformer", tiny).eval()
+    state = model.init_static_state(3, 5)
+    caches = tuple(c + i for i, c in enumerate(state.caches))
+    moved = state.update(caches)
+    assert isinstance(moved, StaticKV) and moved.at.tolist() == [1, 1, 1] and moved.caches[2].eq(2).all()
+    picked = select_rows(moved._replace(at=torch.tensor([0, 4, 2])), torch.tensor([2, 2, 0]))
+    assert isinstance(picked, StaticKV) and picked.at.tolist() == [2, 2, 0] and len(picked.caches) == 4
+
+
+@pytest.mark.unit
+def test_the_fast_path_is_only_built_for_a_model_that_speaks_the_datas_words(tiny):
+    """The fast reward scores the model's ids as the data's words: a model with a token bridge of its
+    own that claimed the fast path is refused where the steps are chosen; the hf model (which has
+    one) has no fast path: --fast on is one line, auto is eager."""
+    from rdpp_cli.models.att2in import Att2in
+    from rdpp_cli.models.bridge import WordBridge
+
+    class Bridged(Att2in):
+        def bridge(self, words, seq_length):
+            return WordBridge(words, seq_length)
+
+    bridged = Bridged(_model(tiny).config)
+    with pytest.raises(TypeError, match="has a token bridge of its own, so it must not claim supports_fast"):
+        F.run_steps("on", "cpu", bridged)
+    assert isinstance(F.run_steps("on", "cpu", _model(tiny)), F.FastPath)
+    assert type(F.run_steps("off", "cpu", bridged)) is F.Steps
+    hf_cls = model_spec("hf").cls
+    assert not hf_cls.supports_fast and getattr(hf_cls, "bridge", None) is not None
+
+
+@pytest.mark.integration
+def test_finetune_resolves_fast_once_with_the_model_and_the_probe_times_that_step(tmp_path, monkeypatch):
+    """Where --fast auto is on for the model (here Att2in on the CPU, as on CUDA), the precision
+    probe is asked to time the fast step, the step the run takes, and the manifest says on."""
+    import dataclasses
+
+    from helpers import tiny_workspace
+    from rdpp_cli.models.registry import MODELS
+    from rdpp_cli.training import finetune as FT
+
+    ws = tiny_workspace(tmp_path / "ws", xe_epochs=1)
+    monkeypatch.setitem(MODELS, "att2in", dataclasses.replace(MODELS["att2in"], fast_auto=("cpu",)))
+    probed = []
+
+    def probe(option, device, shape=None):
+        probed.append(shape.fast)
+        raise Crash("probed")
+
+    monkeypatch.setattr(FT, "resolve_precision", probe)
+    with pytest.raises(Crash):
+        finetune(ws / "xe" / "att2in-small-v1", reward="dpp", m=2, epochs=1, device="cpu", fast="auto",
+                 workspace=ws)
+    assert probed == ["on"]
+
+
+@pytest.mark.unit
+def test_compiled_code_is_kept_in_rdpps_cache_folder_unless_the_user_chose_one(tmp_path, monkeypatch):
+    """The fast path turns on inductor's FX-graph cache and AOT autograd's cache in
+    $XDG_CACHE_HOME/rdpp/inductor (not /tmp), before the first compile; a $TORCHINDUCTOR_CACHE_DIR
+    the user set is kept."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    import subprocess
+    import sys
+
+    show = ("import os, torch; from rdpp_cli.training import fast as F; F.FastPath(torch.device('cpu')); "
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    fresh = subprocess.run([sys.executable, "-c", show], env={**env, "XDG_CACHE_HOME": str(tmp_path / "new")},
+                           capture_output=True, text=True, check=True)  # a new process: torch not yet imported
+    assert fresh.stdout.strip() == str(tmp_path / "new" / "rdpp" / "inductor")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
+    fast = F.FastPath(torch.device("cpu"), AOT)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "xdg" / "rdpp" / "inductor") == str(fast.cache)
+    assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(tmp_path / "xdg" / "rdpp" / "inductor")  # where inductor writes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert F.FastPath(torch.device("cpu"), AOT).cache == tmp_path / "mine"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+@pytest.mark.integration
+def test_a_runs_compile_seconds_are_in_its_manifest_and_summary(tiny, tmp_path, capsys):
+    """``compile_s``: the seconds torch spent compiling the run's graphs (its own timers), in the
+    manifest's summary and the closing table; nothing compiled, nothing counted."""
+    opts = TrainLoopOptions(epochs=1, batch_size=8, lr=1e-3, val_images=0, device="cpu", seed=0)
+    torch._dynamo.reset()
+    fast = F.FastPath(torch.device("cpu"), F.FastSettings(backend="aot_eager", log_every=2))
+    assert fast.compile_s == 0.0
+    art = TrainingRecipe(stage="xe", model=_model(tiny), data=tiny, out_dir=tmp_path / "m", opts=opts,
+                         step_fn=XELoss(steps=fast), inputs=[tiny.artifact], manifest_config={}, steps=fast).run()
+    took = art.manifest["summary"]["compile_s"]
+    assert took > 0.05 and took == round(fast.compile_s, 2)
+    assert f"compiling took {fast.compile_s:.1f} s" in capsys.readouterr().out.replace("\n", " ").replace("│", "")

@@ -18,7 +18,7 @@ from rdpp_cli.models.checkpoint import load_checkpoint
 from rdpp_cli.training.finetune import finetune
 from rdpp_cli.training.xe import train_xe
 
-from helpers import Crash, error_line, rdpp, state_dict, tiny_workspace, write_tiny_data
+from helpers import Crash, drawn_xe_dropout, error_line, rdpp, state_dict, tiny_workspace, write_tiny_data
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -120,6 +120,7 @@ def test_fast_on_trains_the_model_with_the_eager_numbers(trained, tmp_path, monk
     from rdpp_cli.training import fast as F
 
     monkeypatch.setitem(F.SETTINGS, "cpu", F.FastSettings(backend="aot_eager", log_every=2))
+    drawn_xe_dropout(monkeypatch)  # the eager XE step with the fast step's masks, drawn once
     name, ws = trained
     data = ws / "data" / "tiny-v1"
     xe = {f: train_xe(data, out=tmp_path / f"xe-{f}", model=name, fast=f, **{**XE, "epochs": 1}) for f in ("off", "on")}

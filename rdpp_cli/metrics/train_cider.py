@@ -133,7 +133,8 @@ class NumpyScoring:
       references (here ``refs``: a list of (k, L) id arrays, ``DataArtifact.references_ids``);
     - ``pairwise(samples)``: the R-DPP kernel (B, M, M), published direction;
     - ``score_and_pairwise(samples, refs)``: both from one pass;
-    - ``self_cider(K)``: the self-CIDEr (B,) of each kernel.
+    - ``self_cider(K)``: the self-CIDEr (B,) of each kernel;
+    - ``sample_mean(q)``: the mean (B,) of each image's scores q (B, M).
     """
 
     def __init__(self, cider: TrainCider) -> None:
@@ -165,6 +166,11 @@ class NumpyScoring:
 
         q, K = self.cider.score_and_pairwise(self._host(samples), refs)
         return torch.from_numpy(q), torch.from_numpy(K)
+
+    def sample_mean(self, q: Any):
+        import torch
+
+        return torch.from_numpy(self._host(q).mean(1))
 
     def self_cider(self, K: Any):
         import torch

@@ -137,6 +137,11 @@ class DeviceTrainCider:
         return self.kernel.score(with_eos(hyps, self.max_len, self.eos), with_eos(refs, self.ref_len, self.eos),
                                  counts, ref_index)
 
+    @staticmethod
+    def sample_mean(q: Tensor) -> Tensor:
+        """The mean (B,) of each image's scores q (B, M)."""
+        return q.mean(1)
+
     def self_cider(self, K: Tensor) -> Tensor:
         """The self-CIDEr (B,) of kernels K (B, M, M), without a host synchronisation off a CPU."""
         return self_cider_from_kernel(K)

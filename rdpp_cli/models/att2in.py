@@ -65,7 +65,7 @@ class Att2in(nn.Module):
     """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
 
     uses_fc = False  # self-critical.pytorch's Att2in2 reads only the att features
-    supports_fast = True  # static_token_logprobs and eager_dropout: the training fast path
+    supports_fast = True  # static_token_logprobs: the training fast path
 
     def __init__(self, config: Att2inConfig):
         super().__init__()
@@ -111,28 +111,6 @@ class Att2in(nn.Module):
                                                               "embed": (rows, steps, c.input_encoding_size),
                                                               "out": (rows, steps, c.rnn_size)}, generator)
         return DropoutMasks(image={"att": m["att"]}, row={"embed": m["embed"], "out": m["out"]})
-
-    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
-        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
-        -- the same global generator, shapes and order: the att features (B, R, H), the word
-        embeddings of the steps the batch needs (N, T, E), the LSTM outputs of its tokens
-        (tokens, H) -- laid out at the label width (N, L+1, ·), so that a pass given them (the
-        fast path's compiled one) gives the eager numbers. None in eval mode or without dropout."""
-        c = self.config
-        if not self.training or c.drop_prob_lm == 0:
-            return None
-        seqs = labels.reshape(-1, labels.shape[-1])
-        N, L = seqs.shape
-        words = (seqs > 0).long().cumprod(1).sum(1)  # the tokens are the words and one EOS
-        T = int(words.max()) + 1
-        tokens = torch.arange(T) <= words.unsqueeze(1)  # (N, T)
-        w = self.h2h.weight
-        att = bernoulli_masks(w, c.drop_prob_lm, {"att": (labels.shape[0], regions, c.rnn_size)})["att"]
-        embed = w.new_zeros(N, L + 1, c.input_encoding_size)
-        embed[:, :T] = bernoulli_masks(w, c.drop_prob_lm, {"e": (N, T, c.input_encoding_size)})["e"]
-        out = w.new_zeros(N, L + 1, c.rnn_size)
-        out[:, :T][tokens] = bernoulli_masks(w, c.drop_prob_lm, {"o": (int(tokens.sum()), c.rnn_size)})["o"]
-        return DropoutMasks(image={"att": att}, row={"embed": embed, "out": out})
 
     # -- one LSTM step -----------------------------------------------------------------------
     def _attend(self, h: Tensor, enc: Encoded, q: Tensor) -> Tensor:

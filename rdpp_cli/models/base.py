@@ -37,22 +37,22 @@ Beyond the Protocol, the stages look a few methods and config fields up by name 
 ``hasattr``); a model that lacks one gets the fallback said here. This list is the whole set: a
 new lookup on a model belongs here too (CONTRIBUTING.md, "A new model").
 
-The fast path (``supports_fast = True`` promises the first two; ``training.fast.fast_path`` reads
-``supports_fast`` with ``getattr(..., False)``: absent or False, ``--fast auto`` is off and
+The fast path (``supports_fast = True`` promises the first two; ``training.fast.run_steps`` reads
+``supports_fast`` with ``getattr(..., False)`` (``training.fast.run_steps``): absent or False, ``--fast auto`` is off and
 ``--fast on`` is refused in one line):
 
 - ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
-  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device). The
-  fast path compiles it; ``precision.probe_step`` times it for ``--precision auto`` when the run's
-  ``--fast`` is on and the model has it (``hasattr``), else the eager ``token_logprobs``.
-- ``eager_dropout(labels, regions) -> DropoutMasks | None``: the very masks eager dropout draws in
-  an XE step's ``token_logprobs`` (same generator, shapes, order), laid out at the label width
-  (``FastPath.xe_dropout`` on a CPU).
+  with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device); its
+  dropout comes drawn in advance (``draw_dropout``), as the RL step's does. The fast path compiles
+  it; ``precision.probe_step`` times it for ``--precision auto`` when the run's ``--fast`` is on and
+  the model has it (``hasattr``), else the eager ``token_logprobs``.
+- the data's words as its ids (no ``bridge`` of its own): the fast reward scores the ids as words
+  (``training.fast.run_steps`` refuses a model that claims ``supports_fast`` with a bridge).
 - ``init_static_state(rows, steps) -> state``: a decoding state whose tensors keep their shapes
-  for ``steps`` steps (the Transformer's preallocated key/value cache, written at each row's
-  position), so that a compiled or captured sampling loop calls ``step`` with the same shapes at
-  every step. Looked up by ``static_state`` below; absent: ``init_state``, which must then be
-  fixed-size already (the LSTM models').
+  for ``steps`` steps (the Transformer's ``StaticKV``: a preallocated key/value cache, written at
+  each row's position), so that a compiled or captured sampling loop calls ``step`` with the same
+  shapes at every step. Looked up by ``static_state`` below; absent: ``init_state``, which must then
+  be fixed-size already (the LSTM models').
 - ``traceable_dropout(drop, batch, regions) -> DropoutMasks``: ``drop`` with anything a compiled
   region cannot read (a generator's seed) drawn out into masks now. Looked up by
   ``traceable_dropout`` below; absent: ``drop`` as it is.
@@ -123,6 +123,8 @@ def select_rows(state: Any, rows: Tensor) -> Any:
     follows each beam's parent, for any model's state (tensors in nested tuples/lists)."""
     if isinstance(state, Tensor):
         return state.index_select(0, rows)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a named state (e.g. transformer.StaticKV)
+        return type(state)(*(select_rows(s, rows) for s in state))
     if isinstance(state, (tuple, list)):
         return type(state)(select_rows(s, rows) for s in state)
     if state is None:

@@ -75,7 +75,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from rdpp_cli.models.base import DropoutMasks, bernoulli_masks, targets
+from rdpp_cli.models.base import DropoutMasks, targets
 from rdpp_cli.models.ops import f32, token_logprob
 
 __all__ = ["Transformer", "TransformerConfig", "LayerNorm", "positional_encoding"]
@@ -288,11 +288,25 @@ class Encoded(NamedTuple):
     per_image: int = 1  # decoding rows per image (set by expand)
 
 
+class StaticKV(NamedTuple):
+    """The fixed-size decoding state (``Transformer.init_static_state``): each row's position and the
+    preallocated self-attention keys and values of every decoder layer, (k, v) per layer, each
+    (rows, h, steps, d_k); a step writes position ``at[r]`` of row r and ``update`` moves it on.
+    Beam search reorders its rows as any state's (``models.base.select_rows``)."""
+
+    at: Tensor  # (rows,) long: the position the next step writes
+    caches: tuple[Tensor, ...]  # 2 × N_dec tensors (rows, h, steps, d_k)
+
+    def update(self, caches: tuple[Tensor, ...]) -> "StaticKV":
+        """The state after one step that wrote ``caches``: every row one position on."""
+        return StaticKV(self.at + 1, tuple(caches))
+
+
 class Transformer(nn.Module):
     """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
 
     uses_fc = False  # the peer's TransformerModel reads only the att features
-    supports_fast = True  # static_token_logprobs, eager_dropout, a preallocated cache: the fast path
+    supports_fast = True  # static_token_logprobs, a preallocated cache (StaticKV): the fast path
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -366,14 +380,14 @@ class Transformer(nn.Module):
         empty = self.generator.weight.new_zeros(rows, c.num_att_heads, 0, c.d_model // c.num_att_heads)
         return (empty,) * (2 * c.N_dec)
 
-    def init_static_state(self, rows: int, steps: int) -> tuple[Tensor, ...]:
-        """A fixed-size decoding state for at most ``steps`` steps: each row's position (rows,),
-        then preallocated key/value caches (rows, h, steps, d_k), step t writing position t: every
-        step has the same shapes (a compiled or captured sampling loop); the same numbers."""
+    def init_static_state(self, rows: int, steps: int) -> StaticKV:
+        """A fixed-size decoding state for at most ``steps`` steps (``StaticKV``: each row's position,
+        preallocated key/value caches (rows, h, steps, d_k), step t writing position t): every step
+        has the same shapes (a compiled or captured sampling loop); the same numbers."""
         c = self.config
         cache = self.generator.weight.new_zeros(rows, c.num_att_heads, steps, c.d_model // c.num_att_heads)
         pos = torch.zeros(rows, dtype=torch.long, device=cache.device)
-        return (pos,) + tuple(cache.clone() for _ in range(2 * c.N_dec))
+        return StaticKV(pos, tuple(cache.clone() for _ in range(2 * c.N_dec)))
 
     def draw_dropout(self, batch: int, rows: int, steps: int, regions: int,
                      generator: torch.Generator | None = None) -> DropoutMasks:
@@ -412,17 +426,18 @@ class Transformer(nn.Module):
             caches += kv
         return self.decoder.norm(x), tuple(caches)
 
-    def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, ...],
-             drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def step(self, it: Tensor, enc: Encoded, state: tuple[Tensor, ...] | StaticKV,
+             drop: dict[str, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...] | StaticKV]:
         """Feed word ids ``it`` (N,) (0 = BOS) at the position after the cached ones; log-probs
-        (N, V + 1) of the next word and the caches one step longer (a static state,
+        (N, V + 1) of the next word and the caches one step longer (a ``StaticKV``,
         ``init_static_state``: the same shapes, written at each row's position, which moves on).
         ``drop``: this step's masks (``DropoutMasks.at(t)``), or None for this mode's own dropout."""
         masks = None if drop is None else {k: v.unsqueeze(1) for k, v in drop.items()}
-        static = len(state) == 2 * self.config.N_dec + 1
-        at, caches = (state[0], state[1:]) if static else (None, state)
-        y, caches = self._decode(it.unsqueeze(1), enc, caches, masks, at)
-        state = (at + 1,) + caches if static else caches
+        if isinstance(state, StaticKV):
+            y, caches = self._decode(it.unsqueeze(1), enc, state.caches, masks, state.at)
+            state = state.update(caches)
+        else:
+            y, state = self._decode(it.unsqueeze(1), enc, state, masks)
         return F.log_softmax(f32(self.generator(y[:, 0])), dim=-1), state
 
     # -- teacher forcing -----------------------------------------------------------------------
@@ -471,32 +486,3 @@ class Transformer(nn.Module):
         tok = token_logprob(self.generator(y).flatten(0, 1), target.flatten().long()).view(target.shape)
         mask = mask.to(tok.dtype)
         return tok * mask, mask
-
-    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
-        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
-        -- torch's generator, the shapes of the positions the batch needs (T), the sites' order --
-        as float masks (kept entries 1/(1-p)): the encoder's as ``enc<i>``, the decoder's laid out at
-        the label width (N, L+1, ...), so that a pass given them (the fast path's compiled one) gives
-        the eager numbers. None in eval mode or without dropout."""
-        c = self.config
-        if not self.training or (c.dropout == 0 and c.drop_prob_lm == 0):
-            return None
-        B, n, L = labels.shape
-        N, T = B * n, int(targets(labels.reshape(-1, L))[1].sum(1).max())
-        w = self.generator.weight
-        enc = [bernoulli_masks(w, p, {"m": s})["m"] for p, s in self._encoder_sites(B, regions)]
-        H, D, Ld, p = c.num_att_heads, c.d_model, c.N_dec, c.dropout
-        row = {"embed": w.new_zeros(N, L + 1, D), "self_attn": w.new_zeros(N, L + 1, Ld, H, L + 1),
-               "sub": w.new_zeros(N, L + 1, Ld, 3, D), "src_attn": w.new_zeros(N, L + 1, Ld, H, regions),
-               "ff": w.new_zeros(N, L + 1, Ld, c.d_ff)}
-        if p > 0:
-            draw = lambda *shape: bernoulli_masks(w, p, {"m": shape})["m"]  # noqa: E731
-            row["embed"][:, :T] = draw(N, T, D)
-            for i in range(Ld):
-                row["self_attn"][:, :T, i, :, :T] = draw(N, H, T, T).transpose(1, 2)
-                row["sub"][:, :T, i, 0] = draw(N, T, D)
-                row["src_attn"][:, :T, i] = draw(B, H, n * T, regions).transpose(1, 2).reshape(N, T, H, regions)
-                row["sub"][:, :T, i, 1] = draw(N, T, D)
-                row["ff"][:, :T, i] = draw(N, T, c.d_ff)
-                row["sub"][:, :T, i, 2] = draw(N, T, D)
-        return DropoutMasks(image={f"enc{i}": m for i, m in enumerate(enc)}, row=row)

@@ -80,7 +80,7 @@ class UpDown(nn.Module):
     """The captioner of the module docstring, with the ``CaptionModel`` interface (models/base.py)."""
 
     uses_fc = True  # LSTM¹ reads the embedded pooled features at every step
-    supports_fast = True  # static_token_logprobs and eager_dropout: the training fast path
+    supports_fast = True  # static_token_logprobs: the training fast path
 
     def __init__(self, config: UpDownConfig):
         super().__init__()
@@ -281,24 +281,3 @@ class UpDown(nn.Module):
         tok = token_logprob(self.logit(h).flatten(0, 1), target.flatten().long()).view(target.shape)
         mask = mask.to(tok.dtype)
         return tok * mask, mask
-
-    def eager_dropout(self, labels: Tensor, regions: int) -> DropoutMasks | None:
-        """The masks eager dropout draws in an XE step's ``token_logprobs`` over ``labels`` (B, k, L)
-        -- torch's generator, the same shapes and order: the att features (B, R, H), the fc features
-        (B, H), the word embeddings and the outputs of the tokens that count (tokens, ·), in
-        ``_hidden``'s token order -- laid out at the label width (N, L+1, ·), so that a pass given
-        them (the fast path's compiled one) gives the eager numbers. None in eval mode or without dropout."""
-        c = self.config
-        if not self.training or c.drop_prob_lm == 0:
-            return None
-        seqs = labels.reshape(-1, labels.shape[-1])
-        (N, L), w = seqs.shape, self.logit.weight
-        steps = targets(seqs)[1].sum(1)
-        T = max(int(steps.max()), 1)
-        _, _, rows, cols = self._tokens(N, T, seqs.device, steps)
-        m = bernoulli_masks(w, c.drop_prob_lm, {"att": (labels.shape[0], regions, c.rnn_size),
-                                                "fc": (labels.shape[0], c.rnn_size)})
-        embed, out = w.new_zeros(N, L + 1, c.input_encoding_size), w.new_zeros(N, L + 1, c.rnn_size)
-        embed[rows, cols] = bernoulli_masks(w, c.drop_prob_lm, {"e": (len(rows), c.input_encoding_size)})["e"]
-        out[rows, cols] = bernoulli_masks(w, c.drop_prob_lm, {"o": (len(rows), c.rnn_size)})["o"]
-        return DropoutMasks(image=m, row={"embed": embed, "out": out})

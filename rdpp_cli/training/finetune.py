@@ -25,7 +25,7 @@ metrics.csv shows the accuracy–diversity trade-off as it develops. See docs/re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,21 +37,20 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input
 from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.decoding.decode import DecodeConfig, decode, draw_uniforms
+from rdpp_cli.decoding.decode import DecodeConfig, draw_uniforms
 from rdpp_cli.errors import RdppError
-from rdpp_cli.metrics.self_cider import self_cider_from_kernel
 from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider
-from rdpp_cli.metrics.train_cider_torch import device_scorer, reference_table
 from rdpp_cli.models.base import DropoutMasks
 from rdpp_cli.models.bridge import WordBridge, bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
-from rdpp_cli.precision import ProbeShape, full_precision, resolve_precision
+from rdpp_cli.precision import full_precision, resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import FastPath, fast_path, resolve_fast
-from rdpp_cli.training.distributed import call, unwrap
+from rdpp_cli.training.fast import EAGER, FastPath, Steps, device_cider, run_steps
+from rdpp_cli.training.distributed import unwrap
 from rdpp_cli.training.loop import TrainingRecipe, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
+from rdpp_cli.training.xe import probe_shape
 from rdpp_cli.training.options import FinetuneOptions
 from rdpp_cli.training.reward_table import REWARDS, Reward
 from rdpp_cli.training.rewards import pg_loss, sampled_mask
@@ -131,12 +130,13 @@ class Draw:
 class RewardStep:
     """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``.
 
-    ``fast`` (``rdpp_cli.training.fast``): sample with the whole decoding pass compiled as one
-    function and no host wait (captions kept at ``max_len`` columns), score on the model's device
-    (``DeviceTrainCider`` against the data artifact's ``ReferenceTable``, compiled), and take the
-    policy log-probs from the compiled fixed-shape pass: the same captions, the same numbers to
-    float32 rounding (the reward to ~1e-15). Both paths draw the sampling's randomness in advance
-    from the step's generator (dropout masks, ``draw_uniforms``)."""
+    ``steps`` (the run's ``rdpp_cli.training.fast.Steps``; ``fast=`` gives a ``FastPath``) decode,
+    score and take the teacher-forced pass. The fast path samples with the whole decoding pass
+    compiled as one function and no host wait (captions kept at ``max_len`` columns), scores on the
+    model's device (``DeviceTrainCider`` against the data artifact's ``ReferenceTable``, compiled),
+    and takes the policy log-probs from the compiled fixed-shape pass: the same captions, the same
+    numbers to float32 rounding (the reward to ~1e-15). Both draw the sampling's randomness in
+    advance from the step's generator (dropout masks, ``draw_uniforms``)."""
 
     data: DataArtifact | None  # references of the batch's images (None: pass refs to ``weights`` yourself)
     cider: TrainCider
@@ -148,8 +148,14 @@ class RewardStep:
     seed: int = 123
     rank: int = 0
     sample_mode: str = "train"
-    fast: FastPath | None = None
+    steps: Steps = EAGER
     bridge: Any = None  # models.bridge: the model's ids -> the data's words (None: the model speaks them)
+    fast: InitVar[FastPath | None] = None  # given: the run's steps (the benchmarks' name for ``steps``)
+
+    def __post_init__(self, fast: FastPath | None) -> None:
+        if fast is not None:
+            self.steps = fast
+        self.fast = self.steps  # read by the benchmarks as ``step.fast``
 
     @property
     def spec(self) -> Reward:
@@ -188,11 +194,9 @@ class RewardStep:
         return Draw(dec.tokens, dec.lengths, dec.logprobs, drop)
 
     def _decode(self, model: nn.Module, batch: Batch, cfg: DecodeConfig, drop=None, uniforms=None):
-        """``decode``, or with the fast path the whole static pass as one compiled function: the same
-        captions from the same masks and uniforms (not trimmed)."""
-        if self.fast is not None:
-            return self.fast.decode(model, batch.att, cfg, batch.att_mask, batch.fc, drop, uniforms)
-        return decode(model, batch.att, cfg, att_mask=batch.att_mask, drop=drop, fc=batch.fc, uniforms=uniforms)
+        """``Steps.decode``: ``decode``, or with the fast path the whole static pass as one compiled
+        function: the same captions from the same masks and uniforms (not trimmed)."""
+        return self.steps.decode(model, batch.att, cfg, batch.att_mask, batch.fc, drop, uniforms)
 
     def greedy(self, model: nn.Module, batch: Batch) -> Tensor:
         """The greedy captions (B, T) of SCST's baseline, decoded in eval mode (self-critical.pytorch)."""
@@ -234,26 +238,13 @@ class RewardStep:
         """``weights`` where the captions are (torch, float64), the numbers left on the device;
         ``refs`` (B, k, L) and ``counts`` (B,) from ``ReferenceTable.take``. With the fast path
         compiled as one function (``fullgraph``: nothing waits for the device)."""
-        fn = self.fast.compiled(reward_weights) if self.fast is not None else reward_weights
-        return fn(self._device_cider(samples.device), self.spec.weight_fn(), self._want_kernel, self.baseline,
-                  samples, greedy, (refs, counts))
-
-    def words(self, tokens: Tensor) -> np.ndarray:
-        """The data's word ids of captions in the model's ids (what the reward scores)."""
-        return tokens.cpu().numpy() if self.bridge is None else self.bridge.data_ids(tokens)
-
-    def _device_cider(self, device: torch.device):
-        try:
-            return device_scorer(self.cider, device)
-        except ValueError as e:
-            raise RdppError(f"--fast on: {e}; train with --fast off") from None
+        return self.steps.compiled(reward_weights)(device_cider(self.cider, samples.device), self.spec.weight_fn(),
+                                                   self._want_kernel, self.baseline, samples, greedy, (refs, counts))
 
     def _teacher_forced(self, net: nn.Module, batch: Batch, seqs: Tensor, drop: DropoutMasks | None
                         ) -> tuple[Tensor, Tensor]:
         """``token_logprobs`` of ``seqs`` under ``net`` (the fast path's compiled fixed-shape pass)."""
-        if self.fast is not None:
-            return self.fast.token_logprobs(net, batch.att, seqs, batch.att_mask, drop, batch.fc)
-        return call(net, "token_logprobs", batch.att, seqs, att_mask=batch.att_mask, drop=drop, fc=batch.fc)
+        return self.steps.token_logprobs(net, batch.att, seqs, batch.att_mask, drop, batch.fc)
 
     def policy_logprobs(self, net: nn.Module, batch: Batch, d: Draw) -> tuple[Tensor, Tensor]:
         """Teacher-forced log-probs (B*m, T+1) of the sampled tokens and the mask of those the policy
@@ -299,13 +290,11 @@ class RewardStep:
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.draw(unwrap(net), batch)
+        scorer, refs = self.steps.scoring(self.cider, self.data, batch.index, batch.att.device)
+        words = [None if x is None else self.steps.words(self.bridge, x) for x in (d.samples, d.greedy)]
         with full_precision(batch.att.device):  # the reward never runs under autocast
-            if self.fast is not None:  # the references of the whole data artifact, on the device once
-                refs = reference_table(self.data, batch.att.device).take(batch.index)
-                w, logs = self.device_weights(d.samples, d.greedy, *refs)
-            else:
-                greedy = None if d.greedy is None else self.words(d.greedy)
-                w, logs = self.weights(self.words(d.samples), greedy, self.data.references_ids(batch.index))
+            w, logs = self.steps.compiled(reward_weights)(scorer, self.spec.weight_fn(), self._want_kernel,
+                                                          self.baseline, *words, refs)
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
@@ -319,19 +308,17 @@ class RewardStep:
         cfg = DecodeConfig(method="random", n=VAL_SAMPLES, max_len=self.max_len)
         dec = self._decode(model, batch, cfg, uniforms=draw_uniforms(batch.size * VAL_SAMPLES, self.max_len, gen,
                                                                      batch.att.device))
-        if self.fast is not None:
-            refs = reference_table(self.data, batch.att.device).take(batch.index)
-            with full_precision(batch.att.device):
-                q, div = self.fast.compiled(_sample_scores)(self._device_cider(batch.att.device), dec.tokens, refs)
-            return {"val_sample_cider": q, "val_self_cider": div}
-        q, K = self.cider.score_and_pairwise(self.words(dec.tokens), self.data.references_ids(batch.index))
-        return {"val_sample_cider": q.mean(1), "val_self_cider": self_cider_from_kernel(K)}
+        scorer, refs = self.steps.scoring(self.cider, self.data, batch.index, batch.att.device)
+        with full_precision(batch.att.device):
+            q, div = self.steps.compiled(_sample_scores, row_wise=True)(scorer, self.steps.words(self.bridge, dec.tokens), refs)
+        return {"val_sample_cider": q, "val_self_cider": div}
 
 
-def _sample_scores(scorer, samples: Tensor, refs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """Mean CIDEr-D (B,) of each image's samples (B, n, T) and their self-CIDEr (B,), on the device."""
+def _sample_scores(scorer, samples: Tensor, refs) -> tuple[Tensor, Tensor]:
+    """Mean CIDEr-D (B,) of each image's samples (B, n, T) and their self-CIDEr (B,), on the
+    scorer's side (``NumpyScoring``: numpy's mean, as arrays; ``DeviceTrainCider``: on the device)."""
     q, K = scorer.score_and_pairwise(samples, refs)
-    return q.mean(1), scorer.self_cider(K)
+    return scorer.sample_mean(q), scorer.self_cider(K)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,27 +401,28 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
         opts = opts.with_preset(checkpoint_model_name(inp.checkpoint))  # the recipe of the XE model's architecture
         seed_everything(opts.seed)
         net = model_from_checkpoint(inp.checkpoint, where=str(inp.checkpoint_path))
-        shape = ProbeShape.of(net, images=opts.batch_size, seq_per_img=opts.m, regions=inp.data.att_regions,
-                              steps=inp.data.seq_length, fast=resolve_fast(opts.fast, rt.device))
+        steps = run_steps(opts.fast, rt.device, net)  # --fast resolved once, with the model: the probe times it
+        shape = probe_shape(net, inp.data, opts, steps, seq_per_img=opts.m)
         precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))  # one for every process
         identity, config = run_settings(
             "finetune", opts, precision,
             identity={"lam": opts.reward_setting("lam"), "train_reward": TRAIN_REWARD,
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES},
-            model=net)
+            fast=steps.fast)
         out_dir, config, kept = claim_run(opts, identity, config, group="finetune",
                                           name=run_name(opts.reward, opts.m, opts.baseline, opts.lam),
                                           reads=[inp.model.path, inp.data_artifact.path])
+        steps = run_steps(kept["fast"], rt.device, net, asked=opts.fast) if "fast" in kept else steps  # as recorded
         bridge = bridge_for(net, inp.data.words, inp.data.seq_length)
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=bridge.max_len, seed=opts.seed, rank=rt.rank,
-                          sample_mode=opts.sample_mode, fast=fast_path(kept.get("fast", opts.fast), rt.device, net),
+                          sample_mode=opts.sample_mode, steps=steps,
                           bridge=None if isinstance(bridge, WordBridge) else bridge)
         return TrainingRecipe(stage="finetune", model=net, data=inp.data, out_dir=out_dir, opts=opts, step_fn=step,
                               inputs=[inp.data_artifact, inp.model], manifest_config=config,
                               epoch_metrics_fn=step.val_metrics, summary=headline(opts, inp), after_step=after_step,
                               cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)],
-                              fast=step.fast).run()
+                              steps=steps).run()
     finally:
         D.teardown()

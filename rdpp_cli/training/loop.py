@@ -57,7 +57,7 @@ Extension points:
   every step's numbers and every epoch's row, and adding rows to the closing table (e.g.
   ``rdpp_cli.training.tensorboard.TensorBoardLogger``, which both stages pass);
 - ``compute_loss(batch)``: the one model call of a step (the step function under the run's
-  precision); the fast path (``rdpp_cli.training.fast``, ``fast=``) keeps it, with a compiled step
+  precision); the run's steps (``rdpp_cli.training.fast``, ``steps=``) keep it, with a compiled step
   function from the stage, fused Adam and the step's numbers left on the device until ``flush``;
 - ``position``: where the run is (``Position``: epoch, batch, step), current after every step;
   ``current_position()`` gives the position of the run in progress, for an interrupt handler.
@@ -80,7 +80,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,14 +99,13 @@ from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.models.registry import model_name
 from rdpp_cli.precision import autocast, grad_scaler, resolve_precision, tf32_matmuls
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.loggers import Logger, MetricsCsv, PendingLogs
+from rdpp_cli.training.fast import EAGER, CompileFailed, Steps
+from rdpp_cli.training.loggers import Logger, MetricsCsv
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.distributed import claim_output
 from rdpp_cli.training.state import STATE_FILE, load_state, rng_state, save_state, seed_everything, set_rng_state
 from rdpp_cli.training.validation import greedy_cider, merge_sums, validation_images
 
-if TYPE_CHECKING:
-    from rdpp_cli.training.fast import FastPath
 
 StepFn = Callable[[nn.Module, Batch], "Tensor | tuple[Tensor, dict[str, float]]"]
 EpochMetricsFn = Callable[[nn.Module, Batch], dict[str, Any]]
@@ -154,18 +153,16 @@ def _non_finite_parameter(model: nn.Module) -> str | None:
 
 
 def run_settings(stage: str, opts: TrainLoopOptions, precision: str, *, identity: dict[str, Any],
-                 recorded: dict[str, Any], model: nn.Module | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 recorded: dict[str, Any], fast: str = "off") -> tuple[dict[str, Any], dict[str, Any]]:
     """A training run's identity (what decides its result, so a rerun with it resumes the unfinished
     run: the options' ``identity``, ``precision`` resolved, and the stage's ``identity`` such as its
     inputs' manifest hashes) and the manifest's config (that, the options' ``recorded`` settings,
-    what ``--precision`` asked, ``--fast`` resolved (for ``model``) and asked, the number of processes, the
+    what ``--precision`` asked, ``--fast`` as resolved (``fast``: the run's ``Steps.fast``) and asked, the number of processes, the
     stage's ``recorded`` values and the recipe used (``recipe``: its model, stage, preset and the values it
     supplied); without the options that could not act (``opts.unused()``))."""
-    from rdpp_cli.training.fast import resolve_fast
-
     ident = {"stage": stage, **opts.identity(), "precision": precision, **identity}
     config = {**ident, **opts.recorded(), "precision": precision, "precision_option": opts.precision,
-              "fast": resolve_fast(opts.fast, D.runtime().device, model), "fast_option": opts.fast,
+              "fast": fast, "fast_option": opts.fast,
               "processes": D.runtime().world_size, "workers": opts.loader_workers(D.runtime().device.type),
               **recorded}
     config = {k: v for k, v in config.items() if k not in opts.unused()}  # a manifest records what ran
@@ -291,25 +288,25 @@ class TrainingRecipe:
     final table. ``after_step(step)``: called after every optimizer step (and its checkpoint, when
     one is due); tests raise from it to simulate a crash. ``cider``: the validation scorer
     (``TrainCider`` of ``data``), when the stage has already loaded it. ``loggers``: more
-    ``Logger`` objects beside metrics.csv. ``fast``: the run's fast path
-    (``rdpp_cli.training.fast``; the stage builds its step function for it): Adam as it says, and
-    the step's numbers read every ``fast.log_every`` steps (``flush``).
+    ``Logger`` objects beside metrics.csv. ``steps``: the run's steps (``rdpp_cli.training.fast``,
+    eager or the fast path, chosen once; the stage builds its step function on them): Adam as they
+    say, and the step's numbers read as they say (``flush``).
     """
 
     def __init__(self, *, stage: str, model: nn.Module, data: DataArtifact, out_dir: Path, opts: TrainLoopOptions,
                  step_fn: StepFn, inputs: list[Artifact], manifest_config: dict,
                  epoch_metrics_fn: EpochMetricsFn | None = None, summary: dict[str, Any] | None = None,
                  after_step: Callable[[int], None] | None = None, cider=None, loggers: list[Logger] = (),
-                 fast: "FastPath | None" = None):
+                 steps: Steps = EAGER):
         self.stage, self.model, self.data, self.opts, self.step_fn = stage, model, data, opts, step_fn
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / CHECKPOINTS
         self.state_path = self.ckpt_dir / STATE_FILE
         self.inputs, self.manifest_config, self.summary = inputs, manifest_config, dict(summary or {})
         self.epoch_metrics_fn, self.after_step, self.cider = epoch_metrics_fn, after_step, cider
-        self.fast = fast
-        self.fast_ran = ["on" if fast is not None else "off"]  # the fast path of each part of the run, in order
-        self.pending = PendingLogs(fast.log_every) if fast is not None else None
+        self.steps = steps
+        self.fast_ran = [steps.fast]  # the fast path of each part of the run, in order
+        self.pending = self.steps.pending_logs()
         self.shown: dict[str, float] = {}  # the numbers of the last step read (the progress bar's)
         self.loggers = [MetricsCsv(self.out_dir / METRICS), *loggers]
         self.position = Position()
@@ -359,8 +356,7 @@ class TrainingRecipe:
 
             self.cider = TrainCider.for_data(self.data)
         adam = {"betas": (0.9, o.adam_beta2), "eps": o.adam_eps}
-        self.optimizer = (self.fast.optimizer(self.model.parameters(), o.lr, **adam) if self.fast is not None
-                          else torch.optim.Adam(self.model.parameters(), lr=o.lr, **adam))
+        self.optimizer = self.steps.optimizer(self.model.parameters(), o.lr, **adam)
         # the precision the stage resolved into the run's identity (run_settings): `auto` on a CPU is a
         # measurement, and measuring it again here could train in another precision than recorded
         self.precision = self.manifest_config.get("precision") or resolve_precision(o.precision, rt.device)
@@ -458,14 +454,19 @@ class TrainingRecipe:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on ``batch``; returns the step function's numbers (with the fast path
-        those of the last step read back, see ``flush``)."""
+        those of the last step read back, see ``flush``). Where the fast path fails to compile under
+        ``--fast auto`` (``CompileFailed``: it runs uncompiled from then on), the step is taken again
+        from the random state it began with: no step lost or taken twice."""
         self.net.train()
         batch = batch.to(self.rt.device)
         batch = dataclasses.replace(batch, labels=self.bridge.model_labels(batch.labels))  # in the model's ids
-        loss, logs = self.compute_loss(batch)
-        if self.pending is None:
-            self.check_loss(logs["loss"], self.position.step + 1, batch)
-        self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
+        began = rng_state()
+        try:
+            logs = self.take_step(batch)
+        except CompileFailed:
+            self.optimizer.zero_grad(set_to_none=True)
+            set_rng_state(began)
+            logs = self.take_step(batch)
         self.position.step += 1
         self.position.batch = batch.batch + 1
         if self.pending is None:
@@ -474,6 +475,15 @@ class TrainingRecipe:
         if self.pending.add(self.position.step, batch.size, logs):
             self.flush()
         return self.shown
+
+    def take_step(self, batch: Batch) -> dict[str, Any]:
+        """The step's loss (checked here unless its numbers wait on the device), backward, Adam; its
+        numbers."""
+        loss, logs = self.compute_loss(batch)
+        if self.pending is None:
+            self.check_loss(logs["loss"], self.position.step + 1, batch)
+        self.apply_gradients(loss * batch.weight if batch.weight != 1.0 else loss)
+        return logs
 
     def record(self, step: int, images: int, logs: dict[str, float]) -> None:
         """Account for one step's numbers: the epoch's sums, the loggers."""
@@ -498,8 +508,7 @@ class TrainingRecipe:
         """The model call of a step: the step function under the run's precision (its backward
         follows the forward's precisions). Its numbers as floats, or with the fast path as they are
         on the device."""
-        if self.fast is not None:
-            self.fast.begin_step()
+        self.steps.begin_step()
         with autocast(self.precision, self.rt.device):
             return _split_step(self.step_fn(self.net, batch), on_device=self.pending is not None)
 
@@ -576,12 +585,18 @@ class TrainingRecipe:
         """Greedy val CIDEr-D (and ``epoch_metrics_fn``'s columns), means over every process's share."""
         self.bar.update(self.task, info="validating")
         with autocast(self.precision, self.rt.device):  # decoding in the run's precision, scoring in numpy
-            sums = greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
-                                device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn,
-                                fast=self.fast)
+            try:
+                sums = self.validation_sums()
+            except CompileFailed:  # the fast path went eager (a note said why): validate again
+                sums = self.validation_sums()
         val = merge_sums(D.all_gather_object(sums))
         n_val = val.pop("_n")
         return {k: v / n_val for k, v in val.items()}
+
+    def validation_sums(self) -> dict[str, float]:
+        return greedy_cider(self.model, self.data, self.val_share, batch_size=self.opts.val_batch_size,
+                            device=self.rt.device, cider=self.cider, epoch_metrics_fn=self.epoch_metrics_fn,
+                            steps=self.steps)
 
     def keep_best(self) -> None:
         """best.pt when the epoch's val CIDEr-D is the best so far (every epoch without validation)."""
@@ -617,10 +632,11 @@ class TrainingRecipe:
             if self.best > -math.inf:
                 head["val_cider"] = self.best
             head.update(self.summary)
-            head.update(self.fast.manifest_summary() if self.fast is not None else {})
+            head.update(self.steps.manifest_summary())
             write_manifest(self.out_dir, "rdpp.model", {**self.manifest_config, **fast_record(self.fast_ran),
-                                                        "stage": self.stage, "architecture": model_name(model),
-                                                        "precision": self.precision, "model_config": model_config},
+                                                        **self.steps.manifest_config(), "stage": self.stage,
+                                                        "architecture": model_name(model), "precision": self.precision,
+                                                        "model_config": model_config},
                            inputs=self.inputs, summary=head)
             finish_output(self.out_dir)
             console.print(summary_table(f"rdpp {self.stage}: done", self.summary_rows()))
@@ -647,7 +663,7 @@ class TrainingRecipe:
                  ("speed", f"{np.mean(ips):.1f} images/s on {rt.device}"
                   + (f" × {rt.world_size} processes" if rt.distributed else "") if ips else "-"),
                  ("precision", self.precision),
-                 ("fast path", self.fast.describe() if self.fast is not None else "off"),
+                 ("fast path", self.steps.describe()),
                  ("checkpoints", f"{self.ckpt_dir}/best.pt, last.pt"),
                  ("metrics", self.out_dir / METRICS)]
         for lg in self.loggers:

@@ -16,6 +16,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.training.distributed import unwrap
+from rdpp_cli.training.fast import EAGER, Steps
 
 
 def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
@@ -31,15 +32,15 @@ def validation_images(data: DataArtifact, val_images: int | None) -> np.ndarray:
 
 def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, batch_size: int = 100,
                  device: torch.device | str = "cpu", cider=None,
-                 epoch_metrics_fn=None, fast=None) -> dict[str, float]:
+                 epoch_metrics_fn=None, steps: Steps = EAGER) -> dict[str, float]:
     """Sums over ``images`` of the greedy caption's CIDEr-D (the training reward's: training df, end
     token counted) and of any extra metric.
 
     Returns ``{"val_cider": sum, ..., "_n": number of images}`` (sums, so that processes can add
-    theirs up). The model is put in eval mode and back. ``fast`` (the run's
-    ``training.fast.FastPath``): the greedy pass as one compiled function and its CIDEr-D on the
-    device against the data artifact's reference table (``_greedy_scores_fast``): the same captions
-    and, to ~1e-15, the same sum, read back once per batch.
+    theirs up). The model is put in eval mode and back. ``steps`` (the run's ``training.fast.Steps``)
+    decode and score: eager, in numpy on the host; the fast path, the greedy pass as one compiled
+    function and its CIDEr-D on the device against the data artifact's reference table: the same
+    captions and, to ~1e-15, the same sum.
     """
     from rdpp_cli.decoding.decode import DecodeConfig
     from rdpp_cli.metrics.train_cider import TrainCider
@@ -59,11 +60,7 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
                 batch = batch.to(device)
                 data.check_finite(batch.index, batch.fc, batch.att)  # no score from a corrupt input
                 with torch.no_grad():
-                    if fast is not None:
-                        scores = _greedy_scores_fast(m, data, batch, greedy, cider, fast)
-                    else:
-                        scores = _greedy_scores(m, data, batch, greedy, cider, bridge)
-                    sums["val_cider"] += float(scores.sum())
+                    sums["val_cider"] += float(_greedy_scores(m, data, batch, greedy, cider, bridge, steps).sum())
                     if epoch_metrics_fn is not None:
                         for k, v in epoch_metrics_fn(m, batch).items():
                             v = v.detach().cpu().numpy() if isinstance(v, Tensor) else np.asarray(v)
@@ -74,29 +71,20 @@ def greedy_cider(model: nn.Module, data: DataArtifact, images: np.ndarray, *, ba
     return sums
 
 
-def _greedy_scores(model: nn.Module, data: DataArtifact, batch, cfg, cider, bridge) -> np.ndarray:
-    """The greedy captions' CIDEr-D (B,) of one batch, eager: decoded, read as the data's words
-    (``bridge``: the model's ids -> the data's), then scored in numpy."""
-    from rdpp_cli.decoding.decode import decode
-
-    dec = decode(model, batch.att, cfg, att_mask=batch.att_mask, fc=batch.fc)
-    return cider.score(bridge.data_ids(dec.tokens[:, 0]), data.references_ids(batch.index))
-
-
-def _greedy_scores_fast(model: nn.Module, data: DataArtifact, batch, cfg, cider, fast) -> Tensor:
-    """``_greedy_scores`` on the fast path: the static greedy pass compiled as one function, the
-    CIDEr-D on the device (compiled) against the reference table built once per data artifact."""
-    from rdpp_cli.metrics.train_cider_torch import device_scorer, reference_table
+def _greedy_scores(model: nn.Module, data: DataArtifact, batch, cfg, cider, bridge, steps: Steps) -> np.ndarray:
+    """The greedy captions' CIDEr-D (B,) of one batch: decoded by ``steps``, read as the data's words
+    (``bridge``: the model's ids -> the data's), scored by ``steps``' backend (``Steps.scoring``)."""
     from rdpp_cli.precision import full_precision
 
-    tokens = fast.decode(model, batch.att, cfg, batch.att_mask, batch.fc).tokens[:, 0]
-    refs, counts = reference_table(data, tokens.device).take(batch.index)
+    tokens = steps.decode(model, batch.att, cfg, batch.att_mask, batch.fc).tokens[:, 0]
+    scorer, refs = steps.scoring(cider, data, batch.index, tokens.device)
     with full_precision(tokens.device):  # the reward never runs under autocast
-        return fast.compiled(_device_score)(device_scorer(cider, tokens.device), tokens, refs, counts)
+        scores = steps.compiled(_score, row_wise=True)(scorer, steps.words(bridge, tokens), refs)
+    return scores.cpu().numpy()
 
 
-def _device_score(scorer, tokens: Tensor, refs: Tensor, counts: Tensor) -> Tensor:
-    return scorer.score(tokens, refs, counts)
+def _score(scorer, tokens: Tensor, refs) -> Tensor:
+    return scorer.score(tokens, refs)
 
 
 def merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -30,14 +30,14 @@ from rdpp_cli.artifacts import Artifact, ref_name, resolve_input, sha256_file
 from rdpp_cli.console import info
 from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.data.loader import Batch
-from rdpp_cli.models.base import DropoutMasks, scheduled_logprobs, targets, traceable_dropout
+from rdpp_cli.models.base import DropoutMasks, scheduled_logprobs, targets
 from rdpp_cli.models.registry import MODELS, model_spec
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
 from rdpp_cli.precision import ProbeShape, resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import FastPath, fast_path
+from rdpp_cli.training.fast import EAGER, Steps, run_steps
 from rdpp_cli.training.distributed import call, unwrap
 from rdpp_cli.training.loop import StepFn, TrainingRecipe, check_lr_schedule, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
@@ -46,12 +46,15 @@ from rdpp_cli.training.state import seed_everything
 from rdpp_cli.training.tensorboard import TENSORBOARD, TensorBoardLogger
 
 
-def xe_loss(model: nn.Module, batch: Batch) -> Tensor:
+def xe_loss(model: nn.Module, batch: Batch, steps: Steps = EAGER) -> Tensor:
     """Mean negative log-likelihood per token (words and the EOS, padding ignored) of the batch's
     captions: ``sequence_logprobs(model(att, labels), labels)`` through the model's faster
     ``token_logprobs`` (the output layer runs only on the tokens that count). Under DDP the mean is
-    over the whole step's tokens, all processes together, as one process would take it."""
-    token_logp, mask = call(model, "token_logprobs", batch.att, batch.labels, att_mask=batch.att_mask, fc=batch.fc)
+    over the whole step's tokens, all processes together, as one process would take it. ``steps``
+    (``training.fast``): the run's steps; the fast path draws the dropout first
+    (``Steps.xe_dropout``) and takes the compiled fixed-shape pass."""
+    drop = steps.xe_dropout(unwrap(model), batch.labels, batch.att.shape[1])
+    token_logp, mask = steps.token_logprobs(model, batch.att, batch.labels, batch.att_mask, drop, batch.fc)
     return -token_logp.sum() / D.per_process_share(mask.sum())
 
 
@@ -113,40 +116,30 @@ def xe_terms(net: nn.Module, att: Tensor, labels: Tensor, att_mask: Tensor | Non
 class XELoss:
     """The XE step function: ``xe_loss`` while scheduled sampling is off and no label smoothing
     is asked; otherwise its randomness drawn first (``xe_draws``) and ``xe_terms`` (the full
-    log-probs, a step at a time while ``ss_prob(epoch)`` > 0, and ``smoothed_nll``). ``fast``: both
-    through the fast path (compiled; the same numbers). Logs the epoch's scheduled-sampling
-    probability when it has one."""
+    log-probs, a step at a time while ``ss_prob(epoch)`` > 0, and ``smoothed_nll``). ``steps``: the
+    run's steps (``training.fast``: eager, or compiled with the same numbers). Logs the epoch's
+    scheduled-sampling probability when it has one."""
 
     ss_prob: Callable[[int], float] = lambda epoch: 0.0
     label_smoothing: float = 0.0
     log_ss: bool = False
-    fast: FastPath | None = None
+    steps: Steps = EAGER
 
     def __call__(self, net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         ss = self.ss_prob(batch.epoch)
         logs = {"ss_prob": ss} if self.log_ss else {}
         if ss == 0 and self.label_smoothing == 0:
-            return (xe_loss(net, batch) if self.fast is None else fast_xe_loss(self.fast)(net, batch)), logs
+            return xe_loss(net, batch, self.steps), logs
         d = xe_draws(unwrap(net), batch, ss)
-        terms, drop = xe_terms, d.drop
-        if self.fast is not None:
-            terms, drop = self.fast.compiled_step(xe_terms), traceable_dropout(unwrap(net), drop, *batch.att.shape[:2])
-        total, tokens = terms(net, batch.att, batch.labels, batch.att_mask, batch.fc, drop, d.use, d.uniforms,
-                              self.label_smoothing)
+        drop = self.steps.traceable(unwrap(net), d.drop, *batch.att.shape[:2])
+        total, tokens = self.steps.compiled_step(xe_terms)(net, batch.att, batch.labels, batch.att_mask, batch.fc,
+                                                           drop, d.use, d.uniforms, self.label_smoothing)
         return total / D.per_process_share(tokens), logs
 
 
-def fast_xe_loss(fast: FastPath) -> StepFn:
-    """``xe_loss`` through the fast path (``rdpp_cli.training.fast``): the step's dropout drawn
-    first (on a CPU the draws ``xe_loss`` makes), then the compiled fixed-shape teacher-forced pass;
-    the same loss and gradients to float32 rounding."""
-
-    def step(net: nn.Module, batch: Batch) -> Tensor:
-        drop = fast.xe_dropout(unwrap(net), batch.labels, batch.att.shape[1])
-        token_logp, mask = fast.token_logprobs(net, batch.att, batch.labels, batch.att_mask, drop, batch.fc)
-        return -token_logp.sum() / D.per_process_share(mask.sum())
-
-    return step
+def fast_xe_loss(steps: Steps) -> StepFn:
+    """``xe_loss`` through ``steps`` (the benchmarks' form: a step function of (net, batch))."""
+    return lambda net, batch: xe_loss(net, batch, steps)
 
 
 def most_frequent_caption(data: DataArtifact, chunk: int = 65536) -> np.ndarray:
@@ -241,11 +234,13 @@ def build_model(opts: XEOptions, inp: XEInputs) -> nn.Module:
                                         fc_feat_size=ds.fc_dim, seq_length=ds.seq_length)
 
 
-def probe_shape(model: nn.Module, data: DataArtifact, opts: Any, fast: Any) -> ProbeShape:
+def probe_shape(model: nn.Module, data: DataArtifact, opts: Any, steps: Steps, seq_per_img: int | None = None
+                ) -> ProbeShape:
     """What ``--precision auto`` times for this run: its model (as built), its batch and captions per
-    image, the data's regions and caption length, and whether the fast path runs."""
-    return ProbeShape.of(model, images=opts.batch_size, seq_per_img=opts.seq_per_img, regions=data.att_regions,
-                         steps=data.seq_length, fast="on" if fast is not None else "off")
+    image, the data's regions and caption length, and the steps it takes (``steps.fast``)."""
+    n = opts.seq_per_img if seq_per_img is None else seq_per_img
+    return ProbeShape.of(model, images=opts.batch_size, seq_per_img=n, regions=data.att_regions,
+                         steps=data.seq_length, fast=steps.fast)
 
 
 def check_folder_options(opts: XEOptions) -> None:
@@ -277,17 +272,9 @@ def folder_model(opts: XEOptions, ds: DataArtifact) -> nn.Module:
     return model
 
 
-def xe_fast_path(opts: XEOptions, device: torch.device, model: nn.Module) -> FastPath | None:
-    """The run's fast path (``fast_path``): the plain XE loss, scheduled sampling and label
-    smoothing alike."""
-    return fast_path(opts.fast, device, model)
-
-
-def step_function(opts: XEOptions, fast: FastPath | None) -> StepFn:
-    """The XE step (``XELoss``), through the fast path when it is on."""
-    if fast is not None and not opts.scheduled_sampling and opts.label_smoothing == 0:
-        return fast_xe_loss(fast)
-    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=opts.scheduled_sampling, fast=fast)
+def step_function(opts: XEOptions, steps: Steps) -> StepFn:
+    """The XE step (``XELoss``) taken by the run's steps."""
+    return XELoss(opts.ss_prob, opts.label_smoothing, log_ss=opts.scheduled_sampling, steps=steps)
 
 
 def baseline_summary(inp: XEInputs) -> dict[str, Any]:
@@ -321,23 +308,23 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
         inp = read_inputs(opts, quiet=not rt.is_main)
         model = build_model(opts, inp)
         check_lr_schedule(opts, model)  # refused before the output folder is claimed
-        fast = xe_fast_path(opts, rt.device, model)
+        steps = run_steps(opts.fast, rt.device, model)  # --fast resolved once, with the model
         # measured once, by rank 0, for every process (`auto`): the processes must train in one precision
-        shape = probe_shape(model, inp.data, opts, fast)
+        shape = probe_shape(model, inp.data, opts, steps)
         precision = D.on_main(lambda: resolve_precision(opts.precision, rt.device, shape))
         # the sizes came from --preset, or from the --init-from model (then no preset's: record what ran)
         sizes = {"preset": opts.preset} if inp.init is None else {"preset": None, "sizes_from": inp.init_where}
         identity, config = run_settings(
             "xe", opts, precision, recorded={"data": ref_name(inp.artifact), "init_from": inp.init_where, **sizes},
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
-                      "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, model=model)
+                      "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, fast=steps.fast)
         name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
         out_dir, config, kept = claim_run(opts, identity, config, group="xe", name=name,
                                           reads=[inp.artifact.path, inp.init_where])
-        fast = fast_path(kept["fast"], rt.device, model) if "fast" in kept else fast  # as the run resumed recorded
+        steps = run_steps(kept["fast"], rt.device, model, asked=opts.fast) if "fast" in kept else steps  # as recorded
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
-                              step_fn=step_function(opts, fast), inputs=[inp.artifact],
+                              step_fn=step_function(opts, steps), inputs=[inp.artifact],
                               manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
-                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)], fast=fast).run()
+                              cider=inp.cider, loggers=[TensorBoardLogger(out_dir / TENSORBOARD)], steps=steps).run()
     finally:
         D.teardown()
