@@ -275,10 +275,13 @@ def draw_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
     is the last index of positive probability, the first where the sums reach the total (adding a 0
     leaves a float sum as it is)."""
     cdf = _padded_cumsum(probs)
-    total = cdf[:, -1:].contiguous()
-    idx = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(1) * total, right=True)
-    last = torch.searchsorted(cdf, total)  # the last index of positive probability
-    return torch.minimum(idx, last).squeeze(1)
+    total = cdf[:, -1:]
+    # searchsorted as counts (the sums are non-decreasing): ``searchsorted(cdf, t, right=True)`` is the
+    # number of sums <= t. A count is a plain reduction, which every compiler backend lowers; inductor's
+    # CUDA lowering of searchsorted refused the blocked sums (a view) with "NotImplementedError: View".
+    idx = (cdf <= u.to(cdf.dtype).unsqueeze(1) * total).sum(-1)
+    last = (cdf < total).sum(-1)  # the last index of positive probability
+    return torch.minimum(idx, last)
 
 
 def scheduled_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
