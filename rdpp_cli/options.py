@@ -210,7 +210,8 @@ def device_option(default: str = "auto", cli: dict | None = None) -> Any:
 
 
 def precision_option(cli: dict | None = None) -> Any:
-    """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved there)."""
+    """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved in
+    rdpp_cli.precision_probe)."""
     return option(checks.DEFAULT_PRECISION, "The model's arithmetic: fp32, tf32 (CUDA: float32 tensors, "
                   "TensorFloat-32 matrix products), bf16 (autocast; float32 weights, rewards and metrics), fp16 "
                   "(autocast + loss scaling; slow on CPUs) or auto (bf16 where a step of this run's model at its "

@@ -172,7 +172,8 @@ def test_the_recipe_is_a_field_that_replace_keeps():
     ``replace`` keeps it (the manifest records it), and it is no option (no flag, no config key)."""
     opts = FinetuneOptions(preset="paper", epochs=2).with_preset("att2in")
     want = {"model": "att2in", "stage": "finetune", "preset": "paper",
-            "values": {"batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8, "lr_schedule": "step"}}
+            "values": {"batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8,
+                       "lr_schedule": "step"}}
     assert opts.recipe_record() == want
     later = opts.replace(device="cpu", seed=7)
     assert later.recipe_record() == want and later.with_preset("updown") is later  # resolved once
