@@ -12,7 +12,8 @@ command-line flags and check (``option`` / ``argument``). From that one declarat
 
 Adding an option to a stage is one ``option(...)`` line in its options class, plus the code that
 uses it. Field checks run when the object is made (``__post_init__``), so a stage never sees an
-invalid value; a check raises ``RdppError`` with one line. This module imports no torch: the CLI
+invalid value; a check raises ``RdppError`` with one line. Checks across fields (``validate``) run
+once every value is known (``complete``). This module imports no torch: the CLI
 builds every command from these classes without loading the pipeline.
 """
 
@@ -64,6 +65,19 @@ def argument(help: str, *, default: Any = None, required: bool = False, from_ali
     return dataclasses.field(default=default, metadata=meta)
 
 
+def resolved(help: str) -> Any:
+    """A field that is no option: a value the stage resolves and keeps with the options (the recipe
+    that filled them in), so that ``replace`` carries it. No flag, no config key, no argument of the
+    stage function, neither identity nor recorded (the stage records it where it belongs)."""
+    meta = {"help": help, "resolved": True, "identity": False, "record": False, "check": None}
+    return dataclasses.field(default=None, metadata=meta, compare=True)
+
+
+def option_fields(cls_or_obj: Any) -> tuple[dataclasses.Field, ...]:
+    """The fields of an options class that are options or arguments (not ``resolved`` ones)."""
+    return tuple(f for f in dataclasses.fields(cls_or_obj) if not f.metadata.get("resolved"))
+
+
 def flag_of(f: dataclasses.Field) -> str:
     """The option's main flag as messages name it (``--batch-size``; an argument: ``SAMPLES``)."""
     if f.metadata.get("argument"):
@@ -80,18 +94,25 @@ class Options:
     section: ClassVar[str] = ""  # the section of <workspace>/rdpp.yaml (the command's name)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
+        for f in option_fields(self):
             check = f.metadata.get("check")
             if check is not None:
                 check(flag_of(f), getattr(self, f.name))
-        self.validate()
+        if self.complete():
+            self.validate()
+
+    def complete(self) -> bool:
+        """Whether every value is known. A stage whose options wait for values it resolves later (a
+        recipe read from a checkpoint) answers False until then: ``validate`` runs once they are in."""
+        return True
 
     def validate(self) -> None:
-        """Checks across fields; RdppError with one line."""
+        """Checks across fields, run once every value is known (``complete``); RdppError with one line."""
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """The options' names (the ``resolved`` fields are not options)."""
+        return tuple(f.name for f in option_fields(cls))
 
     def _select(self, key: str) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get(key, True)}
@@ -128,7 +149,7 @@ def build(cls: type[O], args: tuple = (), kwargs: dict | None = None) -> tuple[O
         if kwargs:
             return args[0].replace(**kwargs), extra
         return args[0], extra
-    positional = [f.name for f in dataclasses.fields(cls) if f.metadata.get("argument") or f.metadata.get("positional")]
+    positional = [f.name for f in option_fields(cls) if f.metadata.get("argument") or f.metadata.get("positional")]
     if len(args) > len(positional):
         raise TypeError(f"{cls.__name__} takes {len(positional)} positional argument(s), got {len(args)}")
     for name, value in zip(positional, args):
@@ -150,7 +171,7 @@ def takes(cls: type[O]):
 
         types = hints(cls)
         params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=types[f.name])
-                  for f in dataclasses.fields(cls)]
+                  for f in option_fields(cls)]
         own = list(inspect.signature(fn).parameters.values())[1:]
         wrapper.__signature__ = inspect.Signature(params + own)
         wrapper.options = cls
@@ -189,7 +210,8 @@ def device_option(default: str = "auto", cli: dict | None = None) -> Any:
 
 
 def precision_option(cli: dict | None = None) -> Any:
-    """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved there)."""
+    """``--precision``: the model's arithmetic (rdpp_cli.precision runs it; ``auto`` is resolved in
+    rdpp_cli.precision_probe)."""
     return option(checks.DEFAULT_PRECISION, "The model's arithmetic: fp32, tf32 (CUDA: float32 tensors, "
                   "TensorFloat-32 matrix products), bf16 (autocast; float32 weights, rewards and metrics), fp16 "
                   "(autocast + loss scaling; slow on CPUs) or auto (bf16 where a step of this run's model at its "

@@ -17,18 +17,26 @@ from rdpp_cli.decoding.decode import METHODS
 
 ROOT = Path(__file__).resolve().parents[1] / "rdpp_cli"
 
-# docs/architecture.md, "Layers": a package imports only from its own layer or the ones above it
-# in this list. So the core never imports the CLI, and decoding never imports training.
+# docs/architecture.md, "Layers": which layer each package (a folder) or module (a file of rdpp_cli/) is on.
+# A package imports only from its own layer or the ones above it in this list. So the core never imports
+# the CLI, decoding never imports training, and the precision leaf (autocast) loads no model.
 LAYERS = [
     {"errors", "console", "device", "checks", "options", "artifacts", "metrics",
-     "hf_folder"},  # hf_folder: a Hugging Face folder, read by data (its vision encoder) and models (its decoder)
-    {"data", "models", "precision"},  # precision: --precision auto times the model itself
+     "hf_folder",  # a Hugging Face folder, read by data (its vision encoder) and models (its decoder)
+     "precision"},  # the leaf: autocast, dtypes, grad scaler, tf32 (decoding and the training loop run it)
+    {"data", "models",
+     "precision_probe"},  # --precision auto: builds a model from the registry and times a step of it
     {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
     {"demo", "objective", "objective_checks", "objective_hf", "objective_trl"},  # objective*: the public API of the finetune objective (docs/api.md)
     {"cli", "__main__"},
 ]
 RANK = {pkg: k for k, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def layer_of(name: str) -> int:
+    """The layer (1 = the bottom one, as docs/architecture.md numbers them) of a package or module."""
+    return RANK[name] + 1
 
 
 def _imports(path: Path) -> set[str]:
@@ -73,6 +81,30 @@ def test_the_layer_rule_catches_decoding_importing_training(tmp_path):
     bad.write_text("def f():\n    from rdpp_cli.training.finetune import resolve_data_for\n")
     assert RANK["training"] > RANK["decoding"] and _imports(bad) == {"training"}
 
+
+@pytest.mark.unit
+def test_the_precision_leaf_is_on_the_bottom_layer_and_the_probe_on_the_models():
+    """precision.py (autocast, dtypes) imports nothing above layer 1, so a caller that only runs a
+    precision loads no model; precision_probe.py, which builds one to time it, is on the models' layer."""
+    assert (layer_of("precision"), layer_of("precision_probe")) == (1, layer_of("models")) == (1, 2)
+    above = {d for d in _imports(ROOT / "precision.py") if layer_of(d) > 1}
+    assert not above, f"the precision leaf imports rdpp_cli.{sorted(above)}: it must stay on layer 1"
+    assert "models" in _imports(ROOT / "precision_probe.py")  # the walk sees what the probe builds
+    code = ("import sys\nfrom rdpp_cli.precision import autocast, grad_scaler\n"
+            "print(sorted(m for m in sys.modules if m.startswith('rdpp_cli.') and m.split('.')[1] not in "
+            f"{sorted(LAYERS[0])!r}))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr  # imported for real: no model
+
+
+@pytest.mark.unit
+def test_decoding_runs_precision_through_the_leaf_only():
+    """Decoding's modules run a precision with the leaf (autocast); the probe is read by one of them,
+    the sample stage, for its own `--precision auto` (it times the model it samples from), and by no
+    decoder: decode, select, consensus and the decoding options load no model through precision."""
+    readers = {p.name for p in sorted((ROOT / "decoding").rglob("*.py")) if "precision_probe" in _imports(p)}
+    assert readers == {"sample.py"}, readers
+    assert "precision" in _imports(ROOT / "decoding" / "sample.py")  # its autocast: the leaf
 
 def _env() -> dict:
     env = {**os.environ, "COLUMNS": "120"}

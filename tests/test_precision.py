@@ -21,7 +21,8 @@ from rdpp_cli.data.loader import Batch, CaptionBatches
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import TrainCider
 from rdpp_cli.models.att2in import Att2in
-from rdpp_cli import precision as P
+from rdpp_cli import precision as L  # the leaf: autocast, dtypes, native bf16
+from rdpp_cli import precision_probe as P  # --precision auto: the probe and its cache
 from rdpp_cli.training.finetune import RewardStep, finetune
 from rdpp_cli.training.xe import train_xe, xe_loss
 
@@ -59,11 +60,11 @@ def _batch(d: DataArtifact, seq_per_img: int = 5):
 def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.41, "bf16_s": 1.39})  # the EPYC's XE step
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert P.resolve_precision("auto", "cpu") == "bf16"
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"amx_bf16", "amx_tile"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"amx_bf16", "amx_tile"}))
     assert P.resolve_precision("auto", "cpu") == "bf16"
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512bw"}))  # no native bf16
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512bw"}))  # no native bf16
     assert P.resolve_precision("auto", "cpu") == "fp32"
     # an explicit choice is kept whatever the hardware; tf32 is a GPU's alone
     assert [P.resolve_precision(p, "cpu") for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
@@ -75,7 +76,7 @@ def test_auto_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp_path)
     # the options classes repeat the default (they cannot import torch): the two must agree
     from rdpp_cli.training.options import XEOptions
 
-    assert XEOptions.__dataclass_fields__["precision"].default == P.DEFAULT_PRECISION == "fp32"
+    assert XEOptions.__dataclass_fields__["precision"].default == L.DEFAULT_PRECISION == "fp32"
 
 
 @pytest.mark.unit
@@ -135,7 +136,7 @@ def test_auto_on_a_cpu_chooses_bf16_only_when_measurably_faster():
 @pytest.mark.unit
 def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
     calls = []
 
     def probe(timings):
@@ -165,7 +166,7 @@ def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypat
     assert len(calls) == 3 and json.loads(path.read_text())[key]["choice"] == "fp32"
 
     # a CPU without bf16 arithmetic is fp32 without measuring
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert P.resolve_precision("auto", "cpu", P.ProbeShape(rnn_size=128)) == "fp32"
     assert len(calls) == 3
 
@@ -173,7 +174,7 @@ def test_auto_on_a_cpu_measures_once_and_caches_per_machine_and_widths(monkeypat
 @pytest.mark.unit
 def test_a_cache_that_cannot_be_written_is_said_so_and_leaves_no_file(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
     calls = []
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: calls.append(shape) or {"fp32_s": 2.0, "bf16_s": 1.0})
     (tmp_path / "rdpp" / "precision.json").mkdir(parents=True)  # a folder where the cache file goes
@@ -191,7 +192,7 @@ def test_the_cache_key_holds_a_hash_of_a_large_model_config(monkeypatch, tmp_pat
     """A Hugging Face model's config holds its whole config and tokenizer files (megabytes for GPT-2's):
     the key and the entry hold their hash, and another tokenizer is another key."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.9})
 
     def hf(vocab: str) -> P.ProbeShape:
@@ -213,7 +214,7 @@ def test_auto_resolves_to_fp32_or_bf16_on_this_machine(monkeypatch, tmp_path):
     small = P.ProbeShape(rnn_size=64, att_feat_size=64, regions=16, vocab_size=100, images=2, steps=4)
     choice = P.resolve_precision("auto", "cpu", small)
     assert choice in ("fp32", "bf16")
-    if P.native_bf16("cpu"):
+    if L.native_bf16("cpu"):
         entry = json.loads((tmp_path / "rdpp" / "precision.json").read_text())[P.cpu_key(small)]
         assert entry["fp32_s"] > 0 and entry["choice"] == choice == P.choose_precision(entry["fp32_s"], entry["bf16_s"])
 
@@ -265,7 +266,7 @@ def test_a_bf16_xe_step_is_within_tolerance_of_fp32_on_the_same_batch(tiny):
     out = {}
     for prec in ("fp32", "bf16"):
         model.zero_grad()
-        with P.autocast(prec, "cpu"):
+        with L.autocast(prec, "cpu"):
             loss = xe_loss(model, batch)
         loss.backward()
         assert loss.dtype == torch.float32
@@ -290,7 +291,7 @@ def test_bf16_sampling_and_its_replay_give_the_same_log_probs(tiny):
     model = _model(tiny, dropout=0.5).train()
     batch = _batch(tiny, seq_per_img=1)
     step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=4, max_len=tiny.seq_length)
-    with P.autocast("bf16", "cpu"):
+    with L.autocast("bf16", "cpu"):
         d = step.sample(model, batch)
         token_logp, mask = step.policy_logprobs(model, batch, d)
     on = mask.bool()
@@ -309,7 +310,7 @@ def test_the_reward_of_a_bf16_step_is_computed_in_full_precision(ws, tiny):
     model = _model(tiny, dropout=0.5).train()
     batch = _batch(tiny, seq_per_img=1)
     step = RewardStep(data=tiny, cider=TrainCider.for_data(tiny), reward="dpp", m=4, max_len=tiny.seq_length)
-    with P.autocast("bf16", "cpu"):
+    with L.autocast("bf16", "cpu"):
         loss, logs = step(model, batch)
         d = step.draw(model, batch)  # the same captions again (the step's generator is seeded by position)
     w, plain = step.weights(d.samples.numpy(), None, tiny.references_ids(batch.index))

@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from rdpp_cli import precision as P
+from rdpp_cli import precision as L  # the leaf: autocast, dtypes, native bf16
+from rdpp_cli import precision_probe as P  # --precision auto: the probe and its cache
 from rdpp_cli.training import fast as fast_mod
 from rdpp_cli.training.xe import train_xe
 
@@ -31,7 +32,7 @@ def test_a_rerun_under_auto_resumes_the_unfinished_run_as_recorded(tmp_path, mon
     ws = tiny_workspace(tmp_path / "ws")
     cache = tmp_path / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.0})  # bf16 measured faster
     kw = dict(workspace=ws, preset="small", epochs=1, batch_size=4, val_images=2, lr=2e-3, device="cpu", seed=1,
               precision="auto", fast="auto", save_every_steps=2)
@@ -83,7 +84,7 @@ def test_a_finetune_rerun_under_auto_resumes_in_the_recorded_precision(tmp_path,
 
     ws = tiny_workspace(tmp_path / "ws", xe_epochs=1)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(P, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(L, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
     monkeypatch.setattr(P, "probe_cpu_bf16", lambda shape: {"fp32_s": 2.0, "bf16_s": 1.0})
     kw = dict(out=tmp_path / "ft", workspace=ws, reward="dpp", m=2, epochs=1, batch_size=4, lr=1e-3, val_images=2,
               save_every_steps=1, device="cpu", seed=7, precision="auto")

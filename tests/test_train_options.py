@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.options import hints
+from rdpp_cli.options import hints, option_fields
 from rdpp_cli.training import loggers, loop
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.registry import model_spec
@@ -72,7 +72,7 @@ def test_every_field_is_a_flag_a_config_key_and_an_rdpp_yaml_key(tmp_path, monke
     ws.mkdir()
     assert set(cls.field_names()) <= set(VALUES), "give every new option a test value in VALUES"
     values = {**VALUES, **OWN.get(cls, {}), "preset": PRESET[cls], "out": tmp_path / "o", "workspace": ws}
-    for f in dataclasses.fields(cls):
+    for f in option_fields(cls):
         want = values[f.name]
         assert want != f.default, f.name  # the value shows that the key was read
         cfg = tmp_path / f"{f.name}.json"
@@ -164,6 +164,58 @@ def test_finetune_small_keeps_the_identity_it_had_as_toy():
     toy, small = (FinetuneOptions(preset=p).with_preset("att2in") for p in ("toy", "small"))
     assert toy.identity() == small.identity() and small.identity()["preset"] == "toy"
     assert small.recipe_record()["preset"] == toy.recipe_record()["preset"] == "small"
+
+
+@pytest.mark.unit
+def test_the_recipe_is_a_field_that_replace_keeps():
+    """The recipe filled in from the checkpoint's architecture travels with the options: a later
+    ``replace`` keeps it (the manifest records it), and it is no option (no flag, no config key)."""
+    opts = FinetuneOptions(preset="paper", epochs=2).with_preset("att2in")
+    want = {"model": "att2in", "stage": "finetune", "preset": "paper",
+            "values": {"batch_size": 128, "lr": 5e-4, "lr_decay_every": 15, "lr_decay_rate": 0.8,
+                       "lr_schedule": "step"}}
+    assert opts.recipe_record() == want
+    later = opts.replace(device="cpu", seed=7)
+    assert later.recipe_record() == want and later.with_preset("updown") is later  # resolved once
+    _, config = loop.run_settings("finetune", later, "fp32", identity={}, recorded={})
+    assert config["recipe"] == want
+    assert "recipe" not in FinetuneOptions.field_names() and "recipe" not in later.identity()
+
+
+@pytest.mark.unit
+def test_the_combination_is_checked_once_every_value_is_known_and_again_after_replace():
+    """Checks across fields run on the values the run uses: not on the None of a value the recipe has
+    yet to fill (a plateau recipe with --val-images 0 is let through until then), and again on a
+    ``replace`` of resolved options, which no longer lets a bad combination through."""
+    waiting = FinetuneOptions(preset="paper", val_images=0)  # lr_schedule None: the recipe's, not yet known
+    assert waiting.lr_schedule is None and waiting.recipe_record() is None
+    with pytest.raises(RdppError, match="--val-images 0 turns validation off"):
+        waiting.with_preset("transformer")  # the transformer's fine-tuning recipe: plateau
+    plateau = FinetuneOptions(preset="paper").with_preset("transformer")
+    with pytest.raises(RdppError, match="--val-images 0 turns validation off"):
+        plateau.replace(val_images=0)
+    noam = XEOptions(model="transformer").with_preset()
+    assert noam.lr_schedule == "noam" and noam.lr_decay_every is not None  # from the recipe: silent
+    with pytest.raises(RdppError, match="--lr-decay-every sets the step schedule's decay, which --lr-schedule noam"):
+        noam.replace(lr_decay_every=2)  # given after the fill-in: it cannot act
+    step = XEOptions(preset="small").with_preset()
+    with pytest.raises(RdppError, match="--warmup is the noam schedule's warm-up"):
+        step.replace(warmup=10)
+
+
+@pytest.mark.unit
+def test_each_stage_owns_its_refusals_of_unused_options():
+    """The step decay's refusal is the loop's (both stages have it); the warm-up's and the scheduled-
+    sampling shape's are train-xe's alone: fine-tuning has neither option, and no message for them."""
+    ft = FinetuneOptions(preset="paper").with_preset("transformer")
+    assert ft.why_unused("lr_decay_rate").startswith("--lr-decay-rate sets the step schedule's decay, which "
+                                                     "--lr-schedule plateau does not use")
+    for name in ("warmup", "ss_every"):
+        with pytest.raises(KeyError):
+            ft.why_unused(name)
+    xe = XEOptions(preset="small").with_preset()
+    assert xe.why_unused("ss_every").startswith("--ss-every shapes scheduled sampling, which is off")
+    assert xe.why_unused("warmup").startswith("--warmup is the noam schedule's warm-up")
 
 
 # -- the resume identity and the manifest's config keep their keys (an old unfinished run resumes) --

@@ -390,11 +390,11 @@ def command_for(cls: type, target: str, doc: str, *, config: bool = True,
     builds ``cls`` (which checks every value) and calls the stage function ``target``
     (``"module:function"``, imported only when the command runs). ``after(result)`` may end the
     command with an exit code (``rdpp verify``)."""
-    from rdpp_cli.options import hints
+    from rdpp_cli.options import hints, option_fields
 
     types = hints(cls)
     # arguments first (an options class may inherit its options before declaring its argument)
-    fields = sorted(dataclasses.fields(cls), key=lambda f: not f.metadata.get("argument"))
+    fields = sorted(option_fields(cls), key=lambda f: not f.metadata.get("argument"))
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
     params += [_parameter(f, types[f.name]) for f in fields]
     alias = next((f for f in fields if f.metadata.get("from_alias")), None)

@@ -37,7 +37,8 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.models.bridge import bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, load_model
 from rdpp_cli.options import takes
-from rdpp_cli.precision import ProbeShape, autocast, resolve_precision
+from rdpp_cli.precision import autocast
+from rdpp_cli.precision_probe import ProbeShape, resolve_precision
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,8 +123,9 @@ def sample(opts: SampleOptions) -> Artifact:
     which ``n`` are kept); returns the samples artifact
     ``<workspace>/samples/<model name>.<method>-n<n>-v<k>`` (or ``out``).
 
-    ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``): the model's forward under
-    autocast; log-probabilities are float32 either way. The one used is in the manifest.
+    ``precision``: fp32, bf16, fp16 or auto (``rdpp_cli.precision``; auto: ``rdpp_cli.precision_probe``):
+    the model's forward under autocast; log-probabilities are float32 either way. The one used is in the
+    manifest.
     """
     sel = opts.selection()
     dec = load_decoder(opts.model, opts.data, opts.workspace, opts.device)

@@ -44,7 +44,8 @@ from rdpp_cli.models.base import DropoutMasks
 from rdpp_cli.models.bridge import WordBridge, bridge_for
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
-from rdpp_cli.precision import full_precision, resolve_precision
+from rdpp_cli.precision import full_precision
+from rdpp_cli.precision_probe import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, FastPath, Steps, device_cider, run_steps
 from rdpp_cli.training.distributed import unwrap

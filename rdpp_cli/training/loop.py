@@ -97,7 +97,8 @@ from rdpp_cli.errors import RdppError
 from rdpp_cli.models.bridge import bridge_for
 from rdpp_cli.models.checkpoint import non_finite_tensor, save_checkpoint
 from rdpp_cli.models.registry import model_name
-from rdpp_cli.precision import autocast, grad_scaler, resolve_precision, tf32_matmuls
+from rdpp_cli.precision import autocast, grad_scaler, tf32_matmuls
+from rdpp_cli.precision_probe import resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, CompileFailed, Steps
 from rdpp_cli.training.loggers import Logger, MetricsCsv

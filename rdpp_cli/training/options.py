@@ -19,7 +19,8 @@ from rdpp_cli import checks
 from rdpp_cli.checks import DEFAULT_FAST, FAST_CHOICES, RESIDENT_CHOICES
 from rdpp_cli.errors import RdppError
 from rdpp_cli.options import (Options, all_of, argument, at_least, device_option, finite, force_option,
-                              learning_rate, one_of, option, out_option, precision_option, workspace_option)
+                              learning_rate, one_of, option, out_option, precision_option, resolved,
+                              workspace_option)
 from rdpp_cli.options import seed as seed_check
 from rdpp_cli.models.registry import DEFAULT_MODEL, MODELS, model_spec, models_help
 from rdpp_cli.models.registry import PRESETS as MODEL_PRESETS
@@ -117,6 +118,9 @@ class TrainLoopOptions(Options):
         check=one_of(*RESIDENT_CHOICES, what="a --resident setting"))
     resume: bool = loop_option(True, "Continue an unfinished run with the same settings, or start it over.",
                                "--resume/--no-resume", identity=False, record=False)
+    recipe: dict[str, Any] | None = resolved(
+        "The recipe that filled in the options not given (``_fill``): its model, stage, preset and the values it "
+        "supplied; None until then.")
 
     seq_per_img: ClassVar[int] = 5  # captions per image in a batch: an option of train-xe, finetune's follows its reward
     lr_schedule: ClassVar[str] = "step"  # an option of train-xe (step, noam) and finetune (step, plateau)
@@ -131,42 +135,51 @@ class TrainLoopOptions(Options):
 
     def unused(self) -> set[str]:
         """The options that cannot act in this combination (resolved options): left out of the
-        manifest's config, and refused when given explicitly (``_fill``)."""
+        manifest's config, and refused when given explicitly (``validate``)."""
         return set()
+
+    def complete(self) -> bool:
+        """The values left unset (None) come from the recipe: known once it is recorded (``_fill``)."""
+        return self.recipe is not None
+
+    def given(self) -> set[str]:
+        """The options set other than by the recipe: given explicitly, or changed since (``replace``)."""
+        supplied = (self.recipe or {}).get("values", {})
+        return {f for f in self.field_names() if (v := getattr(self, f)) is not None
+                and not (f in supplied and supplied[f] == v)}
+
+    def validate(self) -> None:
+        """Once every value is known: an option given that cannot act is refused, in one line."""
+        refused = sorted(self.unused() & self.given())
+        if refused:
+            raise RdppError(self.why_unused(refused[0]))
 
     def recipe_record(self) -> dict[str, Any] | None:
         """What the manifest records of the recipe the run used: its model, stage and preset and the
-        values it supplied (those not given explicitly); None before ``with_preset``."""
-        return getattr(self, "_recipe", None)
+        values it supplied that can act (not ``unused``); None before ``with_preset``."""
+        if self.recipe is None:
+            return None
+        return {**self.recipe, "values": {k: v for k, v in self.recipe["values"].items() if k not in self.unused()}}
 
     def _fill(self, model: str, preset: str, defaults: dict[str, Any] | None = None) -> Any:
         """These options with ``model``'s ``preset`` recipe for this stage (and ``defaults``) where
-        no value was given; refuses, in one line, an option given explicitly that cannot act."""
-        if getattr(self, "_recipe", None) is not None:
+        no value was given, the recipe recorded with them (``recipe``); checked then, once every value
+        is known (``validate``)."""
+        if self.recipe is not None:
             return self  # already resolved
         recipe = {**model_spec(model).recipe(self.STAGE, preset), **(defaults or {})}
-        given = {f for f in self.__dataclass_fields__ if getattr(self, f, None) is not None}
-        filled = {k: v for k, v in recipe.items() if k not in given and k in self.__dataclass_fields__}
-        out = self.replace(**filled)
-        refused = sorted(out.unused() & given)
-        if refused:
-            raise RdppError(out.why_unused(refused[0]))
-        out._recipe = {"model": model, "stage": self.STAGE, "preset": preset,
-                       "values": {k: v for k, v in filled.items() if k not in out.unused()}}
-        return out
+        fields = set(self.field_names())
+        filled = {k: v for k, v in recipe.items() if k in fields and getattr(self, k) is None}
+        return self.replace(**filled, recipe={"model": model, "stage": self.STAGE, "preset": preset, "values": filled})
 
     def why_unused(self, name: str) -> str:
-        """The one-line refusal of option ``name`` that cannot act (``unused``)."""
+        """The one-line refusal of option ``name`` that cannot act (``unused``): here the step schedule's
+        decay, which both stages have; a stage's own options' messages are in its class."""
+        if name not in ("lr_decay_every", "lr_decay_rate"):
+            raise KeyError(f"{type(self).__name__} has no refusal of unused {name}")
         flag = "--" + name.replace("_", "-")
-        schedule = getattr(self, "lr_schedule", "step")
-        if name in ("lr_decay_every", "lr_decay_rate"):
-            return (f"{flag} sets the step schedule's decay, which --lr-schedule {schedule} does not use; drop it or "
-                    "pass --lr-schedule step")
-        if name == "warmup":
-            return ("--warmup is the noam schedule's warm-up, which --lr-schedule step has not; drop it or pass "
-                    "--lr-schedule noam")
-        return (f"{flag} shapes scheduled sampling, which is off (--ss-start -1); drop it or pass --ss-start K "
-                "to sample after epoch K")
+        return (f"{flag} sets the step schedule's decay, which --lr-schedule {self.lr_schedule} does not use; drop it "
+                "or pass --lr-schedule step")
 
 
 def _from_preset(name: str) -> Any:
@@ -259,6 +272,18 @@ class XEOptions(TrainLoopOptions):
         dropped = (set(ident) - set(self.identity())) | self.unused()
         return {k: v for k, v in rec.items() if k not in dropped}
 
+    def why_unused(self, name: str) -> str:
+        """The refusals of train-xe's own options that cannot act: the Noam schedule's warm-up and the
+        scheduled-sampling shape (the step decay's: ``TrainLoopOptions.why_unused``)."""
+        if name == "warmup":
+            return ("--warmup is the noam schedule's warm-up, which --lr-schedule step has not; drop it or pass "
+                    "--lr-schedule noam")
+        if name in self.SS_SETTINGS:
+            flag = "--" + name.replace("_", "-")
+            return (f"{flag} shapes scheduled sampling, which is off (--ss-start -1); drop it or pass --ss-start K "
+                    "to sample after epoch K")
+        return super().why_unused(name)
+
     @property
     def scheduled_sampling(self) -> bool:
         """Whether scheduled sampling runs at all (``ss_start`` set and not -1)."""
@@ -332,12 +357,8 @@ class FinetuneOptions(TrainLoopOptions):
     def with_preset(self, model: str) -> "FinetuneOptions":
         """These options with ``preset``'s finetune recipe for ``model`` (the XE model's registry name,
         known once the XE artifact is read) where none was given; an option given that cannot act is
-        refused (``unused``), as is the plateau schedule without validation."""
-        out = self._fill(model, PRESET_ALIASES.get(self.preset, self.preset))
-        if out.lr_schedule == "plateau" and out.val_images == 0:
-            raise RdppError("--lr-schedule plateau lowers the LR when the validation CIDEr-D stops improving, and "
-                            "--val-images 0 turns validation off; validate, or pass --lr-schedule step")
-        return out
+        refused (``unused``), as is the plateau schedule without validation (``validate``)."""
+        return self._fill(model, PRESET_ALIASES.get(self.preset, self.preset))
 
     def unused(self) -> set[str]:
         """The plateau schedule has no step decay."""
@@ -357,7 +378,20 @@ class FinetuneOptions(TrainLoopOptions):
     def recorded(self) -> dict[str, Any]:
         return {k: v for k, v in super().recorded().items() if k not in self.unused()}
 
+    def __post_init__(self) -> None:
+        """The reward's settings never wait for the recipe: checked when the options are made (the
+        schedule's, in ``validate``, once the recipe has filled it in)."""
+        super().__post_init__()
+        self.check_reward()
+
     def validate(self) -> None:
+        super().validate()
+        if self.lr_schedule == "plateau" and self.val_images == 0:
+            raise RdppError("--lr-schedule plateau lowers the LR when the validation CIDEr-D stops improving, and "
+                            "--val-images 0 turns validation off; validate, or pass --lr-schedule step")
+
+    def check_reward(self) -> None:
+        """The reward's settings together (none of them waits for the recipe)."""
         spec = REWARD_TABLE[self.reward]
         if self.baseline != "none" and "baseline" not in spec.settings:
             with_baseline = [r.name for r in REWARD_TABLE.values() if "baseline" in r.settings]

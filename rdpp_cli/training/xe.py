@@ -35,7 +35,7 @@ from rdpp_cli.models.registry import MODELS, model_spec
 from rdpp_cli.errors import RdppError
 from rdpp_cli.models.checkpoint import check_fits_data, checkpoint_model_name, load_checkpoint, model_from_checkpoint
 from rdpp_cli.options import takes
-from rdpp_cli.precision import ProbeShape, resolve_precision
+from rdpp_cli.precision_probe import ProbeShape, resolve_precision
 from rdpp_cli.training import distributed as D
 from rdpp_cli.training.fast import EAGER, Steps, run_steps
 from rdpp_cli.training.distributed import call, unwrap
