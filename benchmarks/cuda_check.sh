@@ -101,7 +101,7 @@ fi
 
 if want 1; then
   step "1. tests/test_cuda.py"
-  run test_cuda.log 90 $PY -m pytest -o addopts="" -q -p no:cacheprovider -m "not slow or slow" --durations=5 tests/test_cuda.py
+  run test_cuda.log 90 $PY -m pytest -o addopts="" -v -p no:cacheprovider -m "not slow or slow" --durations=5 tests/test_cuda.py
 fi
 if want 2; then
   step "2. Att2in against the peer's Att2in2Model: XE, SCST / R-DPP m = 5, decoding; the fast path"

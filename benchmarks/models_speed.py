@@ -922,8 +922,12 @@ def summary(paths: list[str]) -> None:
                 print(f"the recipe: {x['recipe']}\n{'':<64}{x['gpu_hours']:>10.2f} h")
     for p in paths:
         if p.endswith("test_cuda.log") and Path(p).is_file():
-            tail = [ln.strip() for ln in open(p) if any(w in ln for w in (" passed", " failed", " skipped", " error"))]
+            lines = open(p).read().splitlines()
+            tail = [ln.strip() for ln in lines if any(w in ln for w in (" passed", " failed", " skipped", " error"))]
             print(f"{'tests/test_cuda.py':<64}{(tail or ['(no result)'])[-1]}")
+            for ln in lines:  # -v names each test as it ends: a step stopped at its limit still names its failures
+                if ln.startswith("tests/test_cuda.py::") and (" FAILED" in ln or " ERROR" in ln):
+                    print(f"{'  failed: ' + ln.split()[0].split('::')[1]:<64}")
 
 
 if __name__ == "__main__":

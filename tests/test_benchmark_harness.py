@@ -128,6 +128,19 @@ def test_the_summary_has_every_fast_sides_compile_seconds_and_the_last_epochs(mo
 
 
 @pytest.mark.unit
+def test_the_summary_names_the_cuda_tests_that_failed_before_the_step_was_stopped(models_speed, tmp_path, capsys):
+    """Step 1 stopped at its limit prints no pytest summary: the summary still names each failed test from
+    the -v lines written as each test ended (an H200 call once reported '......F' and nothing else)."""
+    log = tmp_path / "test_cuda.log"
+    log.write_text("tests/test_cuda.py::test_a PASSED      [  6%]\n"
+                   "tests/test_cuda.py::test_fast_rl_at_paper_shapes FAILED      [ 12%]\n")
+    models_speed.main(["--summary", str(log)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].split()[-2:] == ["(no", "result)"]
+    assert out[-1].split() == ["failed:", "test_fast_rl_at_paper_shapes"]
+
+
+@pytest.mark.unit
 def test_cuda_checks_plan_lists_every_step_within_eight_minutes():
     """``cuda_check.sh --device cpu --plan`` runs nothing: each step with its time limit on CUDA, which
     together fit one 8-minute call."""
