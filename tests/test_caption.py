@@ -285,7 +285,9 @@ def test_validation_decoding_never_says_unk(unk_lover, monkeypatch):
         seen.append(out.tokens)
         return out
 
-    monkeypatch.setattr(dec, "decode", spy)
+    from rdpp_cli.training import fast
+
+    monkeypatch.setattr(fast, "decode", spy)  # validation decodes through the run's steps (training.fast.Steps)
     greedy_cider(net, ds, ds.split_indices("val"))
     toks = torch.cat([t.flatten() for t in seen])
     assert len(toks) and not (toks == unk_id(ds.words)).any()

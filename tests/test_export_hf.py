@@ -114,6 +114,11 @@ def test_a_decoder_with_fewer_positions_than_tokens_decodes_to_its_limit(tmp_pat
     lp, mask = model.token_logprobs(torch.zeros(1, 17, 16), longest)  # fits the 12 positions
     assert mask.sum() == 12 and torch.isfinite(lp).all()
     ok(rdpp("sample", "--workspace", ws, "--n", "2", "--method", "random", "--device", "cpu"))
+    # a --max-len past the decoder's positions: one line naming both numbers, no folder claimed
+    before = sorted(p.name for p in (ws / "samples").iterdir())
+    line = refused(tmp_path, "sample", "--workspace", ws, "--n", "2", "--max-len", "20", "--device", "cpu")
+    assert "--max-len 20" in line and "at most 11 tokens" in line and "--max-len 11 or less" in line, line
+    assert sorted(p.name for p in (ws / "samples").iterdir()) == before
 
 
 @pytest.mark.integration

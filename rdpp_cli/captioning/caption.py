@@ -127,7 +127,7 @@ def caption(opts: CaptionOptions) -> Artifact:
         raise RdppError(f"model {dec.model.path} expects {dec.net.config.att_feat_size}-d features but {bb.name} "
                         f"gives {bb.dim}-d ones; the model was not trained on data artifact {dec.data.path}")
     bridge = dec.bridge()  # decoding in the model's ids, captions as words
-    cfg = opts.decode_config(opts.n, max_len=bridge.max_len, unk_id=bridge.unk_id)
+    cfg = dec.decode_config(opts, opts.n, bridge)
     settings = {"files": [str(f) for f in files], **cfg.to_dict(), "seed": opts.seed, "weights": str(bb.weights),
                 "device": str(dec.device)}
     out_dir, config = claim_output(opts, dec, group="captions", kind="rdpp.captions", name=run_name(cfg, opts.n),

@@ -28,7 +28,7 @@ from rdpp_cli.artifacts import (Artifact, atomic_write_json, derived_name, finis
 from rdpp_cli.artifacts.lineage import resolve_data_for
 from rdpp_cli.console import console, progress, summary_table
 from rdpp_cli.data.dataset import DataArtifact
-from rdpp_cli.decoding.config import DecodeConfig
+from rdpp_cli.decoding.config import DecodeConfig, DecodingOptions
 from rdpp_cli.decoding.decode import Decoded, decode
 from rdpp_cli.decoding.options import SampleOptions
 from rdpp_cli.decoding.select import Chooser, SelectConfig
@@ -69,6 +69,17 @@ class Decoder:
         """``models.bridge``: the network's ids to and from its data's words (captions of
         ``seq_length`` words; default the model's own length)."""
         return bridge_for(self.net, self.vocab, seq_length or self.net.config.seq_length)
+
+    def decode_config(self, opts: DecodingOptions, n: int, bridge) -> DecodeConfig:
+        """``opts.decode_config`` for this network and ``bridge``, refusing in one line a ``--max-len``
+        beyond the tokens its decoder can position (``max_decode_len``, a Hugging Face decoder's
+        positions less the start token; rdpp's own models have no such limit)."""
+        cfg = opts.decode_config(n, max_len=bridge.max_len, unk_id=bridge.unk_id)
+        limit = getattr(self.net, "max_decode_len", None)
+        if limit is not None and cfg.max_len > limit:
+            raise RdppError(f"--max-len {cfg.max_len}: the decoder of {self.model.path} positions at most {limit} "
+                            f"tokens after its start token; pass --max-len {limit} or less")
+        return cfg
 
 
 def load_decoder(model: str | Path | None, data: str | Path | None, workspace, device: str) -> Decoder:
@@ -136,7 +147,7 @@ def sample(opts: SampleOptions) -> Artifact:
     check_fits_data(dec.checkpoint, ds, f"model {dec.model.path}", "sample with the data the model was trained on")
     # evaluation decoding never says UNK unless asked
     bridge = dec.bridge(ds.seq_length)  # decoding in the model's ids, captions as the data's words
-    cfg = opts.decode_config(opts.decoded_per_image, max_len=bridge.max_len, unk_id=bridge.unk_id)
+    cfg = dec.decode_config(opts, opts.decoded_per_image, bridge)
     images = ds.split_indices(opts.split)[:opts.max_images]
     chooser = Chooser(sel, opts.n, ds, ds.seq_length, images) if sel else None  # refuses a df without the EOS, before any folder
     out_dir, config = claim_output(opts, dec, group="samples", kind="rdpp.samples", name=run_name(cfg, opts.n, sel),

@@ -75,6 +75,9 @@ A pretrained model read from a folder instead of built from sizes:
   ``training.xe.folder_model`` when the model's registry line names a ``folder_option`` (the
   ``train-xe`` option holding the folder, declared in ``training/options.py``). Absent (no
   ``folder_option``): the model is built from its registry sizes.
+- ``max_decode_len``: the most tokens its decoder can position after the start token (a Hugging
+  Face decoder's positions less one); ``rdpp sample`` and ``rdpp caption`` refuse a ``--max-len``
+  beyond it in one line (``decoding.sample.Decoder.decode_config``). Absent: no limit.
 
 Config fields read by name besides ``vocab_size``, ``seq_length`` and ``att_feat_size``:
 

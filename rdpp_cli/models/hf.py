@@ -154,6 +154,7 @@ class HFCaptioner(nn.Module):
         self.config = c = config
         full = full_config(c.kind, c.hf_config)
         tcfg = text_config(c.kind, full)
+        self.max_decode_len = positions(tcfg) - 1  # the most tokens a caption can take after the start token
         self.enc_to_dec_proj = None
         if c.kind == "ved":
             self.decoder = tf.AutoModelForCausalLM.from_config(tcfg)
