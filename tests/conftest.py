@@ -34,6 +34,23 @@ def _one_thread_per_run():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="session")
+def tiny_xe_workspace(tmp_path_factory):
+    """Read-only: ``helpers.tiny_workspace`` with the small Att2in XE-trained for one epoch, built once for
+    the session. A test module that writes into it uses ``tiny_xe_workspace_copy``."""
+    from helpers import tiny_workspace
+
+    return tiny_workspace(tmp_path_factory.mktemp("tiny-xe-shared"), xe_epochs=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_xe_workspace_copy(tiny_xe_workspace, tmp_path_factory):
+    """A copy of ``tiny_xe_workspace`` for one test module to write into (copying takes milliseconds)."""
+    import shutil
+
+    return shutil.copytree(tiny_xe_workspace, tmp_path_factory.mktemp("ws") / "ws")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny models: they run fastest on one, and on a shared
