@@ -251,18 +251,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def peer_modules():
-    """self-critical.pytorch's modules as benchmarks/peer.py loads them (its checkout: $SCP_REPO or
-    ../shared/peers), or a pytest skip saying what is missing; benchmarks/ goes on sys.path."""
-    import sys
-
+    """self-critical.pytorch's modules as tests/peer_loader.py loads them (its checkout: $SCP_REPO or
+    ../shared/peers), or a pytest skip saying what is missing."""
     import pytest
 
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import peer
+    import peer_loader
 
-        return peer.modules(peer.find_repo())
+    try:
+        return peer_loader.modules(peer_loader.find_repo())
     except (SystemExit, ImportError) as e:
         pytest.skip(f"self-critical.pytorch's code is not here ({e})")
 

@@ -177,14 +177,14 @@ def _weights(path: Path) -> dict:
 @pytest.mark.integration
 def test_sigterm_stops_with_one_line_releases_the_lock_and_the_rerun_resumes_to_the_same_weights(tmp_path):
     data = write_tiny_data(tmp_path / "data" / "tiny-v1", n_train=16, n_val=2, n_test=2)
-    args = ["--preset", "small", "--epochs", "6", "--batch-size", "4", "--val-images", "0", "--seed", "3",
+    args = ["--preset", "small", "--epochs", "3", "--batch-size", "4", "--val-images", "0", "--seed", "3",
             "--save-every-steps", "1", "--device", "cpu"]
     ws = tmp_path / "runs"
     cmd = [RDPP, "train-xe", "--data", str(data), *args, "--workspace", str(ws)]
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     folder = ws / "xe" / "att2in-small-v1"
     state = folder / "checkpoints" / "last_state.pt"
-    while not state.exists() and run.poll() is None:  # its first saved step (24 steps in all)
+    while not state.exists() and run.poll() is None:  # its first saved step (12 steps in all)
         time.sleep(0.005)
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=120)
@@ -199,7 +199,7 @@ def test_sigterm_stops_with_one_line_releases_the_lock_and_the_rerun_resumes_to_
     assert again.returncode == 0, again.stderr
     assert f"resuming {folder} at epoch" in again.stderr and sorted(p.name for p in (ws / "xe").iterdir()) == [
         "att2in-small-v1"]
-    ref = train_xe(data, out=tmp_path / "ref", preset="small", epochs=6, batch_size=4, val_images=0, seed=3,
+    ref = train_xe(data, out=tmp_path / "ref", preset="small", epochs=3, batch_size=4, val_images=0, seed=3,
                    save_every_steps=1, device="cpu")
     for name in ("last.pt", "best.pt"):
         a, b = _weights(ref.path / "checkpoints" / name), _weights(folder / "checkpoints" / name)

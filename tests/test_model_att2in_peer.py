@@ -13,6 +13,7 @@ from rdpp_cli.data.dataset import DataArtifact
 from rdpp_cli.models.att2in import Att2in, Att2inConfig
 from rdpp_cli.models.base import sequence_logprobs
 
+import peer_loader
 from helpers import assert_decodes_like_the_peer, peer_modules, write_tiny_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
@@ -25,11 +26,9 @@ def tiny_att2in(vocab: int = 15, feat: int = 16, size: int = 24, seed: int = 0) 
 
 @pytest.fixture(scope="module")
 def peer_att2in():
-    """The peer's Att2in2Model with an rdpp Att2in's weights (benchmarks/peer.py), or a skip."""
+    """The peer's Att2in2Model with an rdpp Att2in's weights (tests/peer_loader.py), or a skip."""
     mods = peer_modules()
-    import peer
-
-    return lambda model: peer.Peer(mods, model).model.eval()
+    return lambda model: peer_loader.build(mods, model).eval()
 
 
 def test_teacher_forced_log_probs_equal_the_peers(peer_att2in):

@@ -21,6 +21,7 @@ from rdpp_cli.precision import autocast
 from rdpp_cli.training.finetune import RewardStep
 from rdpp_cli.training.xe import xe_loss
 import helpers
+import peer_loader
 from helpers import fit_captions, write_tiny_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -206,9 +207,7 @@ def test_the_encoder_replays_its_dropout_from_the_seed():
 @pytest.fixture(scope="module")
 def peer_modules():
     mods = helpers.peer_modules()
-    import peer
-
-    return peer, mods
+    return peer_loader, mods
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import peer_loader
 from helpers import assert_decodes_like_the_peer, peer_modules, write_tiny_data
 
 from rdpp_cli.data.dataset import DataArtifact
@@ -235,11 +236,10 @@ def test_xe_and_rl_steps_run_on_the_tiny_data(tiny):
 
 @pytest.fixture(scope="module")
 def peer_updown():
-    """benchmarks/peer.py with the peer's modules imported, or a skip saying what is missing."""
+    """The peer's UpDownModel with an rdpp UpDown's weights (tests/peer_loader.py), or a skip saying what is
+    missing."""
     mods = peer_modules()
-    import peer as pu
-
-    return lambda model: pu.build(mods, model).eval()
+    return lambda model: peer_loader.build(mods, model).eval()
 
 
 @pytest.mark.integration

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import shutil
 import sys
 
 import pandas as pd
@@ -37,8 +38,13 @@ def trained(request, tmp_path_factory):
     return request.param, ws
 
 
-def test_the_mission_commands_run_as_typed_with_the_model(trained):
-    name, ws = trained
+def test_the_mission_commands_run_as_typed_with_the_model(trained, tmp_path):
+    name, shared = trained
+    ws = tmp_path / "ws"
+    shutil.copytree(shared, ws)  # the shared workspace stays as it was
+    # the commands word for word; the workspace's rdpp.yaml makes the fine-tune one short epoch and the score
+    # compute Bleu_4 and CIDEr (the Java metrics have their test: test_score.py, real data)
+    (ws / "rdpp.yaml").write_text("finetune:\n  epochs: 1\n  val_images: 2\nscore:\n  metrics: Bleu_4,CIDEr\n")
     art = ws / "xe" / f"{name}-small-v1"
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["config"]["architecture"] == name and manifest["summary"]["architecture"] == name

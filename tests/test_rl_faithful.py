@@ -37,7 +37,7 @@ from rdpp_cli.models.registry import model_spec
 from rdpp_cli.training.rewards import dpp_weights, sampled_mask
 from rdpp_cli.training.xe import train_xe
 
-from helpers import att2in_for, prepro_captions, tiny_workspace, write_tiny_data
+from helpers import att2in_for, prepro_captions, write_tiny_data
 
 
 os.environ["RDPP_NO_PROGRESS"] = "1"
@@ -332,8 +332,8 @@ def test_on_policy_score_function_has_mean_zero(tiny):
 # -- 4. outdated data, 5. the paper preset ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    return tiny_workspace(tmp_path_factory.mktemp("ws"), xe_epochs=1)
+def ws(tiny_xe_workspace_copy) -> Path:
+    return tiny_xe_workspace_copy
 
 
 @pytest.mark.integration

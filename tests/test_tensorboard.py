@@ -15,7 +15,7 @@ from rdpp_cli.training.finetune import finetune
 from rdpp_cli.training.loop import TrainingRecipe
 from rdpp_cli.training.xe import train_xe
 
-from helpers import Crash, rdpp, tiny_workspace
+from helpers import Crash, rdpp
 
 pytest.importorskip("tensorboard", reason="reads the events back with the tensorboard package (the test extra has it)")
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
@@ -27,9 +27,9 @@ XE = dict(preset="small", epochs=2, batch_size=6, val_images=3, device="cpu", se
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    """The tiny data artifact (16/6/2 images) and an XE model trained on it for one epoch."""
-    return tiny_workspace(tmp_path_factory.mktemp("ws"), xe_epochs=1)
+def ws(tiny_xe_workspace_copy) -> Path:
+    """The tiny data artifact (16/6/2 images) and an XE model trained on it for one epoch (conftest.py)."""
+    return tiny_xe_workspace_copy
 
 
 @pytest.fixture
