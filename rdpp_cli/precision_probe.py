@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rdpp_cli.artifacts.files import cache_dir
 from rdpp_cli.models.registry import DEFAULT_MODEL
 from rdpp_cli.precision import autocast, fixed_precision, tf32_matmuls
 
@@ -179,8 +180,7 @@ def probe_cpu_bf16(shape: ProbeShape, repeats: int = 3) -> dict[str, float | Non
 
 def cache_path() -> Path:
     """Where ``auto``'s measurements are kept: ``$XDG_CACHE_HOME/rdpp/precision.json``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "rdpp" / "precision.json"
+    return cache_dir("precision.json")
 
 
 def _device_name(device: torch.device) -> str:

@@ -187,3 +187,9 @@ def json_bytes(obj: Any, path: Path | str, indent: int | None = 2) -> bytes:
 def atomic_write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
     """Write ``obj`` as strict JSON (no NaN/Infinity), atomically."""
     atomic_write_bytes(path, json_bytes(obj, path, indent))
+
+
+def cache_dir(name: str) -> Path:
+    """rdpp's cache folder ``name`` (not created): ``$XDG_CACHE_HOME/rdpp/NAME``, else
+    ``~/.cache/rdpp/NAME``; where the precision probe, compiled code and SPICE keep what they reuse."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdpp" / name

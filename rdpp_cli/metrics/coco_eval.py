@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rdpp_cli.artifacts.files import cache_dir
 from rdpp_cli.console import note, progress
 from rdpp_cli.errors import RdppError
 
@@ -255,7 +256,7 @@ def spice_available() -> bool:
 def spice(hyps: list[str], refs: list[list[str]]) -> tuple[float, np.ndarray]:
     """SPICE F-scores (needs Stanford CoreNLP 3.6.0 and its models in pycocoevalcap/spice/lib;
     never downloads). Its cache goes to ~/.cache/rdpp/spice, not into the package folder."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdpp" / "spice"
+    cache = cache_dir("spice")
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rdpp-spice-") as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"

@@ -57,6 +57,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from rdpp_cli.artifacts.files import cache_dir
 from rdpp_cli.checks import FAST_CHOICES
 from rdpp_cli.decoding.decode import DecodeConfig, Decoded, decode, static_decode
 from rdpp_cli.errors import RdppError
@@ -277,7 +278,7 @@ def compile_cache() -> Path:
     user set it, else ``$XDG_CACHE_HOME/rdpp/inductor`` (``~/.cache/rdpp/inductor``), not /tmp."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rdpp" / "inductor"
+    return cache_dir("inductor")
 
 
 def keep_compiled_code() -> Path:
