@@ -42,7 +42,6 @@ from rdpp_cli.data import vocab as V
 from rdpp_cli.data.karpathy import tokenize as _karpathy_tokenize
 from rdpp_cli.errors import RdppError
 from rdpp_cli.metrics.train_cider import NumpyScoring, TrainCider, doc_freq_with_eos, eos_id
-from rdpp_cli.objective_checks import decoded_text, refuse_vocabulary_logprobs
 from rdpp_cli.objective_hf import Generated, generated_logprobs
 from rdpp_cli.objective_trl import trl_reward
 from rdpp_cli.training.finetune import reward_weights
@@ -176,7 +175,7 @@ class Objective:
         if decode is None:
             raise RdppError(f"{what} are token ids but no decode function was given (Objective); pass "
                             "decode=tokenizer.decode (ids -> text) or the captions as strings")
-        return [decoded_text(decode, list(c)) for c in flat]
+        return [_decoded_text(decode, list(c)) for c in flat]
 
     # -- one step -----------------------------------------------------------------------------------
     def refs_for(self, image_ids: Sequence[Hashable]) -> list[np.ndarray]:
@@ -219,7 +218,7 @@ class Objective:
         forced at the length limit), or per-caption sums ``logprobs`` (B, m) or (B*m,) with
         ``lengths``, the number of tokens each sum holds. ``weights`` (B, m) carry no gradient."""
         w = _loss_weights(weights, logprobs, self.m)
-        refuse_vocabulary_logprobs(logprobs, weights)
+        _refuse_vocabulary_logprobs(logprobs, weights)
         per_caption = tuple(weights.shape)  # (B, m)
         N, groups = w.shape[0], self.m if self.spec.per_slot else 1
         if mask is not None:
@@ -317,6 +316,29 @@ def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 # -- argument checks: each bad argument is one RdppError line (what, where, what to pass) ---------
+
+def _refuse_vocabulary_logprobs(logprobs: Any, weights: Any) -> None:
+    """Refuse log-probs shaped (B, m, T, V) or (B*m, T, V): one entry per vocabulary word, not per
+    sampled token. ``weights`` (B, m) tell the per-token form (B, m, T) from (B*m, T, V)."""
+    shape = tuple(logprobs.shape)
+    rows = weights.numel()
+    full = len(shape) == 4 or (len(shape) == 3 and shape[0] == rows and shape[:2] != tuple(weights.shape))
+    if full:
+        raise RdppError(f"logprobs {shape} look like the full log-softmax over the vocabulary (Objective.loss); "
+                        "pass the sampled tokens' log-probs: log_softmax(logits, -1).gather(-1, ids[..., None])[..., 0]")
+
+
+def _decoded_text(decode: Callable[[list[int]], Any], ids: list[int]) -> str:
+    """``decode(ids)``, refused unless it is a string."""
+    text = decode(ids)
+    if isinstance(text, str):
+        return text
+    kind = type(text).__name__
+    hint = ("a list (batch_decode or convert_ids_to_tokens?)" if isinstance(text, (list, tuple)) else f"a {kind}")
+    raise RdppError(f"decode returned {hint}, not a string, for the ids {ids[:8]}{'...' if len(ids) > 8 else ''} "
+                    "(Objective); pass decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True)")
+
+
 
 def _check_baseline(reward: str, baseline: str) -> None:
     if baseline not in BASELINES:

@@ -28,7 +28,7 @@ LAYERS = [
      "precision_probe"},  # --precision auto: builds a model from the registry and times a step of it
     {"decoding", "scoring", "captioning", "reporting"},
     {"training"},
-    {"demo", "objective", "objective_checks", "objective_hf", "objective_trl"},  # objective*: the public API of the finetune objective (docs/api.md)
+    {"demo", "objective", "objective_hf", "objective_trl"},  # objective*: the public API of the finetune objective (docs/api.md)
     {"cli", "__main__"},
 ]
 RANK = {pkg: k for k, layer in enumerate(LAYERS) for pkg in layer}
