@@ -224,7 +224,7 @@ def fast_rl_check(base, eager: RewardStep, fast: RewardStep, batch: Batch, refs:
     from rdpp_cli.metrics.train_cider_torch import references_tensor
 
     m, t = copy.deepcopy(base).train(), time.perf_counter()
-    fast.fast.begin_step()
+    fast.steps.begin_step()
     d, d_e = fast.draw(m, batch), eager.draw(m, batch)
     T = d_e.samples.shape[-1]
     same = (d.samples[..., :T] == d_e.samples).all(-1).float().mean().item()
@@ -352,7 +352,7 @@ def rl_sides(b: Bench, rewards: list[str]) -> tuple[dict, list, dict]:
     for v, fast in b.fast_paths().items():
         for reward in rewards:
             kw = dict(data=Refs, cider=cider, reward=reward, m=M, max_len=b.s.max_len, seed=1)
-            name, step = f"rdpp {b.title} {reward} m={M} {v}", RewardStep(**kw, fast=fast)
+            name, step = f"rdpp {b.title} {reward} m={M} {v}", RewardStep(**kw, steps=fast)
             check[name] = guarded(fast_rl_check, ours, RewardStep(**kw), step, batch, refs)
             if "error" in check[name]:
                 continue

@@ -274,7 +274,7 @@ def test_the_fast_rl_step_on_cuda_gives_the_eager_numbers(gpu_fast, gpu_tiny, re
     model = _gpu_model(gpu_tiny)
     batch = _gpu_batch(gpu_tiny, 1)
     kw = dict(data=gpu_tiny, cider=TrainCider.for_data(gpu_tiny), reward=reward, m=4, max_len=gpu_tiny.seq_length)
-    eager, fast = RewardStep(**kw), RewardStep(**kw, fast=gpu_fast)
+    eager, fast = RewardStep(**kw), RewardStep(**kw, steps=gpu_fast)
     gpu_fast.begin_step()
     d = fast.draw(model, batch)
     d_e = eager.draw(model, batch)

@@ -345,7 +345,7 @@ def test_the_fast_rl_step_gives_the_eager_loss_and_gradients(tiny, reward):
     model = _model(tiny)
     batch = _batch(tiny, seq_per_img=1)
     kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward=reward, m=4, max_len=tiny.seq_length)
-    eager, fast = RewardStep(**kw), RewardStep(**kw, fast=F.FastPath(torch.device("cpu"), AOT))
+    eager, fast = RewardStep(**kw), RewardStep(**kw, steps=F.FastPath(torch.device("cpu"), AOT))
     d_e, d_f = eager.draw(model, batch), fast.draw(model, batch)
     T = d_e.samples.shape[-1]
     assert torch.equal(d_f.samples[..., :T], d_e.samples) and d_f.samples.shape[-1] == tiny.seq_length
@@ -434,7 +434,7 @@ def test_the_fast_rl_step_of_every_model_gives_the_eager_loss_and_gradients(tiny
     out = []
     for fast in (None, F.FastPath(torch.device("cpu"), AOT)):
         torch.manual_seed(1)
-        loss, _ = RewardStep(**kw, fast=fast)(model, batch)
+        loss, _ = RewardStep(**kw, steps=fast)(model, batch)
         loss.backward()
         out.append((loss.detach(), _grads(model)))
     (a, ga), (b, gb) = out
@@ -593,7 +593,7 @@ def test_an_rl_epoch_on_the_fast_path_draws_the_eager_captions_and_weights(tiny)
         eager_model = _model(tiny)
         fast_model = _model(tiny)
         kw = dict(data=tiny, cider=TrainCider.for_data(tiny), reward=reward, m=4, max_len=tiny.seq_length)
-        eager, fast = RewardStep(**kw), RewardStep(**kw, fast=F.FastPath(torch.device("cpu"), AOT))
+        eager, fast = RewardStep(**kw), RewardStep(**kw, steps=F.FastPath(torch.device("cpu"), AOT))
         opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (eager_model, fast_model)]
         steps = 0
         for batch in CaptionBatches(tiny, "train", batch_size=8, seq_per_img=1, seed=0).epoch(0):

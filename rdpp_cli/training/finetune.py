@@ -25,7 +25,7 @@ metrics.csv shows the accuracy–diversity trade-off as it develops. See docs/re
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,7 +47,7 @@ from rdpp_cli.options import takes
 from rdpp_cli.precision import full_precision
 from rdpp_cli.precision_probe import resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import EAGER, FastPath, Steps, device_cider, run_steps
+from rdpp_cli.training.fast import EAGER, Steps, device_cider, run_steps
 from rdpp_cli.training.distributed import unwrap
 from rdpp_cli.training.loop import TrainingRecipe, claim_run, run_settings
 from rdpp_cli.training.validation import validation_images
@@ -131,7 +131,7 @@ class Draw:
 class RewardStep:
     """The step function handed to the shared loop: ``step(net, batch) -> (loss, logs)``.
 
-    ``steps`` (the run's ``rdpp_cli.training.fast.Steps``; ``fast=`` gives a ``FastPath``) decode,
+    ``steps`` (the run's ``rdpp_cli.training.fast.Steps``: eager, or a ``FastPath``) decode,
     score and take the teacher-forced pass. The fast path samples with the whole decoding pass
     compiled as one function and no host wait (captions kept at ``max_len`` columns), scores on the
     model's device (``DeviceTrainCider`` against the data artifact's ``ReferenceTable``, compiled),
@@ -151,12 +151,6 @@ class RewardStep:
     sample_mode: str = "train"
     steps: Steps = EAGER
     bridge: Any = None  # models.bridge: the model's ids -> the data's words (None: the model speaks them)
-    fast: InitVar[FastPath | None] = None  # given: the run's steps (the benchmarks' name for ``steps``)
-
-    def __post_init__(self, fast: FastPath | None) -> None:
-        if fast is not None:
-            self.steps = fast
-        self.fast = self.steps  # read by the benchmarks as ``step.fast``
 
     @property
     def spec(self) -> Reward:
@@ -392,7 +386,7 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
     where no value was given;
     ``sample_mode`` train (on-policy, the default) or eval (``RewardStep.sample``); ``precision``
     fp32, bf16, fp16 or auto: sampling and the teacher-forced pass run under the same autocast,
-    the reward outside it; ``fast`` auto, on or off (``RewardStep.fast``, ``rdpp_cli.training.fast``);
+    the reward outside it; ``fast`` auto, on or off (``RewardStep.steps``, ``rdpp_cli.training.fast``);
     ``checkpoint`` the XE checkpoint to start from (best or last); ``out``
     default a new version ``<workspace>/finetune/<run_name>-v<k>``. ``after_step`` is for tests.
     """
