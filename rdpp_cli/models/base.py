@@ -278,13 +278,17 @@ def draw_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
     is the last index of positive probability, the first where the sums reach the total (adding a 0
     leaves a float sum as it is)."""
     cdf = _padded_cumsum(probs)
-    total = cdf[:, -1:]
-    # searchsorted as counts (the sums are non-decreasing): ``searchsorted(cdf, t, right=True)`` is the
-    # number of sums <= t. A count is a plain reduction, which every compiler backend lowers; inductor's
-    # CUDA lowering of searchsorted refused the blocked sums (a view) with "NotImplementedError: View".
-    idx = (cdf <= u.to(cdf.dtype).unsqueeze(1) * total).sum(-1)
-    last = (cdf < total).sum(-1)  # the last index of positive probability
-    return torch.minimum(idx, last)
+    total = cdf[:, -1:].contiguous()
+    target = u.to(cdf.dtype).unsqueeze(1) * total
+    if torch.compiler.is_compiling():
+        # the same indices as counts (the sums never decrease: searchsorted(cdf, t, right=True) is the
+        # number of sums <= t), a plain reduction every backend lowers; inductor's CUDA lowering of
+        # searchsorted refuses the blocked sums (a view) with "NotImplementedError: View". Eager keeps
+        # searchsorted, many times cheaper on a CPU than two passes of comparisons.
+        idx, last = (cdf <= target).sum(-1), (cdf < total).sum(-1)
+    else:
+        idx, last = torch.searchsorted(cdf, target, right=True)[:, 0], torch.searchsorted(cdf, total)[:, 0]
+    return torch.minimum(idx, last)  # last: the last index of positive probability
 
 
 def scheduled_logprobs(model, att: Tensor, seqs: Tensor, att_mask: Tensor | None = None, fc: Tensor | None = None,
