@@ -176,6 +176,25 @@ def test_full_disk_while_making_data_then_rerun_equals_a_clean_run(clean_toy, tm
         assert_as_clean_run(small, clean)
 
 
+def test_full_disk_while_laying_out_features_h5_is_one_line_and_the_rerun_resumes(clean_toy, tmp_path):
+    """Room for everything written before features.h5 and 8 KiB of it: HDF5's first flush of the empty
+    layout fails (h5py raises that as a RuntimeError, not an OSError): still one line naming the file,
+    never a traceback; the disk grown, the same command ends with the clean run's features."""
+    clean = clean_toy / "data" / "toy-v1"
+    order = ["features.h5", MANIFEST, VERIFIED]
+    before = [p for p in clean_toy.rglob("*") if p.name not in order]
+    size = pages(before) + 4 * 4096 + 2 * 4096  # + the partial marker and the lock, then two pages
+    with tmpfs(tmp_path / "small", f"{size // 1024}k") as small:
+        r = rdpp_process(*TOY, "--workspace", small)
+        line = failure_line(r, f"no space left writing {small / 'data' / 'toy-v1' / 'features.h5'}", "MiB free there")
+        assert "Traceback" not in r.output and "RuntimeError" not in r.output, r.output
+        assert not is_complete(small / "data" / "toy-v1")
+        _mount("-o", f"remount,size={4 * size // 1024}k", str(small))
+        r = rdpp(*TOY, "--workspace", small)
+        assert r.exit_code == 0 and "resuming unfinished" in r.output, r.output
+        assert_as_clean_run(small, clean)
+
+
 def lose_rows(monkeypatch, block: int, rows: int, *, flush_fails: bool) -> None:
     """HDF5 on a full disk: the writes of ``fc`` and ``att`` rows ``block:block+rows`` never reach the
     file and raise nothing (HDF5 printed and ignored its error); with ``flush_fails`` the next flush

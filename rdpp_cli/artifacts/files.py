@@ -128,7 +128,9 @@ def write_failure(e: BaseException, path: Path, needed: int | None = None) -> OS
         # HDF5 puts a many-line report in strerror: the errno says it in a few words
         errno, why = e.errno, os.strerror(e.errno) if e.errno else (str(e.strerror or e) or 'OSError').splitlines()[0]
     elif isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITE_FAILED):
-        errno, why = None, "torch.save could not write the whole file"
+        code = re.search(r"errno = (\d+)", str(e))  # HDF5's report of a failed flush (h5py raises RuntimeError)
+        errno = int(code.group(1)) if code else None
+        why = os.strerror(errno) if errno else "torch.save could not write the whole file"
     else:
         return None
     try:

@@ -17,6 +17,7 @@ decode images; memory does not grow with the number of images).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -62,7 +63,7 @@ class FeatureWriter:
         self.with_att_len = with_att_len
         self.attrs = {"dtype": dtype, **(attrs or {}), "_block": self.block}
         self.names = ["fc", "att"] + (["att_len"] if with_att_len else []) + ["image_ids"]
-        self.failed = False
+        self.failed, self.done = False, 0
         self.f = self._open()
         # the datasets stay open: HDF5 then never writes them out when a temporary handle is
         # dropped, where a failed write is printed and ignored instead of raised
@@ -96,24 +97,35 @@ class FeatureWriter:
                 f = h5py.File(self.path, "r+", rdcc_nbytes=0)
             except OSError:
                 f = None
-            if f is not None and self._layout_matches(f):
+            matches = f is not None and self._layout_matches(f)
+            if matches and int(f.attrs["_done"]) > 0:
                 return f
             if f is not None:
                 f.close()
-            info(f"{self.path} is from another run or damaged: extracting from the start")
+            if not matches:  # (a file of no rows holds nothing to keep: laid out again, quietly)
+                info(f"{self.path} is from another run or damaged: extracting from the start")
             self.path.unlink()
-        f = h5py.File(self.path, "w", rdcc_nbytes=0)
-        r, d = self.regions, self.fc_dim
-        f.create_dataset("fc", (self.n, d), dtype=self.dtype, chunks=(1, d) if self.n else None)
-        f.create_dataset("att", (self.n, r, d), dtype=self.dtype, chunks=(1, r, d) if self.n else None)
-        if self.with_att_len:
-            f.create_dataset("att_len", (self.n,), dtype=np.int32)
-        f.create_dataset("image_ids", data=self.image_ids)
-        f.create_dataset("_digests", (self.nblocks, 32), dtype=np.uint8)
-        for k, v in self.attrs.items():
-            f.attrs[k] = v
-        f.attrs["_done"] = 0
-        f.flush()
+        f = None
+        try:
+            f = h5py.File(self.path, "w", rdcc_nbytes=0)
+            r, d = self.regions, self.fc_dim
+            f.create_dataset("fc", (self.n, d), dtype=self.dtype, chunks=(1, d) if self.n else None)
+            f.create_dataset("att", (self.n, r, d), dtype=self.dtype, chunks=(1, r, d) if self.n else None)
+            if self.with_att_len:
+                f.create_dataset("att_len", (self.n,), dtype=np.int32)
+            f.create_dataset("image_ids", data=self.image_ids)
+            f.create_dataset("_digests", (self.nblocks, 32), dtype=np.uint8)
+            for k, v in self.attrs.items():
+                f.attrs[k] = v
+            f.attrs["_done"] = 0
+            f.flush()
+        except (OSError, RuntimeError) as e:  # a full disk already while laying the file out
+            if f is not None:
+                with contextlib.suppress(OSError, RuntimeError):
+                    f.close()
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # a layout cut short holds no row: the rerun lays it out again
+            raise self._failure(e) from e
         return f
 
     def _rows_on_disk(self) -> int:
@@ -159,7 +171,7 @@ class FeatureWriter:
             self.ds["_digests"][s // self.block] = np.frombuffer(digest, dtype=np.uint8)
             self.f.attrs["_done"] = s + k
             self.f.flush()
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # h5py raises a failed flush as RuntimeError
             raise self._failure(e) from e
         self.done = s + k
 
@@ -177,8 +189,9 @@ class FeatureWriter:
             h.update(on_disk)
         return h.digest()
 
-    def _failure(self, e: OSError) -> OSError:
-        """``e`` naming this file, with about how many bytes its unwritten rows still need."""
+    def _failure(self, e: OSError | RuntimeError) -> OSError | RuntimeError:
+        """``e`` naming this file, with about how many bytes its unwritten rows still need (``e`` as it
+        is when it is no failed write: a bug)."""
         self.failed = True
         row = (self.fc_dim * (1 + self.regions)) * self.dtype.itemsize + 4 * self.with_att_len
         return write_failure(e, self.path, needed=(self.n - self.done) * row) or e
@@ -191,7 +204,7 @@ class FeatureWriter:
         digests = [bytes(d) for d in self.ds["_digests"][:]]
         try:
             self._sync()
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
             raise self._failure(e) from e
         self.close()
         return {"sha256": content_hash.combine(digests), "hash_of": content_hash.spec(self.names, self.block)}
@@ -209,7 +222,7 @@ class FeatureWriter:
         self.ds = {}
         try:
             self.f.close()
-        except OSError:
+        except (OSError, RuntimeError):
             if not self.failed:
                 raise
         finally:
