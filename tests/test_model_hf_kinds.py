@@ -275,3 +275,38 @@ def test_a_checkpoint_without_a_kind_reads_as_a_vision_encoder_decoder(tmp_path)
     seqs = torch.tensor([[3, 4, 0], [5, 0, 0]])
     with torch.no_grad():
         assert torch.equal(old(att, seqs), model(att, seqs))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["gpt2", "blip", "git"])
+def test_prepros_pixels_are_the_image_processors(kind, tmp_path):
+    """The pixels rdpp's reader gives an ``hf:DIR`` backbone are those the folder's own image processor
+    (transformers' ``AutoImageProcessor``) makes, for photos of every shape: ViT's square resize
+    (bilinear), BLIP's (bicubic), GIT's shorter side resized then the centre cropped (CLIP's)."""
+    import numpy as np
+    import transformers as tf
+    from PIL import Image
+
+    from rdpp_cli.data.backbones import HF_PREFIX, build_backbone
+    from rdpp_cli.data.features import ImageFiles, iter_features
+    from rdpp_cli.hf_folder import read_folder
+
+    folder = TINY_CAPTIONERS[kind](tmp_path / "captioner")
+    bb = build_backbone(HF_PREFIX + str(folder), att_size=1)
+    proc = tf.AutoImageProcessor.from_pretrained(folder)
+    rng, paths = np.random.default_rng(0), []
+    for i, (w, h) in enumerate([(61, 37), (40, 90), (20, 20), (33, 32)]):
+        path = tmp_path / f"photo{i}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+        got, _, err = ImageFiles([path], bb.image_size, bb.mean, bb.std, bb.processor)[0]
+        with Image.open(path) as im:
+            want = proc(images=im.convert("RGB"), return_tensors="pt").pixel_values[0]
+        assert not err and got.shape == want.shape, (w, h, got.shape, want.shape)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=f"{kind}, a {w}x{h} photo")
+        paths.append(path)
+    fc, att = next(iter_features(paths, bb, batch_size=len(paths), device="cpu"))  # prepro's extraction loop
+    model, _, folder_kind = read_folder(str(folder), option="--backbone hf:")
+    with torch.no_grad():
+        pixels = proc(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt").pixel_values
+        want = vision_encoder(model, folder_kind).eval()(pixel_values=pixels).last_hidden_state
+    torch.testing.assert_close(torch.from_numpy(att), want, rtol=1e-5, atol=1e-5)

@@ -20,6 +20,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,10 @@ class Backbone:
     weights_sha256: str | None = None  # of the weights file (None: no file)
     missing_head: list[str] = field(default_factory=list)  # head keys the weights file did not have
     tokens: int | None = None  # att rows when they are not a G×G grid (a ViT's patches and its CLS token)
+    # a Hugging Face image processor: it turns each upright RGB image into the encoder's pixels itself
+    # (its resize filter, centre crop and normalisation, as transformers runs the model); None: rdpp's
+    # S×S resize and ``mean``/``std``
+    processor: Any = None
 
     @property
     def regions(self) -> int:
@@ -161,9 +166,9 @@ class HFEncoder(nn.Module):
 
 
 def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
-    """``hf:DIR``: the vision encoder of an image captioner's folder (``hf_folder.KINDS``), with its image
-    processor's size and normalisation (the images are resized by rdpp's reader, then scaled to
-    [0, 1] and normalised with the processor's mean and std)."""
+    """``hf:DIR``: the vision encoder of an image captioner's folder (``hf_folder.KINDS``) and its image
+    processor, which prepares every image (rdpp's reader turns it upright and RGB first): the pixels
+    the model sees in transformers, GIT's centre crop and BLIP's bicubic resize included."""
     from rdpp_cli.hf_folder import read_folder, require_transformers, vision_config, vision_encoder, weights_sha256
 
     model, _, kind = read_folder(folder, option="--backbone hf:")
@@ -173,7 +178,8 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
     except (OSError, ValueError) as e:
         raise RdppError(f"--backbone hf:{folder} has no image processor ({str(e).splitlines()[0]}); "
                         "save one in the folder (preprocessor_config.json)") from None
-    size = proc.size.get("height") or proc.size.get("shortest_edge")
+    crop = proc.crop_size if getattr(proc, "do_center_crop", False) and getattr(proc, "crop_size", None) else {}
+    size = crop.get("height") or proc.size.get("height") or proc.size.get("shortest_edge")
     if image_size is not None and image_size != size:
         raise RdppError(f"--image-size {image_size}: the encoder of {folder} takes {size}×{size} images (its image "
                         "processor); leave --image-size out")
@@ -183,10 +189,8 @@ def _hf_backbone(folder: str, image_size: int | None) -> Backbone:
     patch = getattr(vision_config(kind, model.config), "patch_size", None)
     grid = size // patch if patch else int(att.shape[1] ** 0.5)
     folder = str(Path(folder).resolve())  # recorded as an absolute path: `rdpp caption` finds it from any folder
-    return Backbone(HF_PREFIX + folder, module, int(fc.shape[1]), grid, size,
-                    tuple(proc.image_mean) if proc.do_normalize else None,
-                    tuple(proc.image_std) if proc.do_normalize else None, str(folder),
-                    weights_sha256=weights_sha256(folder), tokens=int(att.shape[1]), cpu_chunk=None)
+    return Backbone(HF_PREFIX + folder, module, int(fc.shape[1]), grid, size, None, None, str(folder),
+                    weights_sha256=weights_sha256(folder), tokens=int(att.shape[1]), cpu_chunk=None, processor=proc)
 
 
 def _torchvision_backbone(name: str, att_size: int, image_size: int, weights, pretrained: bool) -> Backbone:

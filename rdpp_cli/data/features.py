@@ -268,16 +268,23 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
     Raises whatever PIL raises for a file it cannot decode (truncated, corrupt).
     """
+    im = open_upright_rgb(path)
+    if im.size != (size, size):
+        im = im.resize((size, size), _pil().BILINEAR)
+    return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / 255.0
+
+
+def open_upright_rgb(path: Path):
+    """The image at ``path`` as an RGB PIL image turned upright by its EXIF orientation, decoded in
+    full (``read_image``'s first two steps; what a Hugging Face image processor is given)."""
     from PIL import ImageOps
 
-    Image = _pil()
-    with Image.open(path) as im:
+    with _pil().open(path) as im:
         if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: not stored upright
             im = ImageOps.exif_transpose(im)
         im = to_rgb(im)
-        if im.size != (size, size):
-            im = im.resize((size, size), Image.BILINEAR)
-        return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        im.load()
+        return im
 
 
 def to_rgb(im):
@@ -300,12 +307,12 @@ def to_rgb(im):
 
 
 class ImageFiles(Dataset):
-    """Images read by ``read_image`` at S×S, normalised, as (3, S, S) float tensors; a file that
-    cannot be decoded comes back flagged (never raised inside a worker) so the main process can
-    name it."""
+    """Images read by ``read_image`` at S×S, normalised, as (3, S, S) float tensors (or, given a Hugging
+    Face image ``processor``, read upright and RGB and prepared by it); a file that cannot be decoded
+    comes back flagged (never raised inside a worker) so the main process can name it."""
 
-    def __init__(self, paths: Sequence[Path], image_size: int, mean=None, std=None):
-        self.paths, self.size = list(paths), image_size
+    def __init__(self, paths: Sequence[Path], image_size: int, mean=None, std=None, processor=None):
+        self.paths, self.size, self.processor = list(paths), image_size, processor
         self.mean = None if mean is None else torch.tensor(mean).view(3, 1, 1)
         self.std = None if std is None else torch.tensor(std).view(3, 1, 1)
 
@@ -314,6 +321,9 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         try:
+            if self.processor is not None:
+                pixels = self.processor(images=open_upright_rgb(self.paths[i]), return_tensors="pt").pixel_values
+                return pixels[0].float(), i, ""
             x = torch.from_numpy(read_image(self.paths[i], self.size))
         except Exception as e:  # PIL raises many kinds for broken files
             return torch.zeros(3, self.size, self.size), i, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -436,7 +446,7 @@ def iter_features(paths: Sequence[Path], backbone: Backbone, *, batch_size: int,
     chunk = backbone.cpu_chunk if dev.type == "cpu" else None
     if chunk:
         module = module.to(memory_format=torch.channels_last)
-    data = ImageFiles(paths, backbone.image_size, backbone.mean, backbone.std)
+    data = ImageFiles(paths, backbone.image_size, backbone.mean, backbone.std, backbone.processor)
     loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=dev.type == "cuda", persistent_workers=False)
     then = ", then rerun to resume" if resume_hint else ""
