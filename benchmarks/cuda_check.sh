@@ -3,9 +3,11 @@
 # each part ending with one summary table, no network. Two parts, each one call of at most 8 minutes
 # on one H100/H200 with a cold compile cache (each step's time limit covers its own compiling, as
 # measured on an H200: 40-72 s per compiled graph; `--plan` prints the steps and limits):
-#   --part 1: steps 1 and 2 (tests/test_cuda.py; Att2in against the peer, its fast path)
+#   --part 1 (the default on CUDA): steps 1 and 2 (tests/test_cuda.py; Att2in against the peer, its
+#            fast path): the README's GPU figures
 #   --part 2: steps 3 and 4 (UpDown and the Transformer against the peer, their fast paths; epochs)
-# Without --part, both parts in one run (about 15 minutes cold):
+#   --part all: both in one run (about 15 minutes cold; the default with --device cpu)
+# The steps:
 #   1. tests/test_cuda.py: the CUDA path against the CPU in float64, the fast path in CUDA graphs, the
 #      sampling pass compiled at the paper's shapes
 #   2. Att2in against the peer's Att2in2Model, batch 50: XE fp32 / bf16 / scheduled sampling, SCST and
@@ -34,7 +36,7 @@
 #   mkdir -p .peer && cp -r ../shared/peers/self-critical.pytorch-4c48a33 .peer/
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl yacs==0.1.8
-# then run:  command "bash benchmarks/cuda_check.sh --part 1"   carry [".peer", ".whl"]   timeout_s 470
+# then run:  command "bash benchmarks/cuda_check.sh"   carry [".peer", ".whl"]   timeout_s 470
 # and, on the same machine while it is warm, the same with --part 2 (timeout_s 540).
 #
 # The same script on a CPU at tiny sizes (checks every code path, measures nothing; limits x10):
@@ -49,15 +51,16 @@ while (( $# )); do
   case $1 in
     --device) DEVICE=${2:?--device cpu or cuda}; shift 2 ;;
     --plan) PLAN=1; shift ;;
-    --part) PART=${2:?--part 1 or 2}; shift 2 ;;
-    *) echo "cuda_check.sh: unknown option $1 (--device cpu|cuda, --part 1|2, --plan)" >&2; exit 2 ;;
+    --part) PART=${2:?--part 1, 2 or all}; shift 2 ;;
+    *) echo "cuda_check.sh: unknown option $1 (--device cpu|cuda, --part 1|2|all, --plan)" >&2; exit 2 ;;
   esac
 done
 case $PART in
   1) DEFAULT_STEPS="1 2" ;;
   2) DEFAULT_STEPS="3 4" ;;
-  "") DEFAULT_STEPS="1 2 3 4" ;;
-  *) echo "cuda_check.sh: --part is 1 (tests/test_cuda.py, Att2in) or 2 (UpDown, the Transformer, epochs), not $PART" >&2; exit 2 ;;
+  all) DEFAULT_STEPS="1 2 3 4" ;;
+  "") DEFAULT_STEPS="1 2"; [[ $DEVICE == cpu ]] && DEFAULT_STEPS="1 2 3 4" ;;  # one GPU call; every path on a CPU
+  *) echo "cuda_check.sh: --part is 1 (tests/test_cuda.py, Att2in), 2 (UpDown, the Transformer, epochs) or all, not $PART" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/rdpp-cuda-check}
 PY=${PY:-python3}
@@ -103,7 +106,7 @@ else  # a check of the code paths on a CPU: tiny sizes, nothing worth reading in
   SPEED="--quick --threads 2" FAST=${FAST:-fast} BACKEND=aot_eager SLOW=${SLOW:-10}  # time limits x10: a shared 2-core machine
   EPOCHS="--preset small --rows 60 --val 10 --workers 0 --caches warm --threads 2"
 fi
-if (( PLAN )) && [[ -z $PART ]]; then  # the plan of the whole check: its two parts, each one GPU call
+if (( PLAN )) && [[ -z $PART || $PART == all ]]; then  # the plan of the whole check: its two parts, each one GPU call
   bash "$0" --device "$DEVICE" --plan --part 1 && bash "$0" --device "$DEVICE" --plan --part 2
   exit
 fi
