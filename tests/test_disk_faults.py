@@ -261,3 +261,62 @@ def test_a_block_changed_between_runs_is_extracted_again(clean_toy, tmp_path, mo
     assert "rows 30 to 39 are not on the disk as written" in r.output and "extracting again from image 30" in r.output
     assert "resuming feature extraction at image 30 of 300" in r.output
     assert_as_clean_run(ws, clean_toy / "data" / "toy-v1")
+
+
+def _fill(folder: Path) -> Path:
+    """Write ``folder/filler`` until its disk refuses even one more byte; the file."""
+    path = folder / "filler"
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+    return path
+
+
+def test_full_disk_under_tensorboard_names_its_folder_and_no_thread_prints_a_traceback(tmp_path, capfd):
+    """TensorBoard's writers fail on a full disk when they open (in the run's thread) and later in
+    their own writer thread, which hands the error to the run's thread at the next event or flush:
+    each an OSError naming the events folder (the stage says it in one line), and the writer thread
+    prints no traceback of its own."""
+    pytest.importorskip("tensorboard")
+    from rdpp_cli.training.tensorboard import TensorBoardLogger
+
+    with tmpfs(tmp_path / "small", "256k") as small:
+        filler = _fill(small)
+        with pytest.raises(OSError) as opened:
+            TensorBoardLogger(small / "tb").start([])
+        assert opened.value.errno == errno.ENOSPC and opened.value.filename == str(small / "tb" / "step")
+        filler.unlink()
+        logger = TensorBoardLogger(small / "tb2")
+        logger.start([])
+        _fill(small)
+        with pytest.raises(OSError) as written:
+            for step in range(1, 10_000):
+                logger.log_step(step, {"loss": 1.0, "reward": 0.5})
+                logger.before_save(step)
+        assert written.value.errno == errno.ENOSPC
+        assert written.value.filename in {str(small / "tb2" / "step"), str(small / "tb2" / "epoch")}
+        with contextlib.suppress(OSError):
+            logger.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+
+
+def test_a_checkpoint_larger_than_the_free_space_is_a_full_disk_however_much_is_free_after(tmp_path):
+    """torch.save says no more than "unexpected pos" when the disk fills; rdpp calls it a full disk by
+    the free space, measured before the temp file is removed (after, 3 MiB are free again, which read
+    as "check the disk"). The temp file is gone and nothing else is written."""
+    import torch
+
+    from rdpp_cli.errors import file_failure
+    from rdpp_cli.training.state import atomic_torch_save
+
+    with tmpfs(tmp_path / "small", "3m") as small:
+        with pytest.raises(OSError) as e:
+            atomic_torch_save({"w": torch.zeros(2_000_000)}, small / "big.pt")  # 8 MB
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(small / "big.pt")
+        assert list(small.iterdir()) == []
+        assert str(file_failure(e.value)).startswith(f"no space left writing {small / 'big.pt'} (")

@@ -102,8 +102,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], durable: bool = 
             _read_back(tmp, hashing, path)
             os.replace(tmp, path)
         except BaseException as e:
+            failed = write_failure(e, path)  # before the temp file goes: the free space of the disk that failed
             Path(tmp).unlink(missing_ok=True)
-            failed = write_failure(e, path)
             if failed is None:
                 raise
             raise failed from e

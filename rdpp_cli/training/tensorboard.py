@@ -27,12 +27,19 @@ one, or ``--no-resume``) removes the folder's earlier events first.
 
 The manifest: the writers are closed when the run ends, before the manifest is written, so the
 event files are files of the artifact like any other, hashed and checked by ``rdpp verify``.
+
+A full disk: the writers write in a thread of their own, which fails first and hands its error to
+the run's thread at the next event or flush. That thread prints no traceback (``_quiet_writer_threads``);
+the run's error names the events folder, and the stage says it in one line like any failed write.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import numbers
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,31 @@ def wait_past_event_files(log_dir: Path) -> None:
         time.sleep(max(0.0, max(stamps) + 1 - time.time()))
 
 
+@functools.cache
+def _quiet_writer_threads() -> None:
+    """An OSError in TensorBoard's writer thread (a full disk) is not printed as that thread's traceback:
+    the writer raises it again in the run's thread at its next event or flush (``_events_of``)."""
+    previous = threading.excepthook
+
+    def hook(args):
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+
+
+@contextlib.contextmanager
+def _events_of(folder: Path):
+    """A failed write of TensorBoard's as an OSError naming the events ``folder`` (its own names none)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(folder)) from e
+
+
 class TensorBoardLogger(Logger):
     """The run's numbers as TensorBoard events in ``log_dir`` (the artifact's ``tensorboard/``)."""
 
@@ -85,30 +117,37 @@ class TensorBoardLogger(Logger):
         if step == 0 and self.log_dir.exists():  # a run from the start: earlier events are another run's
             shutil.rmtree(self.log_dir)
         wait_past_event_files(self.log_dir)
-        self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None, flush_secs=FLUSH_SECONDS)
-        self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None, flush_secs=FLUSH_SECONDS)
-        for row in history:
-            self._add_row(row)
-        self.epochs.flush()
+        _quiet_writer_threads()
+        with _events_of(self.log_dir / "step"):
+            self.steps = writer(str(self.log_dir / "step"), purge_step=step + 1 if step else None,
+                                flush_secs=FLUSH_SECONDS)
+        with _events_of(self.log_dir / "epoch"):
+            self.epochs = writer(str(self.log_dir / "epoch"), purge_step=0 if step else None, flush_secs=FLUSH_SECONDS)
+            for row in history:
+                self._add_row(row)
+            self.epochs.flush()
         self.written = True
         note(f"TensorBoard events in {self.log_dir}; open them with: tensorboard --logdir {self.log_dir}")
 
     def log_step(self, step: int, logs: dict[str, float]) -> None:
         if self.steps is None:
             return
-        for name, value in logs.items():
-            self.steps.add_scalar(name, value, step)
+        with _events_of(self.log_dir / "step"):
+            for name, value in logs.items():
+                self.steps.add_scalar(name, value, step)
 
     def before_save(self, step: int) -> None:
-        for w in (self.steps, self.epochs):
+        for name, w in (("step", self.steps), ("epoch", self.epochs)):
             if w is not None:
-                w.flush()
+                with _events_of(self.log_dir / name):
+                    w.flush()
 
     def log_epoch(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         if self.epochs is None:
             return
-        self._add_row(row)
-        self.epochs.flush()
+        with _events_of(self.log_dir / "epoch"):
+            self._add_row(row)
+            self.epochs.flush()
 
     def _add_row(self, row: dict[str, Any]) -> None:
         for name, value in row.items():
@@ -116,10 +155,11 @@ class TensorBoardLogger(Logger):
                 self.epochs.add_scalar(name, value, row["step"])
 
     def close(self) -> None:
-        for w in (self.steps, self.epochs):
+        writers, self.steps, self.epochs = (("step", self.steps), ("epoch", self.epochs)), None, None
+        for name, w in writers:
             if w is not None:
-                w.close()
-        self.steps = self.epochs = None
+                with _events_of(self.log_dir / name):
+                    w.close()
 
     def summary_rows(self) -> list[tuple[str, Any]]:
         return [("tensorboard", self.log_dir)] if self.written else []
