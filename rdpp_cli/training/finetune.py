@@ -233,8 +233,13 @@ class RewardStep:
         """``weights`` where the captions are (torch, float64), the numbers left on the device;
         ``refs`` (B, k, L) and ``counts`` (B,) from ``ReferenceTable.take``. With the fast path
         compiled as one function (``fullgraph``: nothing waits for the device)."""
-        return self.steps.compiled(reward_weights)(device_cider(self.cider, samples.device), self.spec.weight_fn(),
-                                                   self._want_kernel, self.baseline, samples, greedy, (refs, counts))
+        return self._reward(device_cider(self.cider, samples.device), samples, greedy, (refs, counts))
+
+    def _reward(self, scorer, samples: Tensor, greedy: Tensor | None, refs) -> tuple[Tensor, dict[str, Tensor]]:
+        """``reward_weights`` of this step's reward on ``scorer``, as the run's steps run it (compiled on
+        the fast path)."""
+        return self.steps.compiled(reward_weights)(scorer, self.spec.weight_fn(), self._want_kernel, self.baseline,
+                                                   samples, greedy, refs)
 
     def _teacher_forced(self, net: nn.Module, batch: Batch, seqs: Tensor, drop: DropoutMasks | None
                         ) -> tuple[Tensor, Tensor]:
@@ -288,8 +293,7 @@ class RewardStep:
         scorer, refs = self.steps.scoring(self.cider, self.data, batch.index, batch.att.device)
         words = [None if x is None else self.steps.words(self.bridge, x) for x in (d.samples, d.greedy)]
         with full_precision(batch.att.device):  # the reward never runs under autocast
-            w, logs = self.steps.compiled(reward_weights)(scorer, self.spec.weight_fn(), self._want_kernel,
-                                                          self.baseline, *words, refs)
+            w, logs = self._reward(scorer, *words, refs)
         loss, more = self.loss(net, batch, d, w)
         return loss, {**logs, **more}
 
