@@ -409,10 +409,9 @@ def finetune(opts: FinetuneOptions, *, after_step: Callable[[int], None] | None 
                       "model_sha256": inp.model.manifest_sha256, "data_sha256": inp.data_artifact.manifest_sha256},
             recorded={"model": ref_name(inp.model), "data": ref_name(inp.data_artifact), "val_samples": VAL_SAMPLES},
             fast=steps.fast)
-        out_dir, config, kept = claim_run(opts, identity, config, group="finetune",
-                                          name=run_name(opts.reward, opts.m, opts.baseline, opts.lam),
-                                          reads=[inp.model.path, inp.data_artifact.path])
-        steps = run_steps(kept["fast"], rt.device, net, asked=opts.fast) if "fast" in kept else steps  # as recorded
+        out_dir, config, steps = claim_run(opts, identity, config, steps, net, group="finetune",
+                                           name=run_name(opts.reward, opts.m, opts.baseline, opts.lam),
+                                           reads=[inp.model.path, inp.data_artifact.path])
         bridge = bridge_for(net, inp.data.words, inp.data.seq_length)
         step = RewardStep(data=inp.data, cider=inp.cider, reward=opts.reward, m=opts.m, baseline=opts.baseline,
                           lam=opts.lam, max_len=bridge.max_len, seed=opts.seed, rank=rt.rank,

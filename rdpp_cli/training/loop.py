@@ -100,7 +100,7 @@ from rdpp_cli.models.registry import model_name
 from rdpp_cli.precision import autocast, grad_scaler, tf32_matmuls
 from rdpp_cli.precision_probe import resolve_precision
 from rdpp_cli.training import distributed as D
-from rdpp_cli.training.fast import EAGER, CompileFailed, Steps
+from rdpp_cli.training.fast import EAGER, CompileFailed, Steps, run_steps
 from rdpp_cli.training.loggers import Logger, MetricsCsv
 from rdpp_cli.training.options import TrainLoopOptions
 from rdpp_cli.training.distributed import claim_output
@@ -198,16 +198,19 @@ def resume_as_recorded(opts: TrainLoopOptions, identity: dict[str, Any], config:
     return ident, {**config, **kept}, kept
 
 
-def claim_run(opts: TrainLoopOptions, identity: dict[str, Any], config: dict[str, Any], *, group: str, name: str,
-              reads: list) -> tuple[Path, dict[str, Any], dict[str, str]]:
+def claim_run(opts: TrainLoopOptions, identity: dict[str, Any], config: dict[str, Any], steps: Steps,
+              model: nn.Module, *, group: str, name: str, reads: list) -> tuple[Path, dict[str, Any], Steps]:
     """``claim_output`` for a training run (rank 0), after ``resume_as_recorded``; a new folder's marker
-    keeps the fast path it resolved. Returns the folder, the manifest config and the settings kept
-    from the run resumed (``{"fast": "on"}``: the stage builds that fast path instead of its own)."""
+    keeps the fast path it resolved. Returns the folder, the manifest config and the run's steps:
+    ``steps``, or those of the fast path the resumed run recorded (``run_steps`` for ``model``; a
+    compile failure then follows what ``--fast`` asks now)."""
     identity, config, kept = D.on_main(
         lambda: resume_as_recorded(opts, identity, config, out=opts.out, group=group, name=name))
     out_dir = claim_output(opts.out, workspace=opts.workspace, group=group, name=name, kind="rdpp.model",
                            config=identity, force=opts.force, reads=reads, settings={"fast": config.get("fast")})
-    return out_dir, config, kept
+    if "fast" in kept:
+        steps = run_steps(kept["fast"], D.runtime().device, model, asked=opts.fast)
+    return out_dir, config, steps
 
 
 def fast_history(before: list[str] | None, now: str) -> list[str]:

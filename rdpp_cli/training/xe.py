@@ -319,9 +319,8 @@ def train_xe(opts: XEOptions, *, after_step: Callable[[int], None] | None = None
             identity={"data_sha256": inp.artifact.manifest_sha256, "preset": opts.preset if inp.init is None else None,
                       "init_sha256": sha256_file(Path(inp.init_where)) if inp.init_where else None}, fast=steps.fast)
         name = f"{opts.model}-{opts.preset}" if inp.init is None else f"{opts.model}-init"
-        out_dir, config, kept = claim_run(opts, identity, config, group="xe", name=name,
-                                          reads=[inp.artifact.path, inp.init_where])
-        steps = run_steps(kept["fast"], rt.device, model, asked=opts.fast) if "fast" in kept else steps  # as recorded
+        out_dir, config, steps = claim_run(opts, identity, config, steps, model, group="xe", name=name,
+                                           reads=[inp.artifact.path, inp.init_where])
         return TrainingRecipe(stage="xe", model=model, data=inp.data, out_dir=out_dir, opts=opts,
                               step_fn=step_function(opts, steps), inputs=[inp.artifact],
                               manifest_config=config, summary=baseline_summary(inp), after_step=after_step,
