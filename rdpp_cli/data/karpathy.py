@@ -18,8 +18,9 @@ from rdpp_cli.errors import RdppError
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 # Karpathy's split file keeps lower-case letters and digits and splits at everything else
 # ("bear's" -> "bear s", "upside-down" -> "upside down"): equal to its tokens for every sentence of
-# ../shared/data/coco-real-390 (tested). Letters and digits of any script count (a word's combining
-# marks with it): "Mädchen" is one word, as neuraltalk2's prepro, which strips ASCII punctuation only.
+# the 390 real COCO photos' captions (tests/test_real_photos.py, where that data is present).
+# Letters and digits of any script count (a word's combining marks with it): "Mädchen" is one word,
+# as neuraltalk2's prepro, which strips ASCII punctuation only.
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 

@@ -38,13 +38,13 @@ Beyond the Protocol, the stages look a few methods and config fields up by name 
 new lookup on a model belongs here too (CONTRIBUTING.md, "A new model").
 
 The fast path (``supports_fast = True`` promises the first two; ``training.fast.run_steps`` reads
-``supports_fast`` with ``getattr(..., False)`` (``training.fast.run_steps``): absent or False, ``--fast auto`` is off and
+``supports_fast`` with ``getattr(..., False)``: absent or False, ``--fast auto`` is off and
 ``--fast on`` is refused in one line):
 
 - ``static_token_logprobs(att, seqs, att_mask=None, drop=None, fc=None)``: ``token_logprobs``
   with every shape fixed by the inputs' (all L+1 steps run, nothing waits for the device); its
   dropout comes drawn in advance (``draw_dropout``), as the RL step's does. The fast path compiles
-  it; ``precision.probe_step`` times it for ``--precision auto`` when the run's ``--fast`` is on and
+  it; ``precision_probe.probe_step`` times it for ``--precision auto`` when the run's ``--fast`` is on and
   the model has it (``hasattr``), else the eager ``token_logprobs``.
 - the data's words as its ids (no ``bridge`` of its own): the fast reward scores the ids as words
   (``training.fast.run_steps`` refuses a model that claims ``supports_fast`` with a bridge).
