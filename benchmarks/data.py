@@ -316,11 +316,10 @@ def bench_epochs(work: Path, args) -> dict:
 def show_progress(res: dict, args, e: dict) -> None:
     """The epoch (or warm-up) ``e`` just run, printed at once, and with ``--json`` every result so far as
     the JSON line ``data.py recipe`` reads: a run stopped at its time limit still reports what it measured."""
-    what = e["stage"] + (" ss" if e.get("ss") else "") + f" batch {e['batch']} {e['precision']}"
     if "cache" not in e:
-        print(f"warm-up (untimed; compiling included) {what}: {e['s']:.1f} s", flush=True)
+        print(warmup_line(e), flush=True)
     else:
-        print(f"epoch {what}, {e['cache']} cache, {e['workers']} workers: {e['images_per_s']:,.0f} images/s, "
+        print(f"epoch {_what(e)}, {e['cache']} cache, {e['workers']} workers: {e['images_per_s']:,.0f} images/s, "
               f"{e['epoch_s']:.1f} s (validation {e['val_s']:.1f} s)", flush=True)
     if args.json:
         print(json.dumps({"benchmark": "data_epochs", "partial": True, "xe_epoch": res}), flush=True)
@@ -335,8 +334,16 @@ def show_epochs(res: dict, args) -> None:
                 ["stage", "batch", "precision", "cache", "workers", "images/s", "epoch s", "val s",
                  "a COCO epoch (113,287 images) s"], rows)
     for e in res.get("warmup", []):
-        print(f"warm-up (untimed; compiling included) {e['stage'] + (' ss' if e.get('ss') else '')} batch {e['batch']} "
-              f"{e['precision']}: {e['s']:.1f} s")
+        print(warmup_line(e))
+
+
+def _what(e: dict) -> str:
+    return e["stage"] + (" ss" if e.get("ss") else "") + f" batch {e['batch']} {e['precision']}"
+
+
+def warmup_line(e: dict) -> str:
+    """An untimed warm-up's line (its seconds: compiling, caches)."""
+    return f"warm-up (untimed; compiling included) {_what(e)}: {e['s']:.1f} s"
 
 
 # -- write ---------------------------------------------------------------------------------------------
