@@ -278,7 +278,7 @@ def test_a_checkpoint_without_a_kind_reads_as_a_vision_encoder_decoder(tmp_path)
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["gpt2", "blip", "git"])
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "blip", "git"])
 def test_prepros_pixels_are_the_image_processors(kind, tmp_path):
     """The pixels rdpp's reader gives an ``hf:DIR`` backbone are those the folder's own image processor
     (transformers' ``AutoImageProcessor``) makes, for photos of every shape: ViT's square resize
